@@ -1,0 +1,149 @@
+"""The `vkc` command line: regen, verify, inspect, doctor."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# The build tools read vkc_runtime's tables; they must not run its import-time device check.
+os.environ.setdefault("VKC_IMPORT_CHECK", "0")
+
+import click  # noqa: E402
+
+from vkc_runtime.arch import ALL_ARCHS, ARCHS, RUNTIME_VERIFIED  # noqa: E402
+
+ARCH_CHOICE = click.Choice(list(ALL_ARCHS))
+
+
+def _root(root: str | None) -> Path:
+    from vkc import discover  # noqa: PLC0415
+
+    return discover.find_root(root)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="vkc")
+def main() -> None:
+    """vkc: ahead-of-time Triton kernels for 7 NVIDIA archs, vendored with SHA-256 manifests."""
+
+
+@main.command()
+@click.option("--arch", "arch", multiple=True, help="arch(s) to build, e.g. sm_90a (repeat or comma-separate)")
+@click.option("--all", "all_", is_flag=True, help="build every arch: " + ", ".join(ALL_ARCHS))
+@click.option("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
+@click.option("--root", type=click.Path(file_okay=False), default=None, help="repository root (default: found from cwd)")
+def regen(arch: tuple[str, ...], all_: bool, jobs: int | None, root: str | None) -> None:
+    """Compile every kernel spec for ARCH into vendored/<arch>/ and write manifests/<arch>.json."""
+    from vkc import regen as R  # noqa: PLC0415
+
+    archs = R.parse_archs(arch, all_)
+    if not archs:
+        raise click.UsageError("name --arch ARCH or --all")
+    r = _root(root)
+    t0 = time.monotonic()
+    try:
+        docs = _with_progress(lambda cb: R.regen(r, archs, jobs=jobs, progress=cb))
+    except R.RegenError as e:
+        click.echo(f"vkc regen: {e}", err=True)
+        sys.exit(1)
+    for a, doc in docs.items():
+        size = sum(k["artifact"]["size"] for k in doc["kernels"].values())
+        click.echo(f"{a}: {len(doc['kernels'])} kernels, {size / 1024:.1f} KiB -> vendored/{a}/, manifests/{a}.json")
+    click.echo(f"regen done in {time.monotonic() - t0:.1f} s")
+
+
+def _with_progress(run):
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa
+    except ImportError:
+        def cb(what: str, done: int, total: int) -> None:
+            click.echo(f"[{done}/{total}] {what}", err=True)
+        return run(cb)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=not sys.stderr.isatty(), console=None) as prog:
+        task = prog.add_task("compiling", total=None)
+
+        def cb(what: str, done: int, total: int) -> None:
+            prog.update(task, total=total, completed=done, description=f"compiling {what[:60]:<60}")
+        return run(cb)
+
+
+@main.command()
+@click.option("--arch", "arch", multiple=True, type=ARCH_CHOICE, help="check only these archs")
+@click.option("--rebuild", is_flag=True, help="also recompile in a temp copy and compare bytes (needs Triton)")
+@click.option("--jobs", "-j", type=int, default=None)
+@click.option("--root", type=click.Path(file_okay=False), default=None)
+def verify(arch: tuple[str, ...], rebuild: bool, jobs: int | None, root: str | None) -> None:
+    """Fatal drift check of manifests/ and vendored/ against kernels_src/, the specs and the pins."""
+    from vkc import verify as V  # noqa: PLC0415
+
+    r = _root(root)
+    archs = list(arch) or list(ALL_ARCHS)
+    problems = V.verify(r, archs)
+    if rebuild and not problems:
+        problems = V.rebuild_compare(r, archs, jobs=jobs)
+    for p in problems:
+        click.echo(f"DRIFT {p}", err=True)
+    if problems:
+        click.echo(f"vkc verify: {len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    click.echo(f"vkc verify: clean ({', '.join(archs)}{'; rebuilt byte-identical' if rebuild else ''})")
+
+
+@main.command("inspect")
+@click.option("--arch", "arch", multiple=True, type=ARCH_CHOICE)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--root", type=click.Path(file_okay=False), default=None)
+def inspect_cmd(arch: tuple[str, ...], as_json: bool, root: str | None) -> None:
+    """What is vendored per arch: kernels, sizes, registers, spills, shared memory."""
+    from vkc import manifest  # noqa: PLC0415
+
+    r = _root(root)
+    rows = []
+    for a in arch or ALL_ARCHS:
+        p = manifest.manifest_path(r, a)
+        if not p.is_file():
+            rows.append({"arch": a, "missing": True})
+            continue
+        doc = manifest.load(p)
+        for base, k in sorted(doc["kernels"].items()):
+            R = k["resources"]
+            rows.append({"arch": a, "base": base, "size": k["artifact"]["size"], "registers": R["registers"],
+                         "spills": R["spills"], "stack": R["stack"], "local": R["local"],
+                         "shared": k["launch"]["shared"] + R["shared_static"], "num_warps": k["launch"]["num_warps"],
+                         "verified": "runtime" if a in RUNTIME_VERIFIED else "build"})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for a in arch or ALL_ARCHS:
+        mine = [x for x in rows if x["arch"] == a]
+        if mine and mine[0].get("missing"):
+            click.echo(f"{a}: no manifest (vkc regen --arch {a})")
+            continue
+        total = sum(x["size"] for x in mine)
+        regs = [x["registers"] for x in mine]
+        click.echo(f"{a} ({ARCHS[a].example}; {mine[0]['verified'] if mine else 'build'}-verified): "
+                   f"{len(mine)} kernels, {total / 1024:.1f} KiB, registers {min(regs, default=0)}-"
+                   f"{max(regs, default=0)}, spills {sum(x['spills'] for x in mine)}")
+        for x in mine:
+            click.echo(f"  {x['base']:<44} {x['size']:>8} B  REG {x['registers']:>3}  warps {x['num_warps']:>2}  "
+                       f"smem {x['shared']:>6}  {'SPILLS' if x['spills'] else 'no spills'}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--deep", is_flag=True, help="also sha256 every artifact")
+def doctor(as_json: bool, deep: bool) -> None:
+    """Device, driver, selected arch and artifact completeness (works without a GPU)."""
+    from vkc_runtime import doctor as D  # noqa: PLC0415
+
+    rep = D.report(deep=deep)
+    click.echo(json.dumps(rep, indent=1, default=str) if as_json else D.format_report(rep))
+    if rep.get("problems"):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""`vkc regen`: compile every spec for the requested archs in parallel worker processes, check resources,
+write ``vendored/<arch>/`` and ``manifests/<arch>.json`` atomically and deterministically."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import vkc_runtime
+from vkc_runtime.arch import ALL_ARCHS
+from vkc_runtime.arch import get as get_arch
+from vkc_runtime.integrity import sha256_bytes, sha256_file
+
+import vkc
+from vkc import discover, manifest, toolchain
+from vkc.spec import ResolvedSpec
+
+
+class RegenError(RuntimeError):
+    pass
+
+
+@dataclass
+class TaskResult:
+    arch: str
+    base: str
+    cubin: bytes
+    launch: dict[str, Any]
+    params: list[dict[str, Any]]
+    resources: dict[str, Any]
+
+
+# ---------------------------------------------------------------- worker side (spawned processes)
+
+def _worker_init(cache_dir: str) -> None:
+    from vkc.compile import worker_env  # noqa: PLC0415
+
+    env = worker_env()
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+
+
+_RES_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+
+
+def cuobjdump_resources(cubin_path: Path, entry: str) -> dict[str, Any]:
+    tool = toolchain.triton_bin_dir() / "cuobjdump"
+    elf = subprocess.run([str(tool), "--list-elf", str(cubin_path)], capture_output=True, text=True, check=True)
+    m = re.search(r"\.(sm_\d+a?)\.cubin", elf.stdout)
+    if not m:
+        raise RegenError(f"cuobjdump --list-elf printed no SASS arch for {cubin_path}: {elf.stdout!r}")
+    res = subprocess.run([str(tool), "-res-usage", str(cubin_path)], capture_output=True, text=True, check=True)
+    block = res.stdout.split(f"Function {entry}:", 1)
+    r = _RES_RE.search(block[1] if len(block) == 2 else "")
+    if not r:
+        raise RegenError(f"cuobjdump -res-usage has no line for {entry} in {cubin_path}: {res.stdout!r}")
+    reg, stack, shared, local = (int(x) for x in r.groups())
+    return {"sass_arch": m.group(1), "registers": reg, "stack": stack, "shared_static": shared, "local": local,
+            "spills": bool(stack or local)}
+
+
+def _compile_task(root: str, rs: ResolvedSpec) -> TaskResult:
+    from vkc.compile import compile_base  # noqa: PLC0415
+
+    c = compile_base(Path(root), rs)
+    with tempfile.TemporaryDirectory(prefix="vkc-res-") as d:
+        p = Path(d) / "k.cubin"
+        p.write_bytes(c.cubin)
+        resources = cuobjdump_resources(p, c.launch["name"])
+    return TaskResult(rs.arch, rs.spec.base, c.cubin, c.launch, c.params, resources)
+
+
+# ---------------------------------------------------------------- parent side
+
+def check_generator(root: Path) -> None:
+    """The running vkc must be the checkout's own generator (its hash goes into the manifest)."""
+    pkgs = {"aot/vkc/": Path(vkc.__file__).parent, "runtime/vkc_runtime/": Path(vkc_runtime.__file__).parent}
+    for rel in discover.GENERATOR_FILES:
+        for prefix, pkg in pkgs.items():
+            if rel.startswith(prefix):
+                running = pkg / rel[len(prefix):]
+                if sha256_file(running) != sha256_file(root / rel):
+                    raise RegenError(f"the running {running} differs from {root / rel}; "
+                                     f"install the checkout in editable mode (pip install -e .)")
+
+
+def check_resources(arch: str, base: str, r: TaskResult, allow_spills: bool) -> list[str]:
+    a = get_arch(arch)
+    problems = []
+    if r.resources["sass_arch"] != a.sass_name:
+        problems.append(f"{base}: SASS arch {r.resources['sass_arch']} != {a.sass_name}")
+    if r.resources["spills"] and not allow_spills:
+        problems.append(f"{base}: spills (stack {r.resources['stack']} B, local {r.resources['local']} B) "
+                        f"and the spec does not allow them")
+    smem = r.launch["shared"] + r.resources["shared_static"]
+    if smem > a.max_smem_optin:
+        problems.append(f"{base}: shared memory {smem} B exceeds {arch}'s {a.max_smem_optin} B")
+    return problems
+
+
+def artifact_relpath(arch: str, base: str) -> str:
+    family, name = base.split(".", 1)
+    return f"vendored/{arch}/{family}/{name}.cubin"
+
+
+def build_manifest(root: Path, arch: str, bases: list[discover.Base], results: dict[str, TaskResult],
+                   ptxas: dict[str, str]) -> dict[str, Any]:
+    a = get_arch(arch)
+    kernels: dict[str, Any] = {}
+    all_deps: set[str] = set()
+    for b in bases:
+        r = results[b.spec.base]
+        deps = discover.source_deps(root, b.spec.family, b.spec.source)
+        all_deps.update(deps)
+        inputs = b.resolved.inputs_json()
+        inputs["deps"] = deps
+        kernels[b.spec.base] = {
+            "inputs": inputs,
+            "artifact": {"path": artifact_relpath(arch, b.spec.base), "sha256": sha256_bytes(r.cubin),
+                         "size": len(r.cubin)},
+            "launch": r.launch,
+            "params": r.params,
+            "resources": r.resources,
+        }
+    doc = {
+        "schema_version": manifest.SCHEMA_VERSION,
+        "arch": arch,
+        "target": {"backend": "cuda", "cc": a.triton_cc, "warp_size": 32},
+        "toolchain": {
+            "triton": toolchain.TRITON_VERSION,
+            "ptxas": {"name": toolchain.ptxas_name_for(a.triton_cc), **ptxas},
+            "python": toolchain.python_version(),
+            "line_info": toolchain.LINE_INFO,
+            "generator_sha256": discover.generator_hash(root),
+            "cutlass_dsl": None,
+        },
+        "sources": discover.hash_sources(root, sorted(all_deps)),
+        "kernels": kernels,
+    }
+    return manifest.seal(doc)
+
+
+def install_arch(root: Path, arch: str, results: dict[str, TaskResult], doc: dict[str, Any]) -> None:
+    """Swap in the new vendored/<arch>/ tree, then write the manifest (atomic rename each)."""
+    vend = root / "vendored"
+    vend.mkdir(exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{arch}.staging-", dir=vend))
+    try:
+        for base, entry in doc["kernels"].items():
+            rel = Path(entry["artifact"]["path"]).relative_to(f"vendored/{arch}")
+            dst = staging / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(results[base].cubin)
+            os.chmod(dst, 0o644)
+        for d in sorted(p for p in staging.rglob("*") if p.is_dir()):
+            os.chmod(d, 0o755)
+        os.chmod(staging, 0o755)
+        final = vend / arch
+        old = None
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{arch}.old-", dir=vend))
+            os.rmdir(old)
+            os.replace(final, old)
+        os.replace(staging, final)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    manifest.atomic_write(manifest.manifest_path(root, arch), manifest.canonical(doc))
+
+
+def regen(root: Path, archs: list[str], jobs: int | None = None,
+          progress: Callable[[str, int, int], None] | None = None) -> dict[str, dict[str, Any]]:
+    problems = toolchain.check_installed()
+    if problems:
+        raise RegenError("toolchain differs from the pins:\n  " + "\n  ".join(problems))
+    check_generator(root)
+    for arch in archs:
+        get_arch(arch)
+    plan = {arch: discover.bases_for_arch(root, arch) for arch in archs}
+    ptxas = {arch: toolchain.probe_ptxas(toolchain.ptxas_name_for(get_arch(arch).triton_cc)) for arch in archs}
+    tasks = [(arch, b) for arch in archs for b in plan[arch]]
+    results: dict[str, dict[str, TaskResult]] = {arch: {} for arch in archs}
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks) or 1))
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="vkc-triton-cache-") as cache:
+        ctx = mp.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
+                                 initargs=(cache,)) as pool:
+            futs = {pool.submit(_compile_task, str(root), b.resolved): (arch, b) for arch, b in tasks}
+            done = 0
+            for fut in as_completed(futs):
+                arch, b = futs[fut]
+                done += 1
+                try:
+                    r = fut.result()
+                except Exception as e:  # report every failing base, not just the first
+                    errors.append(f"{arch} {b.spec.base}: {type(e).__name__}: {e}")
+                    continue
+                errors.extend(f"{arch} {p}" for p in check_resources(arch, b.spec.base, r, b.resolved.allow_spills))
+                results[arch][b.spec.base] = r
+                if progress:
+                    progress(f"{arch} {b.spec.base}", done, len(tasks))
+    if errors:
+        raise RegenError("regen failed; nothing was written:\n  " + "\n  ".join(sorted(errors)))
+    docs = {}
+    for arch in archs:
+        doc = build_manifest(root, arch, plan[arch], results[arch], ptxas[arch])
+        errs = manifest.schema_errors(root, doc)
+        if errs:
+            raise RegenError(f"{arch}: generated manifest violates the schema:\n  " + "\n  ".join(errs))
+        install_arch(root, arch, results[arch], doc)
+        docs[arch] = doc
+    return docs
+
+
+def parse_archs(arch: tuple[str, ...], all_: bool) -> list[str]:
+    if all_:
+        return list(ALL_ARCHS)
+    out = []
+    for a in arch:
+        for part in a.split(","):
+            part = part.strip()
+            if part:
+                get_arch(part)
+                out.append(part)
+    return out

@@ -1,0 +1,27 @@
+"""Token embedding gather. Grid (T, cdiv(N, BLOCK)): axis 0 = token, axis 1 = column block."""
+import triton
+import triton.language as tl
+
+from kernels_src.norm.common import floor16
+
+
+@triton.jit
+def _embedding_block(src_row, out_row, valid, N, BLOCK: tl.constexpr):
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    v = tl.load(src_row + cols, mask=mask & valid, other=0.0)
+    tl.store(out_row + cols, v, mask=mask)
+
+
+@triton.jit
+def embedding_kernel(ids_ptr, table_ptr, out_ptr, stride_table, stride_out, V, N, BLOCK: tl.constexpr):
+    """out[t, :N] = table[ids[t], :N], or zeros when ids[t] is outside [0, V) (nothing is read then)."""
+    t = tl.program_id(0).to(tl.int64)
+    tok = tl.load(ids_ptr + t)
+    valid = (tok >= 0) & (tok < V)
+    src_row = table_ptr + tl.where(valid, tok, 0).to(tl.int64) * stride_table
+    out_row = out_ptr + t * stride_out
+    if N % 16 == 0:
+        _embedding_block(src_row, out_row, valid, floor16(N), BLOCK)
+    else:
+        _embedding_block(src_row, out_row, valid, N, BLOCK)
