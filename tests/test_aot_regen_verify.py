@@ -204,7 +204,7 @@ def test_extra_artifact(tree):
 def test_untracked_artifact(tree):
     subprocess.run(["git", "-C", str(tree), "rm", "-q", "--cached", "vendored/sm_90a/selftest/empty.cubin"],
                    check=True)
-    assert_caught(tree, "vendored/sm_90a/selftest/empty.cubin is not tracked by git")
+    assert_caught(tree, "1 file(s) not tracked by git (vendored/sm_90a/selftest/empty.cubin)")
 
 
 def test_wrong_arch_cubin(tree):

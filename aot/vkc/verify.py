@@ -58,8 +58,9 @@ def verify_arch(root: Path, arch: str, tracked: set[str] | None) -> list[str]:
         P.append(f"{arch}: {rel_m} says arch {doc['arch']}; {fix}")
     if doc["target"]["cc"] != a.triton_cc:
         P.append(f"{arch}: target cc {doc['target']['cc']} != {a.triton_cc}; {fix}")
+    untracked: list[str] = []
     if tracked is not None and rel_m not in tracked:
-        P.append(f"{arch}: {rel_m} is not tracked by git; run `git add {rel_m}`")
+        untracked.append(rel_m)
 
     # toolchain pins
     tc = doc["toolchain"]
@@ -113,11 +114,17 @@ def verify_arch(root: Path, arch: str, tracked: set[str] | None) -> list[str]:
                          f"{inputs.get(key)!r}); {fix}")
         if k["params"] != params_of(b.resolved):
             P.append(f"{arch}: {name}: parameter list does not follow its signature; {fix}")
-        P.extend(_check_artifact(root, arch, name, k, tracked))
+        P.extend(_check_artifact(root, arch, name, k))
+        if tracked is not None and k["artifact"]["path"] not in tracked and (root / k["artifact"]["path"]).is_file():
+            untracked.append(k["artifact"]["path"])
     missing_src = all_deps - set(doc["sources"])
     for rel in sorted(missing_src):
         P.append(f"{arch}: source {rel} is imported by a kernel but not recorded; {fix}")
 
+    if untracked:
+        shown = ", ".join(untracked[:3]) + (f" and {len(untracked) - 3} more" if len(untracked) > 3 else "")
+        P.append(f"{arch}: {len(untracked)} file(s) not tracked by git ({shown}); CI clones would miss them: "
+                 f"run `git add vendored/{arch} manifests/{arch}.json`")
     # stray files
     vdir = root / "vendored" / arch
     listed = {k["artifact"]["path"] for k in recorded.values()}
@@ -129,7 +136,7 @@ def verify_arch(root: Path, arch: str, tracked: set[str] | None) -> list[str]:
     return P
 
 
-def _check_artifact(root: Path, arch: str, name: str, k: dict[str, Any], tracked: set[str] | None) -> list[str]:
+def _check_artifact(root: Path, arch: str, name: str, k: dict[str, Any]) -> list[str]:
     P: list[str] = []
     fix = _regen(arch)
     a = get_arch(arch)
@@ -141,8 +148,6 @@ def _check_artifact(root: Path, arch: str, name: str, k: dict[str, Any], tracked
     f = root / rel
     if not f.is_file():
         return P + [f"{arch}: {name}: artifact {rel} is missing; {fix}"]
-    if tracked is not None and rel not in tracked:
-        P.append(f"{arch}: {name}: artifact {rel} is not tracked by git; run `git add {rel}`")
     data = f.read_bytes()
     if len(data) != art["size"] or sha256_file(f) != art["sha256"]:
         return P + [f"{arch}: {name}: artifact {rel} was modified (sha256/size mismatch); {fix}"]

@@ -11,7 +11,7 @@ def sigmoid_f32(x):
 
 @triton.jit
 def silu_f32(x):
-    # x * sigmoid(x), written as a division so that x << 0 gives -0 instead of NaN (x * 0 stays finite).
+    # x * sigmoid(x) as one division; for x << 0, e^-x overflows to inf and the result is -0 (no NaN).
     return x / (1.0 + tl.exp(-x))
 
 
@@ -21,3 +21,4 @@ def floor16(n):
     # Triton's axis analysis knows the result is divisible by 16: masks `cols < floor16(n)` then stay
     # constant over 16 lanes and loads/stores vectorize even though `n` carries no divisibility hint.
     return (n // 16) * 16
+

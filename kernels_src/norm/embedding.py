@@ -8,9 +8,9 @@ from kernels_src.norm.common import floor16
 @triton.jit
 def _embedding_block(src_row, out_row, valid, N, BLOCK: tl.constexpr):
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    v = tl.load(src_row + cols, mask=mask & valid, other=0.0)
-    tl.store(out_row + cols, v, mask=mask)
+    # an invalid id reads nothing: its load bound is 0 (a select keeps N's divisibility for vectorizing)
+    v = tl.load(src_row + cols, mask=cols < tl.where(valid, N, 0), other=0.0)
+    tl.store(out_row + cols, v, mask=cols < N)
 
 
 @triton.jit

@@ -1,51 +1,65 @@
 """Attention preamble: per-head RMSNorm(1 + w) of q and k, then partial neox RoPE (DESIGN.md section 6).
 
-Grid (T, Hq + Hkv): axis 0 = token t, axis 1 = head h; h < Hq is query head h (read from the query half
-of qg's head slice [query(D) | gate(D)]), h >= Hq is key head h - Hq. The gate halves are not touched.
+Grid (T, cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG)): axis 0 = token t; on axis 1 the first
+cdiv(Hq, HEADS_PER_PROG) programs take groups of query heads (read from the query half of each head's
+[query(D) | gate(D)] slice of qg), the rest take groups of key heads. The gate halves are not touched.
+A program computes cos/sin once for its ROT/2 frequencies and applies them to all of its heads.
 """
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def _norm_rope_head(src, w_ptr, dst, pos, eps, log2_theta, D: tl.constexpr, ROT: tl.constexpr):
+def _norm_rope_heads(src, src_head_stride, w_ptr, dst, n_heads, h0, pos, eps, log2_theta,
+                     D: tl.constexpr, ROT: tl.constexpr, HEADS_PER_PROG: tl.constexpr):
     HALF: tl.constexpr = ROT // 2
+    heads = h0 + tl.arange(0, HEADS_PER_PROG)
+    hmask = heads[:, None] < n_heads
     d = tl.arange(0, D)
-    x = tl.load(src + d).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-    xn = x * rstd * (1.0 + tl.load(w_ptr + d).to(tl.float32))
-    # rotate-half partner of each lane inside the rotary span (the row is in L1 already)
-    partner = tl.where(d < HALF, d + HALF, tl.where(d < ROT, d - HALF, d))
-    xp = tl.load(src + partner).to(tl.float32)
-    xpn = xp * rstd * (1.0 + tl.load(w_ptr + partner).to(tl.float32))
-    # inv_freq_i = theta^(-2i/ROT), i = lane index within its half
-    i = tl.where(d < HALF, d, d - HALF).to(tl.float32)
-    inv_freq = tl.exp2(-(2.0 * i / ROT) * log2_theta)
+    j = tl.arange(0, HALF)
+    src_rows = src + heads[:, None] * src_head_stride
+    dst_rows = dst + heads[:, None] * D
+
+    # whole head for the norm and the pass-through dims
+    x = tl.load(src_rows + d[None, :], mask=hmask & (d[None, :] < D), other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+    w = tl.load(w_ptr + d).to(tl.float32)
+    tl.store(dst_rows + d[None, :], (x * rstd * (1.0 + w[None, :])).to(tl.bfloat16),
+             mask=hmask & (d[None, :] >= ROT))
+
+    # rotary span as its two halves (re-read from L1), rotate-half pairing
+    m2 = hmask & (j[None, :] < HALF)
+    x1 = tl.load(src_rows + j[None, :], mask=m2, other=0.0).to(tl.float32)
+    x2 = tl.load(src_rows + HALF + j[None, :], mask=m2, other=0.0).to(tl.float32)
+    n1 = x1 * rstd * (1.0 + tl.load(w_ptr + j).to(tl.float32))[None, :]
+    n2 = x2 * rstd * (1.0 + tl.load(w_ptr + HALF + j).to(tl.float32))[None, :]
+    # inv_freq_j = theta^(-2j/ROT); angle = pos * inv_freq_j in fp32
+    inv_freq = tl.exp2(-(2.0 * j.to(tl.float32) / ROT) * log2_theta)
     angle = pos * inv_freq
-    c = tl.cos(angle)
-    s = tl.sin(angle)
-    rot = tl.where(d < HALF, xn * c - xpn * s, xn * c + xpn * s)
-    out = tl.where(d < ROT, rot, xn)
-    tl.store(dst + d, out.to(tl.bfloat16))
+    c = tl.cos(angle)[None, :]
+    s = tl.sin(angle)[None, :]
+    tl.store(dst_rows + j[None, :], (n1 * c - n2 * s).to(tl.bfloat16), mask=m2)
+    tl.store(dst_rows + HALF + j[None, :], (n2 * c + n1 * s).to(tl.bfloat16), mask=m2)
 
 
 @triton.jit
 def qk_norm_rope_kernel(qg_ptr, k_ptr, pos_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr,
                         stride_qg, stride_k, Hq, Hkv, eps, theta,
-                        D: tl.constexpr, ROT: tl.constexpr):
+                        D: tl.constexpr, ROT: tl.constexpr, HEADS_PER_PROG: tl.constexpr):
     """q_out[t, h] = rope(rmsnorm(qg[t, h*2D : h*2D + D]) * (1 + wq)); k_out likewise from k with wk.
 
     qg [T, Hq*2*D] row stride stride_qg; k [T, Hkv*D] row stride stride_k; positions int32 [T];
-    q_out [T, Hq, D], k_out [T, Hkv, D] contiguous. Grid (T, Hq + Hkv).
+    q_out [T, Hq, D], k_out [T, Hkv, D] contiguous.
+    Grid (T, cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG)).
     """
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    hb = tl.program_id(1)
+    n_qb = (Hq + HEADS_PER_PROG - 1) // HEADS_PER_PROG
     pos = tl.load(pos_ptr + t).to(tl.float32)
     log2_theta = tl.log2(theta)
-    if h < Hq:
-        _norm_rope_head(qg_ptr + t * stride_qg + h * (2 * D), wq_ptr,
-                        q_out_ptr + (t * Hq + h) * D, pos, eps, log2_theta, D, ROT)
+    if hb < n_qb:
+        _norm_rope_heads(qg_ptr + t * stride_qg, 2 * D, wq_ptr, q_out_ptr + t * Hq * D, Hq,
+                         hb * HEADS_PER_PROG, pos, eps, log2_theta, D, ROT, HEADS_PER_PROG)
     else:
-        hk = h - Hq
-        _norm_rope_head(k_ptr + t * stride_k + hk * D, wk_ptr,
-                        k_out_ptr + (t * Hkv + hk) * D, pos, eps, log2_theta, D, ROT)
+        _norm_rope_heads(k_ptr + t * stride_k, D, wk_ptr, k_out_ptr + t * Hkv * D, Hkv,
+                         (hb - n_qb) * HEADS_PER_PROG, pos, eps, log2_theta, D, ROT, HEADS_PER_PROG)

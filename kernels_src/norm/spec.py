@@ -7,7 +7,7 @@ internally so the aligned variants still vectorize their masked loads and stores
 Grids (axis 0 first):
   rmsnorm.*, add_rmsnorm.*   (M,)                                BLOCK >= N required
   gated_rmsnorm.*            (M, cdiv(H, HEADS_PER_PROG))
-  qk_norm_rope.*             (T, Hq + Hkv)
+  qk_norm_rope.*             (T, cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG))
   silu_mul.*                 (M, cdiv(I, BLOCK))
   sigmoid_mul.*              (T, cdiv(H, HEADS_PER_PROG))
   embedding.*                (T, cdiv(N, BLOCK))
@@ -58,8 +58,8 @@ _EMBEDDING = [
     ("stride_table", "i32", True), ("stride_out", "i32", True), ("V", "i32", False), ("N", "i32", False),
 ]
 
-# Row-reduction BLOCK -> num_warps (8..32 bf16 per thread; 16 B vectors at every size).
-_ROW_BLOCKS = {1024: 4, 2048: 4, 4096: 8, 8192: 8, 16384: 16}
+# Row-reduction BLOCK -> num_warps: 8 or 16 bf16 per thread (16 B vectors, <= 64 registers, no spills).
+_ROW_BLOCKS = {1024: 4, 2048: 4, 4096: 8, 8192: 16, 16384: 32}
 
 SPECS = []
 
@@ -72,17 +72,18 @@ for _sfx, _al in _VARIANTS:
             name=f"add_rmsnorm.b{_block}.{_sfx}", source="norm.py", entry="add_rmsnorm_kernel",
             args=_args(_ADD_RMSNORM, _al), constexprs={"BLOCK": _block}, num_warps=_warps, num_stages=1))
 
-    # GDN output norm: 4 value heads of 128 per program (512 elements, 4 per thread).
+    # GDN output norm: 4 value heads of 128 per program, 2 warps (8 bf16 = 16 B per thread).
     SPECS.append(KernelSpec(
         name=f"gated_rmsnorm.h128.{_sfx}", source="norm.py", entry="gated_rmsnorm_kernel",
         args=_args(_GATED_RMSNORM, _al), constexprs={"HEAD": 128, "HEADS_PER_PROG": 4},
-        num_warps=4, num_stages=1))
+        num_warps=2, num_stages=1))
 
-    # One (token, head) per program; 2 warps (32 blocks/SM x 2 warps = full occupancy on sm_90).
-    for _d, _rot in ((256, 64), (128, 32)):
+    # 4 heads of one token per program (cos/sin computed once for them), 8 bf16 per thread.
+    for _d, _rot, _warps in ((256, 64, 4), (128, 32, 2)):
         SPECS.append(KernelSpec(
             name=f"qk_norm_rope.d{_d}.r{_rot}.{_sfx}", source="rope.py", entry="qk_norm_rope_kernel",
-            args=_args(_QK_NORM_ROPE, _al), constexprs={"D": _d, "ROT": _rot}, num_warps=2, num_stages=1))
+            args=_args(_QK_NORM_ROPE, _al), constexprs={"D": _d, "ROT": _rot, "HEADS_PER_PROG": 4},
+            num_warps=_warps, num_stages=1))
 
     SPECS.append(KernelSpec(
         name=f"silu_mul.{_sfx}", source="act.py", entry="silu_mul_kernel",

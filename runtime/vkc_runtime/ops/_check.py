@@ -1,0 +1,62 @@
+"""Input validation shared by the typed ops: every bad input is refused before any launch, with the op
+name, the argument and what was expected."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .. import memory
+from ..stream import resolve_stream
+
+
+class OpError(ValueError):
+    """An op refused its inputs (shape, dtype, stride, alignment or device)."""
+
+
+def tensor(op: str, name: str, obj: Any, dtype: str, ndim: int | None = None,
+           shape: Sequence[int | None] | None = None, inner_contiguous: bool = True):
+    try:
+        t = memory.as_tensor(obj, name)
+    except (TypeError, ValueError) as e:
+        raise OpError(f"{op}: {name}: {e}") from None
+    if t.dtype != dtype:
+        raise OpError(f"{op}: {name} must be {dtype}, got {t.dtype}")
+    if ndim is not None and len(t.shape) != ndim:
+        raise OpError(f"{op}: {name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if shape is not None:
+        for i, (got, want) in enumerate(zip(t.shape, shape)):
+            if want is not None and got != want:
+                raise OpError(f"{op}: {name} has shape {tuple(t.shape)}, expected dim {i} == {want} "
+                              f"(expected {tuple('*' if s is None else s for s in shape)})")
+    if inner_contiguous and t.shape and t.shape[-1] > 1 and t.strides[-1] != 1:
+        raise OpError(f"{op}: {name} must be contiguous in its last dim (strides {tuple(t.strides)})")
+    for i in range(len(t.shape) - 1):
+        if t.shape[i] > 1 and t.strides[i] < 0:
+            raise OpError(f"{op}: {name} has a negative stride")
+    return t
+
+
+def same_device(op: str, *ts) -> int:
+    devs = {t.device for t in ts}
+    if len(devs) != 1:
+        raise OpError(f"{op}: all tensors must be on one device, got devices {sorted(devs)}")
+    return devs.pop()
+
+
+def row_stride(t) -> int:
+    """Element stride between rows of a [rows, cols] (or [rows, heads, dim] flattened) tensor."""
+    return int(t.strides[0]) if t.shape[0] > 1 else int(max(t.strides[0], 1))
+
+
+def aligned(ptrs: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether the `.a16` variant's promises hold: every pointer 16-byte aligned, every stride % 16 == 0."""
+    return all(p % 16 == 0 for p in ptrs) and all(s % 16 == 0 for s in strides)
+
+
+def fits_i32(op: str, **vals: int) -> None:
+    for k, v in vals.items():
+        if not (0 <= v < 2**31):
+            raise OpError(f"{op}: {k}={v} does not fit the kernel's int32 argument")
+
+
+def stream_of(stream: Any) -> int:
+    return resolve_stream(stream)

@@ -1,0 +1,584 @@
+"""Packing, Kernel loading and launching with the driver mocked at the boundary (CPU)."""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import random
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vkc_runtime import abi, artifacts, driver, launch
+from vkc_runtime.errors import ArtifactError, CudaError, LaunchError
+from vkc_runtime.integrity import IntegrityError
+
+try:
+    from .runtime_support import (no_real_driver, FakeCu, add_kernel, build_fake_libcuda, clean_env, fake_cu,  # noqa: F401
+                                  make_root, native_module)
+except ImportError:  # tests/ not a package
+    from runtime_support import (no_real_driver, FakeCu, add_kernel, build_fake_libcuda, clean_env, fake_cu,  # noqa: F401
+                                 make_root, native_module)
+
+NATIVE = native_module()
+needs_native = pytest.mark.skipif(NATIVE is None, reason=f"native module not built: {launch.native_reason()}")
+
+
+@pytest.fixture(autouse=True)
+def _env(clean_env):
+    yield clean_env
+
+
+def f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+# ----------------------------------------------------------------------------------- Python packer
+def test_widths_and_fp32_is_four_bytes():
+    assert len(launch.pack_args("f", [0.1])) == 4
+    assert struct.unpack("<f", launch.pack_args("f", [0.1]))[0] == float(np.float32(0.1))
+    assert launch.pack_args("f", [0.1]) == np.float32(0.1).tobytes()
+    assert len(launch.pack_args("?", [True])) == 1 and launch.pack_args("?", [True]) == b"\x01"
+    assert launch.pack_args("?", [0]) == b"\x00" and launch.pack_args("?", [7]) == b"\x01"
+    assert launch.pack_args("p", [0x1234]) == (0x1234).to_bytes(8, "little")
+    assert launch.pack_args("p", [None]) == bytes(8)
+    assert launch.pack_args("i", [-2]) == b"\xfe\xff\xff\xff"
+    assert launch.pack_args("d", [0.1]) == struct.pack("<d", 0.1)
+    assert launch.pack_args("e", [0.1]) == np.float16(0.1).tobytes()
+    for code, size in abi.PACK_SIZES.items():
+        val = 1.0 if code in "eEfd" else 1
+        assert len(launch.pack_args(code, [val])) == size, code
+
+
+def test_layout_aligns_each_param_to_its_size():
+    assert launch.param_layout("?p") == ([0, 8], 16)
+    assert launch.param_layout("pifpp") == ([0, 8, 12, 16, 24], 32)
+    assert launch.param_layout("?E?f?q") == ([0, 2, 4, 8, 12, 16], 24)
+    b = launch.pack_args("?p", [True, 0xABCDEF])
+    assert b == b"\x01" + bytes(7) + (0xABCDEF).to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("x,bits", [
+    (1.0, 0x3F80), (-2.0, 0xC000), (0.0, 0x0000), (-0.0, 0x8000),
+    (1.00390625, 0x3F80),              # 1 + 2^-8: exactly halfway, ties to even (down)
+    (1.01171875, 0x3F82),              # 1 + 3*2^-8: halfway, ties to even (up)
+    (1.00390625 + 2**-20, 0x3F81),     # just above halfway: up
+    (1.0078125, 0x3F81),               # exactly representable
+    (math.inf, 0x7F80), (-math.inf, 0xFF80),
+    (3.4e38, 0x7F80),                  # finite float32 that rounds to bf16 inf
+    (1e-40, 0x0001),                   # float32 subnormal 0x000116C2 -> rounds to 0x0001
+    (0.1, 0x3DCD),
+])
+def test_bf16_round_to_nearest_even(x, bits):
+    assert launch.bf16_bits(x) == bits
+    assert launch.pack_args("E", [x]) == bits.to_bytes(2, "little")
+
+
+def test_bf16_nan_stays_quiet_nan():
+    b = launch.bf16_bits(math.nan)
+    assert (b & 0x7F80) == 0x7F80 and (b & 0x7F) != 0 and (b & 0x40)
+    assert launch.bf16_bits(struct.unpack("<f", struct.pack("<I", 0x7F800001))[0]) & 0x7F  # signalling NaN stays NaN
+
+
+@pytest.mark.parametrize("code,value,exc", [
+    ("i", 2**31, ValueError), ("i", -2**31 - 1, ValueError), ("i", 1.5, TypeError), ("i", "3", TypeError),
+    ("b", 128, ValueError), ("B", -1, ValueError), ("H", 65536, ValueError), ("I", 2**32, ValueError),
+    ("q", 2**63, ValueError), ("Q", 2**64, ValueError), ("p", -1, ValueError), ("p", 2**64, ValueError),
+    ("p", 1.0, TypeError), ("?", 0.5, TypeError), ("f", "1.0", TypeError), ("f", 1e39, ValueError),
+    ("E", 1e39, ValueError), ("e", 70000.0, ValueError), ("d", None, TypeError), ("f", b"x", TypeError),
+    ("f", 10**400, ValueError),
+])
+def test_packer_rejects(code, value, exc):
+    with pytest.raises(exc, match=r"argument '#0'"):
+        launch.pack_args(code, [value])
+
+
+def test_packer_accepts_index_and_float_likes():
+    assert launch.pack_args("i", [np.int64(7)]) == (7).to_bytes(4, "little")
+    assert launch.pack_args("f", [np.float32(0.5)]) == struct.pack("<f", 0.5)
+    assert launch.pack_args("f", [3]) == struct.pack("<f", 3.0)
+    assert launch.pack_args("Q", [2**64 - 1]) == b"\xff" * 8
+    assert launch.pack_args("f", [math.inf]) == struct.pack("<f", math.inf)
+
+
+def test_divisibility_promises_are_checked():
+    params = [{"name": "x", "code": "p", "divisibility": 16}, {"name": "n", "code": "i", "divisibility": 16},
+              {"name": "m", "code": "q", "divisibility": 16}]
+    assert len(launch.pack_args(params, [0x1000, 32, -16], kernel="k")) == 24
+    with pytest.raises(ValueError, match=r"k: argument 'x' = 0x1008 is not 16-byte aligned"):
+        launch.pack_args(params, [0x1008, 32, 0], kernel="k")
+    with pytest.raises(ValueError, match=r"k: argument 'n' = 17 is not a multiple of 16"):
+        launch.pack_args(params, [0x1000, 17, 0], kernel="k")
+    with pytest.raises(ValueError, match=r"argument 'm' = -8 is not a multiple of 16"):
+        launch.pack_args(params, [0x1000, 16, -8], kernel="k")
+    with pytest.raises(TypeError, match="expected 3 values, got 2"):
+        launch.pack_args(params, [0x1000, 16], kernel="k")
+
+
+def test_param_buffer_pointer_array():
+    pb = launch.ParamBuffer("?pf")
+    conv = [1, 0xDEAD0, 0.25]
+    pb.fill(conv)
+    assert pb.raw() == launch.pack_args("?pf", [True, 0xDEAD0, 0.25])
+    base = ctypes.cast(pb._buf, ctypes.c_void_p).value
+    assert pb.pointers() == [base + 0, base + 8, base + 16]
+    arr = (ctypes.c_void_p * 3).from_address(pb.address)
+    assert [arr[i] for i in range(3)] == pb.pointers()
+
+
+# ----------------------------------------------------------------------------------- native == Python
+def _random_value(rng: random.Random, code: str):
+    if code == "p":
+        return rng.choice([None, 0, rng.randrange(0, 2**64), rng.randrange(0, 2**48) * 16])
+    if code == "?":
+        return rng.choice([True, False, 0, 1, 5])
+    if code in "bBhHiIqQ":
+        lo, hi = launch._INT_RANGE[code]
+        return rng.choice([lo, hi, 0, rng.randint(lo, hi)])
+    if code == "e":
+        return rng.choice([0.0, -0.0, 65504.0, 1e-8, math.inf, rng.uniform(-60000, 60000)])
+    if code in "Ef":
+        return rng.choice([0.1, -0.0, math.inf, -math.inf, 3.4e38, 1e-45, rng.uniform(-1e6, 1e6),
+                           rng.uniform(-1, 1), float(rng.randint(-5, 5)), np.float32(2.5)])
+    return rng.choice([rng.uniform(-1e300, 1e300), 0.1, -0.0, math.inf, 5])
+
+
+@needs_native
+def test_native_pack_matches_python_byte_for_byte():
+    rng = random.Random(1234)
+    codes_all = sorted(abi.PACK_CODES)
+    for _ in range(500):
+        codes = "".join(rng.choice(codes_all) for _ in range(rng.randint(0, 24)))
+        vals = tuple(_random_value(rng, c) for c in codes)
+        py = launch.pack_args(codes, vals)
+        nat = NATIVE.pack(codes, vals)
+        assert nat == py, (codes, vals)
+        assert NATIVE.layout(codes) == tuple(launch.param_layout(codes))
+    # NaN bits are compared too (quiet NaN for bf16, PyFloat_Pack semantics for fp16)
+    for code in "eEfd":
+        assert NATIVE.pack(code, (math.nan,)) == launch.pack_args(code, [math.nan])
+
+
+@needs_native
+@pytest.mark.parametrize("code,value", [
+    ("i", 2**31), ("i", 1.5), ("i", "3"), ("b", 128), ("B", -1), ("Q", 2**64), ("q", -2**63 - 1), ("p", -1),
+    ("p", 1.0), ("?", 0.5), ("f", "1.0"), ("f", 1e39), ("E", -1e39), ("e", 70000.0), ("d", None),
+    ("f", 10**400), ("p", "0x10"),
+])
+def test_native_pack_raises_like_python(code, value):
+    with pytest.raises(Exception) as py_e:
+        launch.pack_args(code, [value])
+    with pytest.raises(Exception) as nat_e:
+        NATIVE.pack(code, (value,))
+    assert type(nat_e.value) is type(py_e.value), (nat_e.value, py_e.value)
+    assert "argument '#0'" in str(nat_e.value)
+
+
+# ----------------------------------------------------------------------------------- Kernel with a fake driver
+def _kernel(root: Path, base="norm.k", arch="sm_90a", ctx=0xC0C0) -> launch.Kernel:
+    aset = artifacts.ArtifactSet(root, arch)
+    return launch.Kernel(base, aset.launch_spec(base), aset, ctx, 0)
+
+
+def test_sha_mismatch_refused_before_module_load(tmp_path, fake_cu):
+    root = make_root(tmp_path, bases=("norm.k",), data=b"C" * 100)
+    k = _kernel(root)
+    k.artifacts.path("norm.k").write_bytes(b"D" * 100)
+    with pytest.raises(IntegrityError, match="expected sha256"):
+        k.launch(1, (0x1000, 1, 1.0))
+    assert "cuModuleLoadData" not in fake_cu.names()
+    assert fake_cu.loaded == []
+
+
+def test_load_uses_manifest_bytes_and_entry_name(tmp_path, fake_cu):
+    root = make_root(tmp_path, bases=("norm.k",), data=b"cubin-bytes", entry="my_entry")
+    fake_cu.current = 0xC0C0
+    k = _kernel(root)
+    k.load()
+    assert fake_cu.loaded == [b"cubin-bytes"]
+    assert fake_cu.calls("cuModuleGetFunction")[0][1] == b"my_entry"
+    assert "cuCtxPushCurrent" not in fake_cu.names()
+
+
+def test_load_pushes_the_kernel_context_when_another_is_current(tmp_path, fake_cu):
+    root = make_root(tmp_path, bases=("norm.k",))
+    fake_cu.current = 0x9999
+    _kernel(root, ctx=0xC0C0).load()
+    assert fake_cu.calls("cuCtxPushCurrent") == [(0xC0C0,)]
+    assert fake_cu.current == 0x9999
+
+
+@pytest.mark.parametrize("shared,expect_set", [(0, False), (49152, False), (49153, True), (200 * 1024, True)])
+def test_smem_attribute_only_above_48k(tmp_path, fake_cu, shared, expect_set):
+    root = make_root(tmp_path, bases=("norm.k",), shared=shared)
+    fake_cu.current = 0xC0C0
+    _kernel(root).load()
+    sets = [c for c in fake_cu.calls("cuFuncSetAttribute")
+            if c[1] == int(driver.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)]
+    assert sets == ([(sets[0][0], sets[0][1], shared)] if expect_set else [])
+
+
+def test_smem_beyond_device_optin_is_a_clear_error(tmp_path, fake_cu):
+    fake_cu.optin = 99 * 1024
+    fake_cu.static_smem = 1024
+    root = make_root(tmp_path, bases=("norm.k",), shared=99 * 1024)
+    fake_cu.current = 0xC0C0
+    with pytest.raises(LaunchError, match=r"needs 101376 bytes of dynamic shared memory \(\+1024 static\).*"
+                                          r"at most 101376"):
+        _kernel(root).load()
+
+
+def test_too_many_threads_for_function(tmp_path, fake_cu):
+    fake_cu.max_threads = 128
+    root = make_root(tmp_path, bases=("norm.k",), num_warps=8)
+    fake_cu.current = 0xC0C0
+    with pytest.raises(LaunchError, match="needs 256 threads per block"):
+        _kernel(root).load()
+
+
+def test_profile_scratch_and_non_cubin_refused(tmp_path, fake_cu):
+    root = make_root(tmp_path, bases=("norm.k",))
+    aset = artifacts.ArtifactSet(root, "sm_90a")
+    aset.kernels["norm.k"]["launch"]["profile_scratch_size"] = 64
+    k = launch.Kernel("norm.k", aset.launch_spec("norm.k"), aset, 0xC0C0)
+    with pytest.raises(ArtifactError, match="profile_scratch_size"):
+        k.load()
+    add_kernel(root, "sm_90a", "cute.gemm", suffix=".so")
+    k = _kernel(root, "cute.gemm")
+    with pytest.raises(ArtifactError, match="not a .cubin"):
+        k.load()
+
+
+@pytest.fixture(params=["python", "native"])
+def launcher_kind(request, clean_env):
+    if request.param == "native":
+        if NATIVE is None:
+            pytest.skip(f"native module not built: {launch.native_reason()}")
+    else:
+        clean_env.setenv("VKC_NATIVE", "0")
+    return request.param
+
+
+def test_arg_count_and_grid_errors(tmp_path, fake_cu, launcher_kind):
+    root = make_root(tmp_path, bases=("norm.k",), num_ctas=2)
+    fake_cu.current = 0xC0C0
+    k = _kernel(root)
+    with pytest.raises(TypeError, match=r"norm.k takes 3 arguments \(x, n_cols, eps\), got 2"):
+        k.launch(1, (0x1000, 1))
+    with pytest.raises(LaunchError, match="exceeds the CUDA limits"):
+        k.launch((2**30, 1, 1), (0x1000, 1, 1.0))  # 2^30 * num_ctas 2 = 2^31
+    with pytest.raises(LaunchError, match="exceeds the CUDA limits"):
+        k.launch((1, 65536, 1), (0x1000, 1, 1.0))
+    with pytest.raises(LaunchError, match="exceeds the CUDA limits"):
+        k.launch((1, 1, 65536), (0x1000, 1, 1.0))
+    with pytest.raises(LaunchError, match="negative grid"):
+        k.launch((-1, 1, 1), (0x1000, 1, 1.0))
+    with pytest.raises(ValueError, match=r"norm.k: argument 'x' = 0x1004 is not 16-byte aligned"):
+        k.launch(1, (0x1004, 1, 1.0))
+    assert isinstance(LaunchError("x"), ValueError)
+    k.launch((0, 4, 4), (0x1000, 1, 1.0))  # empty grid: a no-op
+    assert "cuLaunchKernel" not in fake_cu.names() and "cuLaunchKernelEx" not in fake_cu.names()
+    assert k.native == (launcher_kind == "native")
+
+
+def test_python_fallback_launch_packs_and_passes_void_pp(tmp_path, fake_cu, clean_env):
+    clean_env.setenv("VKC_NATIVE", "0")
+    root = make_root(tmp_path, bases=("norm.k",), shared=1024, num_warps=8)
+    fake_cu.current = 0xC0C0
+    fake_cu.param_sizes = [8, 4, 4, 8, 8]
+    k = _kernel(root)
+    k.launch((3, 2), (0x7000, 1234, 0.1), stream=0x55)
+    (l,) = fake_cu.launches
+    assert l["kind"] == "plain" and l["grid"] == (3, 2, 1) and l["block"] == (256, 1, 1)
+    assert (l["shared"], l["stream"]) == (1024, 0x55)
+    assert l["params"] == [(0x7000).to_bytes(8, "little"), (1234).to_bytes(4, "little"),
+                           np.float32(0.1).tobytes(), bytes(8), bytes(8)]
+    assert not k.native
+
+
+def test_python_fallback_cluster_pdl_coop_attributes(tmp_path, fake_cu, clean_env):
+    clean_env.setenv("VKC_NATIVE", "0")
+    root = make_root(tmp_path, bases=("norm.k",), num_ctas=2, pdl=True, coop=True)
+    fake_cu.current = 0xC0C0
+    k = _kernel(root)
+    k.launch((5, 1, 1), (0x7000, 1, 1.0), stream=7)
+    (l,) = fake_cu.launches
+    ids = driver.cu.CUlaunchAttributeID
+    assert l["kind"] == "ex" and l["grid"] == (10, 1, 1) and l["stream"] == 7
+    got = [i for i, _ in l["attrs"]]
+    assert got == [int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION),
+                   int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE),
+                   int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION),
+                   int(ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE)]
+    cd = l["attrs"][0][1].value.clusterDim
+    assert (cd.x, cd.y, cd.z) == (2, 1, 1)
+    assert struct.unpack_from("<7I", l["raw"]) == (10, 1, 1, 128, 1, 1, 0)
+
+
+def test_python_fallback_cuda_error(tmp_path, fake_cu, clean_env):
+    clean_env.setenv("VKC_NATIVE", "0")
+    root = make_root(tmp_path, bases=("norm.k",))
+    fake_cu.current = 0xC0C0
+    fake_cu.launch_result = driver.cu.CUresult.CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(CudaError) as ei:
+        _kernel(root).launch(1, (0x7000, 1, 1.0))
+    e = ei.value
+    assert (e.name, e.code, e.call) == ("CUDA_ERROR_INVALID_VALUE", 1, "cuLaunchKernel")
+    assert str(e).startswith("cuLaunchKernel: CUDA_ERROR_INVALID_VALUE (1): kernel norm.k grid=(1, 1, 1)")
+
+
+def test_get_kernel_caches_per_context_and_arch(tmp_path, fake_cu, clean_env):
+    root = make_root(tmp_path, bases=("norm.k", "norm.j"), constexprs={"BLOCK": 2048})
+    clean_env.setenv("VKC_ARTIFACT_ROOT", str(root))
+    k1 = launch.get_kernel("norm.k")
+    assert fake_cu.calls("cuDevicePrimaryCtxRetain") == [(0,)] and fake_cu.current == fake_cu.primary
+    assert launch.get_kernel("norm.k") is k1
+    assert launch.get_kernel("norm.j") is not k1
+    assert (k1.ctx, k1.arch, k1.loaded) == (fake_cu.primary, "sm_90a", False)  # lazy
+    assert k1.param_names == ["x", "n_cols", "eps"] and k1.n_args == 3
+    assert k1.constexprs == {"BLOCK": 2048} and k1.inputs["entry"] == "rmsnorm_kernel"
+    fake_cu.current = 0xD0D0  # e.g. torch made another context current
+    k2 = launch.get_kernel("norm.k")
+    assert k2 is not k1 and k2.ctx == 0xD0D0
+    with pytest.raises(ImportError, match="'norm.nope' is not in manifest"):
+        launch.get_kernel("norm.nope")
+
+
+@no_real_driver
+def test_get_kernel_without_driver_is_a_clear_error(tmp_path, clean_env):
+    driver.reset_caches()
+    try:
+        with pytest.raises(driver.DriverUnavailable, match="CUDA driver unavailable"):
+            launch.get_kernel("norm.k")
+    finally:
+        driver.reset_caches()
+
+
+# ----------------------------------------------------------------------------------- scratch
+def test_scratch_nbytes_rule():
+    assert launch.scratch_nbytes(3, 2, 4, 2, 256) == 3 * 2 * 4 * 2 * 256
+
+
+def test_scratch_pool_sizing_growth_and_capture():
+    allocs, frees, syncs = [], [], []
+    capturing = {"on": False}
+    nxt = [0x10000]
+
+    def alloc(n):
+        allocs.append(n)
+        nxt[0] += 0x100000
+        return nxt[0] + 0x100  # 256-aligned, not 512-aligned
+
+    pool = launch.ScratchPool(1, alloc=alloc, free=frees.append, is_capturing=lambda s: capturing["on"],
+                              sync=syncs.append)
+    p = pool.get(1000, 128, stream=5)
+    assert allocs == [1000] and p % 128 == 0
+    assert pool.get(800, 128, stream=5) == p and allocs == [1000]  # fits: reused
+    p2 = pool.get(3000, 128, stream=5)  # grows to max(need, 2*old)
+    assert allocs == [1000, 3000] and frees == [p] and syncs == [5]
+    pool.get(3100, 128, stream=5)
+    assert allocs[-1] == 6000  # doubling
+    pool.get(100, 128, stream=9)  # other streams get their own buffer
+    assert allocs[-1] == 100 and pool.size(9) == 100 and pool.size(5) == 6000
+    # alignment above cuMemAlloc's 256 B: over-allocate and round up
+    q = pool.get(4096, 1024, stream=11)
+    assert q % 1024 == 0 and allocs[-1] == 4096 + 1023
+    # capture: reuse is fine, growth is refused with the eager-first hint
+    capturing["on"] = True
+    assert pool.get(10, 128, stream=5) % 128 == 0
+    with pytest.raises(LaunchError, match="cannot grow during stream capture.*once eagerly"):
+        pool.get(10**6, 128, stream=5)
+    with pytest.raises(LaunchError, match="the pool has 0"):
+        pool.get(16, 128, stream=77)
+    # a buffer handed out during capture is retired, never freed, when it later grows
+    capturing["on"] = False
+    n_frees = len(frees)
+    pool.get(10**6, 128, stream=5)
+    assert len(frees) == n_frees and pool.retired and pool.retired[-1][1] == 6000
+
+
+def test_kernel_with_global_scratch_uses_pool(tmp_path, fake_cu, clean_env):
+    clean_env.setenv("VKC_NATIVE", "0")
+    root = make_root(tmp_path, bases=("norm.k",), gss=256, gsa=128, num_ctas=2)
+    fake_cu.current = 0xC0C0
+    fake_cu.param_sizes = [8, 4, 4, 8, 8]
+    k = _kernel(root)
+    k.launch((4, 3, 1), (0x7000, 1, 1.0), stream=0x60)
+    assert fake_cu.calls("cuMemAlloc") == [(4 * 3 * 1 * 2 * 256,)]
+    scratch = int.from_bytes(fake_cu.launches[0]["params"][3], "little")
+    assert scratch != 0 and scratch % 128 == 0 and fake_cu.launches[0]["params"][4] == bytes(8)
+    fake_cu.capturing[0x60] = True
+    with pytest.raises(LaunchError, match="once eagerly"):
+        k.launch((8, 3, 1), (0x7000, 1, 1.0), stream=0x60)
+
+
+# ----------------------------------------------------------------------------------- native launcher
+@pytest.fixture
+def fake_libcuda(tmp_path, monkeypatch):
+    if NATIVE is None:
+        pytest.skip(f"native module not built: {launch.native_reason()}")
+    lib = build_fake_libcuda(tmp_path)
+    if lib is None:
+        pytest.skip("no C compiler to build the fake libcuda")
+    monkeypatch.setenv("VKC_LIBCUDA", str(lib))
+    NATIVE._reset_driver()
+    h = ctypes.CDLL(str(lib))
+    h.fake_params.restype = ctypes.POINTER(ctypes.c_ubyte)
+    h.fake_config.restype = ctypes.POINTER(ctypes.c_ubyte)
+    h.fake_attrs.restype = ctypes.POINTER(ctypes.c_ubyte)
+    h.fake_grid.restype = ctypes.POINTER(ctypes.c_uint)
+    h.fake_block.restype = ctypes.POINTER(ctypes.c_uint)
+    h.fake_stream.restype = ctypes.c_size_t
+    h.fake_fn.restype = ctypes.c_size_t
+
+    def set_sizes(codes):
+        sizes = [abi.PACK_SIZES[c] for c in codes]
+        h.fake_set_sizes(len(sizes), (ctypes.c_int * max(len(sizes), 1))(*sizes))
+
+    h.set_sizes = set_sizes
+    h.params = lambda: bytes(h.fake_params()[: h.fake_params_len()])
+    yield h
+    NATIVE._reset_driver()
+
+
+def _params_concat(codes, vals):
+    return b"".join(launch.pack_value(c, v) for c, v in zip(codes, vals))
+
+
+def test_native_launch_plain(fake_libcuda):
+    L = NATIVE.Launcher(0xF00D, "p?Efpp", ["x", "flag", "w", "eps", "global_scratch", "profile_scratch"],
+                        [16, 0, 0, 0, 0, 0], 2, 128, 4096, 1, False, False, "fam.k")
+    fake_libcuda.set_sizes("p?Efpp")
+    L.launch(7, 2, 3, 0xABC, (0x1000, True, 1.00390625, 0.1), 0x9000)
+    h = fake_libcuda
+    assert NATIVE.driver_status().startswith("loaded ")
+    assert (h.fake_plain_calls(), h.fake_ex_calls()) == (1, 0)
+    assert list(h.fake_grid()[:3]) == [7, 2, 3] and list(h.fake_block()[:3]) == [128, 1, 1]
+    assert (h.fake_shared(), h.fake_stream(), h.fake_fn()) == (4096, 0xABC, 0xF00D)
+    assert h.params() == _params_concat("p?Efpp", (0x1000, True, 1.00390625, 0.1, 0x9000, 0))
+    assert L.uses_ex is False and L.n_visible == 4 and L.param_bytes == 32
+
+
+def test_native_launch_ex_attributes_layout(fake_libcuda):
+    L = NATIVE.Launcher(0xBEEF, "pipp", ["x", "n", "global_scratch", "profile_scratch"], [0, 16, 0, 0], 2, 256,
+                        65536, 2, True, True, "fam.cluster")
+    fake_libcuda.set_sizes("pipp")
+    L.launch(5, 1, 1, 0x77, (0x2000, 32), 0)
+    h = fake_libcuda
+    assert (h.fake_plain_calls(), h.fake_ex_calls()) == (0, 1)
+    cfg = bytes(h.fake_config()[:56])
+    assert struct.unpack_from("<7I", cfg) == (10, 1, 1, 256, 1, 1, 65536)  # gridDim.x = 5 * num_ctas
+    assert struct.unpack_from("<Q", cfg, 32)[0] == 0x77 and struct.unpack_from("<I", cfg, 48)[0] == 4
+    attrs = bytes(h.fake_attrs()[: 72 * 4])
+    ids = driver.cu.CUlaunchAttributeID
+    got = [(struct.unpack_from("<i", attrs, 72 * i)[0], struct.unpack_from("<3I", attrs, 72 * i + 8)) for i in range(4)]
+    assert got == [
+        (int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), (2, 1, 1)),
+        (int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE),
+         (int(driver.cu.CUclusterSchedulingPolicy.CU_CLUSTER_SCHEDULING_POLICY_SPREAD), 0, 0)),
+        (int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION), (1, 0, 0)),
+        (int(ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE), (1, 0, 0)),
+    ]
+    assert h.params() == _params_concat("pipp", (0x2000, 32, 0, 0))
+
+
+def test_native_launch_errors(fake_libcuda):
+    L = NATIVE.Launcher(0xF00D, "pipp", ["x", "n", "global_scratch", "profile_scratch"], [16, 16, 0, 0], 2, 128, 0,
+                        1, False, False, "fam.k")
+    fake_libcuda.set_sizes("pipp")
+    with pytest.raises(ValueError, match=r"fam.k: argument 'x' = 0x1001 is not 16-byte aligned"):
+        L.launch(1, 1, 1, 0, (0x1001, 16), 0)
+    with pytest.raises(ValueError, match=r"fam.k: argument 'n' = 17 is not a multiple of 16"):
+        L.launch(1, 1, 1, 0, (0x1000, 17), 0)
+    with pytest.raises(TypeError, match=r"fam.k takes 2 arguments \(x, n\), got 3"):
+        L.launch(1, 1, 1, 0, (0x1000, 16, 1), 0)
+    with pytest.raises(TypeError, match=r"argument 'n' \(i32\) expects an int, got float"):
+        L.launch(1, 1, 1, 0, (0x1000, 16.0), 0)
+    with pytest.raises(LaunchError, match="exceeds the CUDA limits"):
+        L.launch(2**31, 1, 1, 0, (0x1000, 16), 0)
+    with pytest.raises(LaunchError, match="exceeds the CUDA limits"):
+        L.launch(1, 65536, 1, 0, (0x1000, 16), 0)
+    L.launch(1, 0, 1, 0, (0x1000, 16), 0)  # empty grid
+    assert fake_libcuda.fake_plain_calls() == 0
+    fake_libcuda.fake_set_result(700)
+    with pytest.raises(CudaError) as ei:
+        L.launch(3, 1, 1, 0x5, (0x1000, 16), 0)
+    e = ei.value
+    assert (e.name, e.code, e.call) == ("CUDA_ERROR_ILLEGAL_ADDRESS", 700, "cuLaunchKernel")
+    assert str(e).startswith("cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS (700): kernel fam.k grid=(3, 1, 1)")
+    assert isinstance(e, RuntimeError)
+
+
+def test_native_missing_libcuda_is_reported(tmp_path, monkeypatch):
+    if NATIVE is None:
+        pytest.skip(f"native module not built: {launch.native_reason()}")
+    monkeypatch.setenv("VKC_LIBCUDA", str(tmp_path / "nope.so"))
+    NATIVE._reset_driver()
+    try:
+        L = NATIVE.Launcher(1, "pp", ["global_scratch", "profile_scratch"], [0, 0], 2, 32, 0, 1, False, False, "k")
+        with pytest.raises(RuntimeError, match="cannot load .*nope.so"):
+            L.launch(1, 1, 1, 0, (), 0)
+        assert NATIVE.driver_status().startswith("failed: cannot load")
+    finally:
+        NATIVE._reset_driver()
+
+
+def test_kernel_launch_through_native_with_fake_driver(tmp_path, fake_cu, fake_libcuda):
+    root = make_root(tmp_path, bases=("norm.k",))
+    fake_cu.current = 0xC0C0
+    k = _kernel(root)
+    fake_libcuda.set_sizes("pifpp")
+    k.launch([2], [0x7000, 64, 0.5], stream=0x42)
+    assert k.native and fake_libcuda.fake_plain_calls() == 1
+    assert fake_libcuda.fake_fn() == 0xF001  # the handle cuModuleGetFunction returned
+    assert fake_libcuda.params() == _params_concat("pifpp", (0x7000, 64, 0.5, 0, 0))
+
+
+@needs_native
+def test_native_struct_layout_matches_cuda_h(tmp_path):
+    lay = NATIVE.struct_layout()
+    ids = driver.cu.CUlaunchAttributeID
+    assert lay["ATTR_COOPERATIVE"] == int(ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE)
+    assert lay["ATTR_CLUSTER_DIMENSION"] == int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+    assert lay["ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE"] == int(
+        ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE)
+    assert lay["ATTR_PROGRAMMATIC_STREAM_SERIALIZATION"] == int(
+        ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    assert lay["CLUSTER_SCHEDULING_POLICY_SPREAD"] == int(
+        driver.cu.CUclusterSchedulingPolicy.CU_CLUSTER_SCHEDULING_POLICY_SPREAD)
+    # and the real header, where this machine has one
+    inc = next((p for p in ("/usr/local/cuda/include", os.environ.get("CUDA_HOME", "") + "/include")
+                if p and Path(p, "cuda.h").is_file()), None)
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if inc is None or cxx is None:
+        pytest.skip("no cuda.h / C++ compiler to compare the struct layout against")
+    src = tmp_path / "lay.cpp"
+    src.write_text("""
+#include <cuda.h>
+#include <cstddef>
+#include <cstdio>
+int main() {
+  printf("%zu %zu %zu %zu %zu %zu %zu %zu\\n", sizeof(CUlaunchAttributeValue), sizeof(CUlaunchAttribute),
+         offsetof(CUlaunchAttribute, value), sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, sharedMemBytes),
+         offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs));
+}
+""")
+    exe = tmp_path / "lay"
+    subprocess.run([cxx, f"-I{inc}", str(src), "-o", str(exe)], check=True)
+    got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert got == [lay[k] for k in ("CUlaunchAttributeValue.size", "CUlaunchAttribute.size", "CUlaunchAttribute.value",
+                                    "CUlaunchConfig.size", "CUlaunchConfig.sharedMemBytes", "CUlaunchConfig.hStream",
+                                    "CUlaunchConfig.attrs", "CUlaunchConfig.numAttrs")]
+
+
+def test_native_reason_and_env_switch(clean_env):
+    if NATIVE is None:
+        assert not launch.native_available() and launch.native_reason()
+        return
+    assert launch.native_available()
+    clean_env.setenv("VKC_NATIVE", "0")
+    assert not launch.native_available() and "VKC_NATIVE=0" in launch.native_reason()
