@@ -40,8 +40,10 @@ print("OK")
 
 
 def run(code, env):
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:  # @triton.jit needs a file
+        f.write(code)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, f.name], capture_output=True, text=True, env=env)
     dt = time.perf_counter() - t0
     return dt, p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-1500:]
 
@@ -63,6 +65,11 @@ def main(out_path):
     res["triton_err"] = cold[2] if not cold[1] else ""
     if res["vkc_s"]:
         res["vkc_median_s"] = res["vkc_s"][len(res["vkc_s"]) // 2]
+    ph = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "coldstart_phases.py")],
+                        capture_output=True, text=True, env=env)
+    res["vkc_phases_ms"] = json.loads(ph.stdout.strip().splitlines()[-1]) if ph.returncode == 0 else ph.stderr[-800:]
+    bare = "import time; t=time.perf_counter(); import numpy; from cuda.bindings import driver as cu; cu.cuInit(0)"
+    res["python_numpy_cuinit_s"] = run(bare + "\nprint('OK')", env)[0]
     with open(out_path, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps(res, indent=1))

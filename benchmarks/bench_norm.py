@@ -20,9 +20,14 @@ HBM_TBS = 4.26  # measured device-to-device copy ceiling (DESIGN.md section 8)
 L2_BYTES = 60e6
 
 
-def time_ms(fn, sets, reps=30, inner=None):
-    """Median ms per call over `reps` event-timed batches, cycling through the input sets."""
-    inner = inner or max(1, min(200, int(2e9 // max(1, sets[0][1]))))
+def _inner(sets):
+    return max(len(sets), min(200, int(2e9 // max(1, sets[0][1]))))
+
+
+def time_ms(fn, sets, reps=30):
+    """Eager: median ms per call over `reps` event-timed batches, cycling through the input sets (host
+    launch overhead included: at small sizes this is what a Python caller sees)."""
+    inner = _inner(sets)
     for i in range(3 * len(sets)):
         fn(*sets[i % len(sets)][0])
     torch.cuda.synchronize()
@@ -38,63 +43,100 @@ def time_ms(fn, sets, reps=30, inner=None):
     return statistics.median(times)
 
 
+def graph_ms(fn, sets, vkc: bool, reps=20):
+    """Device time per call: `inner` calls captured in one CUDA graph (vkc_runtime.Graph for vkc,
+    torch.cuda.CUDAGraph for torch) on a side stream, replays timed with events."""
+    inner = _inner(sets)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(len(sets)):  # warm-up (lazy module loads, torch allocator)
+            fn(*sets[i][0])
+    torch.cuda.synchronize()
+    if vkc:
+        g = vkc_runtime.Graph()
+        with g.capture(s.cuda_stream):
+            for i in range(inner):
+                fn(*sets[i % len(sets)][0], stream=s.cuda_stream)
+        replay = lambda: g.replay(s.cuda_stream)  # noqa: E731
+    else:
+        tg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(tg, stream=s):
+            for i in range(inner):
+                fn(*sets[i % len(sets)][0])
+        replay = tg.replay
+    times = []
+    with torch.cuda.stream(s):
+        replay()
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(s)
+            replay()
+            b.record(s)
+            b.synchronize()
+            times.append(a.elapsed_time(b) / inner)
+    return statistics.median(times)
+
+
 def make_sets(make, nbytes):
     copies = max(2, int(2.5 * L2_BYTES // max(nbytes, 1)) + 1)
     copies = min(copies, 64)
     return [(make(), nbytes) for _ in range(copies)]
 
 
+def measure(name, hidden, T, nb, make, f_vkc, f_torch, tdesc):
+    sets = make_sets(make, nb)
+    t_vkc, t_torch = time_ms(f_vkc, sets), time_ms(f_torch, sets)
+    g_vkc, g_torch = graph_ms(f_vkc, sets, vkc=True), graph_ms(f_torch, sets, vkc=False)
+    return {"op": name, "hidden": hidden, "tokens": T, "bytes": nb, "torch_impl": tdesc,
+            "vkc_us": t_vkc * 1e3, "torch_us": t_torch * 1e3, "vkc_graph_us": g_vkc * 1e3,
+            "torch_graph_us": g_torch * 1e3,
+            "vkc_tbs": nb / (g_vkc * 1e-3) / 1e12, "torch_tbs": nb / (g_torch * 1e-3) / 1e12,
+            "vkc_pct_hbm": 100 * nb / (g_vkc * 1e-3) / 1e12 / HBM_TBS,
+            "speedup_vs_torch": g_torch / g_vkc, "eager_speedup_vs_torch": t_torch / t_vkc}
+
+
 def main(out_path: str) -> None:
     torch.manual_seed(0)
-    stream = torch.cuda.current_stream().cuda_stream
+    bf = dict(device="cuda", dtype=torch.bfloat16)
     rows = []
     for hidden in (2048, 5120):
         w = (torch.randn(hidden, device="cuda") * 0.1).to(torch.bfloat16)
         w1 = (1.0 + w.float()).to(torch.bfloat16)
         for T in (1, 16, 128, 1024, 4096, 16384):
-            # rmsnorm: read x, write y
-            nb = 2 * T * hidden * 2
-            sets = make_sets(lambda: (torch.randn(T, hidden, device="cuda").to(torch.bfloat16),
-                                      torch.empty(T, hidden, device="cuda", dtype=torch.bfloat16)), nb)
-            t_vkc = time_ms(lambda x, y: N.rmsnorm(x, w, 1e-6, out=y, stream=stream), sets)
-            t_torch = time_ms(lambda x, y: torch.nn.functional.rms_norm(x, (hidden,), w1, 1e-6), sets)
-            rows.append(_row("rmsnorm", hidden, T, nb, t_vkc, t_torch, "F.rms_norm(x, w+1)"))
-            # add_rmsnorm: read x, r; write r, y
-            nb = 4 * T * hidden * 2
-            sets = make_sets(lambda: (torch.randn(T, hidden, device="cuda").to(torch.bfloat16),
-                                      torch.randn(T, hidden, device="cuda").to(torch.bfloat16),
-                                      torch.empty(T, hidden, device="cuda", dtype=torch.bfloat16)), nb)
-            t_vkc = time_ms(lambda x, r, y: N.add_rmsnorm(x, r, w, 1e-6, out=y, stream=stream), sets)
+            rows.append(measure(
+                "rmsnorm", hidden, T, 2 * T * hidden * 2,
+                lambda: (torch.randn(T, hidden, **bf), torch.empty(T, hidden, **bf)),
+                lambda x, y, stream=0: N.rmsnorm(x, w, 1e-6, out=y, stream=stream),
+                lambda x, y: F.rms_norm(x, (hidden,), w1, 1e-6), "F.rms_norm(x, w+1)"))
 
             def torch_add_norm(x, r, y):
                 r.add_(x)
                 return F.rms_norm(r, (hidden,), w1, 1e-6)
-            t_torch = time_ms(torch_add_norm, sets)
-            rows.append(_row("add_rmsnorm", hidden, T, nb, t_vkc, t_torch, "r.add_(x); F.rms_norm(r, w+1)"))
-    # the other memory-bound ops at Qwen3.6-27B shapes, large token count
-    T = 8192
-    for name, nb, make, f_vkc, f_torch, tdesc in _others(T, stream):
-        sets = make_sets(make, nb)
-        rows.append(_row(name, 0, T, nb, time_ms(f_vkc, sets), time_ms(f_torch, sets), tdesc))
+            rows.append(measure(
+                "add_rmsnorm", hidden, T, 4 * T * hidden * 2,
+                lambda: (torch.randn(T, hidden, **bf), torch.randn(T, hidden, **bf), torch.empty(T, hidden, **bf)),
+                lambda x, r, y, stream=0: N.add_rmsnorm(x, r, w, 1e-6, out=y, stream=stream),
+                torch_add_norm, "r.add_(x); F.rms_norm(r, w+1)"))
+    T = 8192  # the other memory-bound ops at Qwen3.6-27B shapes
+    for args in _others(T):
+        rows.append(measure(args[0], 0, T, *args[1:]))
     res = {"gpu": torch.cuda.get_device_name(), "hbm_tbs": HBM_TBS, "torch": torch.__version__,
-           "vkc_arch": vkc_runtime.doctor.report()["selected_arch"] if hasattr(vkc_runtime, "doctor") else None,
+           "vkc_arch": vkc_runtime.doctor.report()["selected_arch"],
+           "method": "graph = CUDA-graph replay of many calls over rotated inputs > L2 (device time); eager = "
+                     "Python calls timed with events (includes host overhead); bandwidth from graph times",
            "rows": rows}
     with open(out_path, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"{'op':<14}{'hidden':>7}{'T':>7}{'vkc us':>10}{'torch us':>10}{'vkc TB/s':>10}{'% HBM':>7}{'x torch':>9}")
+    print(f"{'op':<14}{'hidden':>7}{'T':>7}{'vkc us':>9}{'torch us':>9}{'vkc TB/s':>9}{'% HBM':>7}{'x torch':>8}"
+          f"{'eager vkc':>10}{'eager torch':>12}")
     for r in rows:
-        print(f"{r['op']:<14}{r['hidden']:>7}{r['tokens']:>7}{r['vkc_us']:>10.2f}{r['torch_us']:>10.2f}"
-              f"{r['vkc_tbs']:>10.2f}{r['vkc_pct_hbm']:>7.1f}{r['speedup_vs_torch']:>9.2f}")
+        print(f"{r['op']:<14}{r['hidden']:>7}{r['tokens']:>7}{r['vkc_graph_us']:>9.2f}{r['torch_graph_us']:>9.2f}"
+              f"{r['vkc_tbs']:>9.2f}{r['vkc_pct_hbm']:>7.1f}{r['speedup_vs_torch']:>8.2f}{r['vkc_us']:>10.2f}"
+              f"{r['torch_us']:>12.2f}")
 
 
-def _row(op, hidden, T, nb, t_vkc, t_torch, tdesc):
-    return {"op": op, "hidden": hidden, "tokens": T, "bytes": nb, "vkc_us": t_vkc * 1e3, "torch_us": t_torch * 1e3,
-            "vkc_tbs": nb / (t_vkc * 1e-3) / 1e12, "torch_tbs": nb / (t_torch * 1e-3) / 1e12,
-            "vkc_pct_hbm": 100 * nb / (t_vkc * 1e-3) / 1e12 / HBM_TBS, "speedup_vs_torch": t_torch / t_vkc,
-            "torch_impl": tdesc}
-
-
-def _others(T, stream):
+def _others(T):
     bf = dict(device="cuda", dtype=torch.bfloat16)
     H, D, Hkv, I = 24, 256, 4, 17408
     wq, wk = torch.randn(D, **bf), torch.randn(D, **bf)
@@ -114,12 +156,13 @@ def _others(T, stream):
         return x * torch.sigmoid(qg.view(T, H, 2, D)[:, :, 1].reshape(T, H * D))
 
     yield ("silu_mul", T * 3 * I * 2, lambda: (torch.randn(T, 2 * I, **bf), torch.empty(T, I, **bf)),
-           lambda x, y: N.silu_mul(x, out=y, stream=stream), torch_silu_mul, "F.silu(g) * u")
+           lambda x, y, stream=0: N.silu_mul(x, out=y, stream=stream), torch_silu_mul, "F.silu(g) * u")
     yield ("gated_rmsnorm", T * 3 * 48 * 128 * 2,
            lambda: (torch.randn(T, 48 * 128, **bf), torch.randn(T, 48 * 128, **bf), torch.empty(T, 48 * 128, **bf)),
-           lambda x, z, y: N.gated_rmsnorm(x, z, wg, 1e-6, out=y, stream=stream), torch_gated, "eager fp32 chain")
+           lambda x, z, y, stream=0: N.gated_rmsnorm(x, z, wg, 1e-6, out=y, stream=stream), torch_gated,
+           "eager fp32 chain")
     yield ("sigmoid_mul", T * 3 * H * D * 2, lambda: (torch.randn(T, H * D, **bf), torch.randn(T, H * 2 * D, **bf)),
-           lambda x, qg: N.sigmoid_mul(x, qg.view(T, H, 2, D)[:, :, 1], out=x, stream=stream), torch_sig,
+           lambda x, qg, stream=0: N.sigmoid_mul(x, qg.view(T, H, 2, D)[:, :, 1], out=x, stream=stream), torch_sig,
            "x * sigmoid(gate view)")
     qk_bytes = T * (H * D * 2 + Hkv * D * 2) * 2 + T * 4
 
@@ -131,7 +174,8 @@ def _others(T, stream):
         return q.to(torch.bfloat16), kk.to(torch.bfloat16)  # (no rope: torch side does less work)
     qo, ko = torch.empty(T, H, D, **bf), torch.empty(T, Hkv, D, **bf)
     yield ("qk_norm_rope", qk_bytes, lambda: (torch.randn(T, H * 2 * D, **bf), torch.randn(T, Hkv * D, **bf)),
-           lambda qg, k: N.qk_norm_rope(qg, k, pos, wq, wk, H, Hkv, D, 1e-6, 1e7, q_out=qo, k_out=ko, stream=stream),
+           lambda qg, k, stream=0: N.qk_norm_rope(qg, k, pos, wq, wk, H, Hkv, D, 1e-6, 1e7, q_out=qo, k_out=ko,
+                                                  stream=stream),
            torch_qk, "eager q/k norm without rope")
 
 

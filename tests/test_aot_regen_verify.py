@@ -297,3 +297,21 @@ def test_cli_verify_exit_code(tree):
                          capture_output=True, text=True, env=env)
     assert out.returncode == 1
     assert "DRIFT sm_80: selftest.empty: artifact vendored/sm_80/selftest/empty.cubin is missing" in out.stderr
+
+
+def test_tuning_data_change(tree):
+    tdir = tree / "kernels_src/selftest/tuning"
+    tdir.mkdir()
+    (tdir / "sm_80.json").write_text('{"scale_add.b1024": {"num_warps": 8}}\n')
+    P = problems(tree)
+    assert any(p.startswith("sm_80:") and "selftest.scale_add.b1024: spec input 'num_warps' changed" in p
+               for p in P), P
+    assert not any(p.startswith("sm_90a:") for p in P), P
+
+
+def test_tuning_data_for_unknown_spec(tree):
+    tdir = tree / "kernels_src/selftest/tuning"
+    tdir.mkdir()
+    (tdir / "sm_90a.json").write_text('{"nope": {"num_warps": 8}}\n')
+    P = problems(tree)
+    assert any("cannot read the specs" in p and "tunes unknown specs ['nope']" in p for p in P), P

@@ -58,8 +58,12 @@ _EMBEDDING = [
     ("stride_table", "i32", True), ("stride_out", "i32", True), ("V", "i32", False), ("N", "i32", False),
 ]
 
-# Row-reduction BLOCK -> num_warps: 8 or 16 bf16 per thread (16 B vectors, <= 64 registers, no spills).
-_ROW_BLOCKS = {1024: 4, 2048: 4, 4096: 8, 8192: 16, 16384: 32}
+# Row-reduction BLOCK -> num_warps. 4 warps up to BLOCK 8192: on the H200 it beat 8 and 16 warps for
+# every measured (hidden, tokens) of rmsnorm/add_rmsnorm (tools/tune_build.py + tools/gpu/tune_norm.py,
+# benchmarks/results/2026-11-30-norm-tune/): fewer threads per row, more rows in flight per SM. The same
+# choice is used on the build-verified archs (it compiles there without spills); sm_90a pins the measured
+# winners in tuning/sm_90a.json. BLOCK 16384 keeps 16 warps (4 would need > 255 registers).
+_ROW_BLOCKS = {1024: 4, 2048: 4, 4096: 4, 8192: 4, 16384: 16}
 
 SPECS = []
 

@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import importlib
+
 import json
 import os
 import platform
@@ -80,9 +82,11 @@ def report(deep: bool = False) -> dict[str, Any]:
     except Exception as e:
         r["artifact_root"] = {"path": None, "how": None, "error": str(e)}
     try:
+        importlib.import_module("vkc_runtime.ops")  # ops modules declare the bases they launch
         req = sorted(registry.required())
-    except Exception:  # pragma: no cover
-        req = []
+    except Exception as e:  # pragma: no cover - reported, never fatal for doctor
+        r["ops_import_error"] = f"{type(e).__name__}: {e}"
+        req = sorted(registry.required())
     r["required"] = req
 
     sel: dict[str, Any] = {"arch": None, "how": None}

@@ -107,7 +107,7 @@ def test_qk_norm_rope(N, T, Hq, Hkv, D):
     qo, ko = poison(T, Hq, D), poison(T, Hkv, D)
     N.qk_norm_rope(qg, k, pos, wq, wk, Hq, Hkv, D, 1e-6, 1e7, q_out=qo, k_out=ko)
     torch.cuda.synchronize()
-    rq, rk = refs.qk_norm_rope(np64(qg), np64(k), pos.cpu().numpy(), np64(wq), np64(wk), 1e-6, 1e7, Hq, Hkv, D)
+    rq, rk = refs.qk_norm_rope(np64(qg), np64(k), pos.cpu().numpy(), np64(wq), np64(wk), 1e-6, 1e7, Hq, Hkv, D, D // 4)
     check(qo, rq, f"q {T},{Hq},{D}")
     check(ko, rk, f"k {T},{Hkv},{D}")
 

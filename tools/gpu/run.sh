@@ -2,7 +2,7 @@
 # The one GPU script (run through the device tool on the H200, from the repository root):
 #   builds the sm_90a wheel from the working tree (native launcher + sm_90a artifacts only), installs it
 #   apart from the source tree, runs `vkc doctor`, the GPU tests and the benchmarks, and writes logs and
-#   JSON results to $OUT.   usage: bash tools/gpu/run.sh [tests|bench|all]
+#   JSON results to $OUT.   usage: bash tools/gpu/run.sh [tests|bench|all|tune]
 set -uo pipefail
 WHAT=${1:-all}
 OUT=${OUT:-/tmp/vkc-gpu-out}
@@ -12,8 +12,11 @@ REPO=$(pwd)
 SITE=/tmp/vkc-site
 rc=0
 
-echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/nvidia-smi.csv"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+# $OUT gets at most 8 files back: build.log env.txt gpu-tests.log runtime_bench.jsonl launch.json coldstart.json
+# norm.json tune_norm.json
+ENV_TXT="$OUT/env.txt"
+echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$ENV_TXT"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$ENV_TXT"
 
 echo "== build the sm_90a wheel (no network: --no-build-isolation)"
 rm -rf /tmp/vkc-dist "$SITE"
@@ -23,7 +26,7 @@ fi
 ls -l /tmp/vkc-dist | tee -a "$OUT/build.log"
 python3 -m pip install -q --no-deps --no-index --target "$SITE" /tmp/vkc-dist/vkc-*.whl || exit 1
 export PYTHONPATH="$SITE:$REPO"      # vkc_runtime from the wheel; $REPO only for tests/ and benchmarks/
-python3 - <<'PY' 2>&1 | tee "$OUT/import.txt"
+python3 - <<'PY' 2>&1 | tee -a "$ENV_TXT"
 import sys, time
 t0 = time.perf_counter()
 import vkc_runtime
@@ -34,12 +37,18 @@ print("heavy modules imported by vkc_runtime:", bad or "none")
 from vkc_runtime import launch
 print("native launcher:", getattr(launch, "native_available", lambda: "?")())
 PY
-python3 -m vkc.cli doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?" >> "$OUT/doctor.txt"; cat "$OUT/doctor.txt"
+(cd /tmp && python3 -X importtime -c "import vkc_runtime" 2>&1 | sort -t'|' -k2 -n | tail -8) | tee -a "$ENV_TXT"
+python3 -m vkc.cli doctor 2>&1 | tee -a "$ENV_TXT"; echo "doctor rc=${PIPESTATUS[0]}" | tee -a "$ENV_TXT"
 
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   echo "== GPU tests"
-  python3 -m pytest -q -rs -p no:cacheprovider tests/gpu --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
+  VKC_BENCH_OUT="$OUT/runtime_bench.jsonl" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu 2>&1 \
+    | tee "$OUT/gpu-tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [ "$WHAT" = tune ]; then
+  echo "== AOT tuning candidates (built on the CPU box by tools/tune_build.py; carry build/tune)"
+  python3 tools/gpu/tune_norm.py build/tune "$OUT/tune_norm.json" 2>&1 | tail -30 || rc=1
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   echo "== benchmarks"

@@ -36,10 +36,12 @@ def tensor(op: str, name: str, obj: Any, dtype: str, ndim: int | None = None,
 
 
 def same_device(op: str, *ts) -> int:
-    devs = {t.device for t in ts}
-    if len(devs) != 1:
+    """The one device of the tensors; -1 (a producer that does not say, e.g. cupy's CUDA array interface)
+    matches any."""
+    devs = {t.device for t in ts if t.device >= 0}
+    if len(devs) > 1:
         raise OpError(f"{op}: all tensors must be on one device, got devices {sorted(devs)}")
-    return devs.pop()
+    return devs.pop() if devs else -1
 
 
 def row_stride(t) -> int:
