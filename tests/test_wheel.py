@@ -1,0 +1,60 @@
+"""Per-arch wheel: VKC_ARCHES=sm_90a builds a wheel holding only sm_90a's artifacts + the native launcher;
+installed into a fresh virtualenv (no triton, torch, cutlass-dsl) `import vkc_runtime` and `vkc doctor` work."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytest.importorskip("scikit_build_core", reason="wheel build needs scikit-build-core (the test extra has it)")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    env = {**os.environ, "VKC_ARCHES": "sm_90a"}
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
+                        "-C", f"build-dir={out / 'build'}", "-w", str(out), str(REPO)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (whl,) = out.glob("vkc-*.whl")
+    return whl
+
+
+def test_wheel_holds_one_arch(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    cubins = [n for n in names if n.endswith(".cubin")]
+    assert cubins and all(n.startswith("vkc_runtime/artifacts/vendored/sm_90a/") for n in cubins)
+    manifests = sorted(n for n in names if n.startswith("vkc_runtime/artifacts/manifests/"))
+    assert manifests == ["vkc_runtime/artifacts/manifests/schema.json", "vkc_runtime/artifacts/manifests/sm_90a.json"]
+    assert any(n.startswith("vkc_runtime/_native.") and n.endswith(".so") for n in names)
+    assert wheel.stat().st_size < 2 * 1024 * 1024, wheel.stat().st_size
+
+
+def test_fresh_venv_import_and_doctor(wheel, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    code = ("import sys, vkc_runtime; from vkc_runtime.ops import norm; "
+            "heavy = [m for m in ('torch', 'triton', 'cutlass', 'cupy') if m in sys.modules]; "
+            "assert not heavy, heavy; "
+            "from vkc_runtime import artifacts, launch; root, how = artifacts.find_root_info(); "
+            "assert how == 'package', how; assert launch.native_available(), launch.native_reason(); print('ok')")
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    for mod in ("torch", "triton"):
+        r = subprocess.run([str(py), "-c", f"import {mod}"], capture_output=True, text=True)
+        assert r.returncode != 0, f"{mod} is importable in the fresh venv"
+    r = subprocess.run([str(env_dir / "bin" / "vkc"), "doctor"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^\s*sm_90a\s+\d+ kernels, complete$", r.stdout, re.M), r.stdout
+    assert re.search(r"^\s*sm_80\s+no manifest$", r.stdout, re.M), r.stdout  # only sm_90a is in this wheel
