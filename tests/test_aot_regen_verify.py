@@ -315,3 +315,11 @@ def test_tuning_data_for_unknown_spec(tree):
     (tdir / "sm_90a.json").write_text('{"nope": {"num_warps": 8}}\n')
     P = problems(tree)
     assert any("cannot read the specs" in p and "tunes unknown specs ['nope']" in p for p in P), P
+
+
+def test_committed_tree_rebuilds_byte_identical():
+    """`vkc verify --rebuild` on the real tree for two archs: every committed cubin and manifest is exactly what
+    the pinned toolchain produces from kernels_src/ in another directory (and every kernel's PTX .param list
+    matches the packer's, which regen checks)."""
+    assert verify.verify(REPO, ["sm_80", "sm_90a"]) == []
+    assert verify.rebuild_compare(REPO, ["sm_80", "sm_90a"], jobs=2) == []

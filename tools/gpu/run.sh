@@ -26,6 +26,10 @@ fi
 ls -l /tmp/vkc-dist | tee -a "$OUT/build.log"
 python3 -m pip install -q --no-deps --no-index --target "$SITE" /tmp/vkc-dist/vkc-*.whl || exit 1
 export PYTHONPATH="$SITE:$REPO"      # vkc_runtime from the wheel; $REPO only for tests/ and benchmarks/
+if ls .whl/*.whl >/dev/null 2>&1; then  # peer packages carried as wheels (e.g. fla-core for GDN comparisons)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer-site .whl/*.whl && \
+    export PYTHONPATH="$PYTHONPATH:/tmp/peer-site"
+fi
 python3 - <<'PY' 2>&1 | tee -a "$ENV_TXT"
 import sys, time
 t0 = time.perf_counter()
