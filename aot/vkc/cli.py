@@ -1,4 +1,4 @@
-"""The `vkc` command line: regen, verify, inspect, doctor."""
+"""The `vkc` command line: regen, verify, inspect, tune, doctor."""
 from __future__ import annotations
 
 import json
@@ -130,6 +130,65 @@ def inspect_cmd(arch: tuple[str, ...], as_json: bool, root: str | None) -> None:
         for x in mine:
             click.echo(f"  {x['base']:<44} {x['size']:>8} B  REG {x['registers']:>3}  warps {x['num_warps']:>2}  "
                        f"smem {x['shared']:>6}  {'SPILLS' if x['spills'] else 'no spills'}")
+
+
+@main.group()
+def tune() -> None:
+    """AOT tuning: build candidates (CPU), time them (GPU), apply the winners as tuning data for regen."""
+
+
+@tune.command("build")
+@click.option("--arch", required=True, type=ARCH_CHOICE)
+@click.option("--family", required=True)
+@click.option("--knob", required=True, help="num_warps | num_stages | constexprs.<NAME>")
+@click.option("--values", required=True, help="comma-separated integers, e.g. 4,8,16")
+@click.option("--specs", required=True, help="comma-separated fnmatch patterns of spec names")
+@click.option("--out", required=True, type=click.Path(file_okay=False))
+@click.option("--root", type=click.Path(file_okay=False), default=None)
+def tune_build(arch, family, knob, values, specs, out, root) -> None:
+    """Regenerate ARCH once per knob value into OUT/<knob><value>/ (candidates that spill are rejected)."""
+    from vkc import tune as T  # noqa: PLC0415
+
+    made = T.build(_root(root), arch, family, knob, [int(v) for v in values.split(",")], specs.split(","),
+                   Path(out).resolve(), log=click.echo)
+    if not made:
+        click.echo("vkc tune build: no candidate compiled", err=True)
+        sys.exit(1)
+
+
+@tune.command("run")
+@click.argument("tune_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--bench", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="family benchmark printing JSON rows {spec, case, us}, e.g. benchmarks/tune_norm.py")
+@click.option("--out", required=True, type=click.Path(dir_okay=False))
+def tune_run(tune_dir, bench, out) -> None:
+    """Time every candidate of TUNE_DIR on this machine's GPU (each in a fresh process)."""
+    from vkc import tune as T  # noqa: PLC0415
+
+    res = T.run(Path(tune_dir), Path(bench))
+    Path(out).write_text(json.dumps(res, indent=1) + "\n")
+    for name, r in res.items():
+        click.echo(f"{name}: " + (r["error"][-300:] if "error" in r else
+                                  ", ".join(f"{x['spec']}@{x['case']} {x['us']:.1f} us" for x in r["rows"])))
+    if any("error" in r for r in res.values()):
+        sys.exit(1)
+
+
+@tune.command("apply")
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--mirror", multiple=True, help="SUFFIX_MEASURED:SUFFIX_TWIN, e.g. .a16:.any")
+@click.option("--root", type=click.Path(file_okay=False), default=None)
+def tune_apply(results, mirror, root) -> None:
+    """Write the fastest candidate per spec into kernels_src/<family>/tuning/<arch>.json (then run regen)."""
+    from vkc import tune as T  # noqa: PLC0415
+
+    choices = T.choose(json.loads(Path(results).read_text()))
+    pairs = [tuple(m.split(":", 1)) for m in mirror]
+    for spec, c in choices.items():
+        others = ", ".join(f"{n} {t:.1f}" for n, t in c["geomean_us"].items())
+        click.echo(f"{c['family']}.{spec} ({c['arch']}): {c['knob']}={c['value']}   geomean us: {others}")
+    for path in T.apply(_root(root), choices, pairs):
+        click.echo(f"wrote {path}; now run `vkc regen --arch ...` and commit")
 
 
 @main.command()

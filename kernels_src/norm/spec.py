@@ -59,7 +59,7 @@ _EMBEDDING = [
 ]
 
 # Row-reduction BLOCK -> num_warps. 4 warps up to BLOCK 8192: on the H200 it beat 8 and 16 warps for
-# every measured (hidden, tokens) of rmsnorm/add_rmsnorm (tools/tune_build.py + tools/gpu/tune_norm.py,
+# every measured (hidden, tokens) of rmsnorm/add_rmsnorm (vkc tune build/run/apply,
 # benchmarks/results/2026-11-30-norm-tune/): fewer threads per row, more rows in flight per SM. The same
 # choice is used on the build-verified archs (it compiles there without spills); sm_90a pins the measured
 # winners in tuning/sm_90a.json. BLOCK 16384 keeps 16 warps (4 would need > 255 registers).

@@ -13,7 +13,7 @@ SITE=/tmp/vkc-site
 rc=0
 
 # $OUT gets at most 8 files back: build.log env.txt gpu-tests.log runtime_bench.jsonl launch.json coldstart.json
-# norm.json tune_norm.json
+# norm.json (tune mode: tune_<family>.json)
 ENV_TXT="$OUT/env.txt"
 echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$ENV_TXT"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$ENV_TXT"
@@ -51,8 +51,11 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [ "$WHAT" = tune ]; then
-  echo "== AOT tuning candidates (built on the CPU box by tools/tune_build.py; carry build/tune)"
-  python3 tools/gpu/tune_norm.py build/tune "$OUT/tune_norm.json" 2>&1 | tail -30 || rc=1
+  # candidates come from `vkc tune build ... --out build/tune/<family>` on the CPU box (carry build/tune)
+  for d in build/tune/*/; do
+    fam=$(basename "$d"); echo "== vkc tune run: $fam"
+    python3 -m vkc.cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$OUT/tune_$fam.json" 2>&1 | tail -20 || rc=1
+  done
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   echo "== benchmarks"
