@@ -64,7 +64,7 @@ def test_rmsnorm_picks_block_and_variant(rec):
     N.rmsnorm(Dev((7, 5120)), Dev((5120,)), 1e-6, out=Dev((7, 5120)))
     N.rmsnorm(Dev((7, 5120), offset=1), Dev((5120,)), 1e-6, out=Dev((7, 5120)))  # misaligned -> .any
     N.rmsnorm(Dev((3, 1000)), Dev((1000,)), 1e-6, out=Dev((3, 1000)))  # stride 1000 % 16 != 0 -> .any
-    assert [c[0] for c in rec.calls] == ["norm.rmsnorm.b8192.a16", "norm.rmsnorm.b8192.any", "norm.rmsnorm.b1024.any"]
+    assert [c[0] for c in rec.calls] == ["norm.rmsnorm.b5120.a16", "norm.rmsnorm.b5120.any", "norm.rmsnorm.b1024.any"]
     assert rec.calls[0][1] == (7, 1, 1)
     assert rec.calls[0][2][-2:] == (5120, 1e-6)
 
@@ -98,7 +98,7 @@ def test_sigmoid_mul_reads_strided_gate(rec):
     (lambda: N.rmsnorm(Dev((4, 64)), Dev((32,)), out=Dev((4, 64))), "weight has shape (32,)"),
     (lambda: N.rmsnorm(Dev((4, 64)), Dev((64,)), out=Dev((4, 32))), "out has shape (4, 32)"),
     (lambda: N.rmsnorm(Dev((4, 64), strides=(128, 2)), Dev((64,)), out=Dev((4, 64))), "contiguous in its last dim"),
-    (lambda: N.rmsnorm(Dev((4, 20000)), Dev((20000,)), out=Dev((4, 20000))), "exceed the largest compiled BLOCK"),
+    (lambda: N.rmsnorm(Dev((4, 20000)), Dev((20000,)), out=Dev((4, 20000))), "exceed the largest compiled row block"),
     (lambda: N.rmsnorm(np.zeros((4, 64), np.float32), Dev((64,)), out=Dev((4, 64))), "host (CPU) memory"),
     (lambda: N.add_rmsnorm(Dev((4, 64)), Dev((4, 65)), Dev((64,)), out=Dev((4, 64))), "residual has shape"),
     (lambda: N.gated_rmsnorm(Dev((4, 100)), Dev((4, 100)), Dev((128,)), out=Dev((4, 100))), "not a multiple of"),

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # The one GPU script (run through the device tool on the H200, from the repository root):
 #   builds the sm_90a wheel from the working tree (native launcher + sm_90a artifacts only), installs it
-#   apart from the source tree, runs `vkc doctor`, the GPU tests and the benchmarks, and writes logs and
-#   JSON results to $OUT.   usage: bash tools/gpu/run.sh [tests|bench|all|tune]
+#   apart from the source tree, runs `vkc doctor`, the GPU tests and the benchmarks, and writes to $OUT:
+#   env.txt (device, import, doctor), build.log, gpu-tests.log and results.json (every benchmark's JSON,
+#   keyed by name; split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
+#   usage: bash tools/gpu/run.sh [all|tests|bench|tune] [pytest -k expression]
 set -uo pipefail
 WHAT=${1:-all}
+KEXPR=${2:-}
 OUT=${OUT:-/tmp/vkc-gpu-out}
-mkdir -p "$OUT"
+WORK=/tmp/vkc-work
+mkdir -p "$OUT"; rm -rf "$WORK"; mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 REPO=$(pwd)
 SITE=/tmp/vkc-site
+ENV_TXT="$OUT/env.txt"
 rc=0
 
-# $OUT gets at most 8 files back: build.log env.txt gpu-tests.log runtime_bench.jsonl launch.json coldstart.json
-# norm.json (tune mode: tune_<family>.json)
-ENV_TXT="$OUT/env.txt"
 echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$ENV_TXT"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$ENV_TXT"
 
@@ -39,28 +41,48 @@ print("vkc_runtime from", vkc_runtime.__file__, f"import {dt*1e3:.1f} ms")
 bad = [m for m in ("torch", "triton", "cupy", "cutlass") if m in sys.modules]
 print("heavy modules imported by vkc_runtime:", bad or "none")
 from vkc_runtime import launch
-print("native launcher:", getattr(launch, "native_available", lambda: "?")())
+print("native launcher:", launch.native_available(), launch.native_reason() or "")
+try:
+    import fla
+    print("peer fla", getattr(fla, "__version__", "?"), "from", fla.__file__)
+except Exception as e:
+    print("peer fla not importable:", e)
 PY
-(cd /tmp && python3 -X importtime -c "import vkc_runtime" 2>&1 | sort -t'|' -k2 -n | tail -8) | tee -a "$ENV_TXT"
 python3 -m vkc.cli doctor 2>&1 | tee -a "$ENV_TXT"; echo "doctor rc=${PIPESTATUS[0]}" | tee -a "$ENV_TXT"
 
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   echo "== GPU tests"
-  VKC_BENCH_OUT="$OUT/runtime_bench.jsonl" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu 2>&1 \
-    | tee "$OUT/gpu-tests.log" | tail -40
-  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" timeout 420 python3 -m pytest -v -rs -p no:cacheprovider tests/gpu \
+    ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
+  trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
+  [ $trc -eq 0 ] || rc=1
+fi
+if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+  echo "== benchmarks"
+  for b in launch coldstart norm gdn gdn_decode attn; do
+    [ -f "benchmarks/bench_$b.py" ] || continue
+    echo "-- bench_$b"
+    timeout 300 python3 "benchmarks/bench_$b.py" "$WORK/$b.json" 2>&1 | tail -45 || rc=1
+  done
 fi
 if [ "$WHAT" = tune ]; then
   # candidates come from `vkc tune build ... --out build/tune/<family>` on the CPU box (carry build/tune)
   for d in build/tune/*/; do
     fam=$(basename "$d"); echo "== vkc tune run: $fam"
-    python3 -m vkc.cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$OUT/tune_$fam.json" 2>&1 | tail -20 || rc=1
+    python3 -m vkc.cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$WORK/tune_$fam.json" 2>&1 | tail -20 || rc=1
   done
 fi
-if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
-  echo "== benchmarks"
-  python3 benchmarks/bench_launch.py "$OUT/launch.json" 2>&1 | tail -12 || rc=1
-  python3 benchmarks/bench_coldstart.py "$OUT/coldstart.json" 2>&1 | tail -20 || rc=1
-  python3 benchmarks/bench_norm.py "$OUT/norm.json" 2>&1 | tail -40 || rc=1
-fi
+python3 - "$WORK" "$OUT/results.json" <<'PY'
+import json, pathlib, sys
+work, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+res = {}
+for f in sorted(work.iterdir()):
+    txt = f.read_text()
+    try:
+        res[f.name] = json.loads(txt)
+    except ValueError:
+        res[f.name] = [json.loads(l) for l in txt.splitlines() if l.strip()] if f.suffix == ".jsonl" else txt
+out.write_text(json.dumps(res, indent=1))
+print("results.json:", ", ".join(res))
+PY
 exit $rc

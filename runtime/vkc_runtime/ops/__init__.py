@@ -7,4 +7,5 @@ Ops use the public runtime API: ``memory.as_tensor`` (+ ``TensorRef.check``), ``
 and ``launch.get_kernel(base).launch(grid, args, stream)``.
 """
 
-from . import norm  # noqa: E402,F401  (registers the norm family's bases)
+from . import norm  # noqa: E402,F401  (each ops module registers the bases it launches)
+from . import attention, conv, gdn, gdn_decode  # noqa: E402,F401

@@ -15,7 +15,7 @@ from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_
 __all__ = ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul", "sigmoid_mul", "embedding",
            "OpError", "ROW_BLOCKS"]
 
-ROW_BLOCKS = (1024, 2048, 4096, 8192, 16384)
+ROW_BLOCKS = (1024, 2048, 4096, 5120, 8192, 16384)  # row capacities of the rmsnorm specializations
 _VARIANTS = ("a16", "any")
 BF16 = "bfloat16"
 
@@ -48,7 +48,7 @@ def _block_for(op: str, n: int) -> int:
     for b in ROW_BLOCKS:
         if n <= b:
             return b
-    raise OpError(f"{op}: rows of {n} elements exceed the largest compiled BLOCK {ROW_BLOCKS[-1]}")
+    raise OpError(f"{op}: rows of {n} elements exceed the largest compiled row block {ROW_BLOCKS[-1]}")
 
 
 def _empty_ok(*dims: int) -> bool:

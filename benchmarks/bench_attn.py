@@ -1,0 +1,149 @@
+"""Attention on the H200: vkc paged prefill / decode vs torch SDPA (FLASH and CUDNN backends for prefill,
+the default SDPA dispatch for decode) on the same data, de-paged into contiguous [1|B, H, L, D] tensors.
+
+prefill: causal, one sequence whose cache holds exactly its T tokens, Hq/Hkv in {24/4, 16/2}, D 256;
+         TFLOPS = 4 * T^2 * D * Hq / 2 / time.
+decode:  B in {1, 16, 64, 256} x context {512, 4096, 32768}, 24/4 x 256 (combos above ~40 GB of KV are
+         skipped); % of the HBM floor = K+V bytes / 4.26 TB/s / time.
+CUDA events, warm-up, median of repeats. Usage: python benchmarks/bench_attn.py OUT.json
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from vkc_runtime.ops import attention as A
+
+HBM_TBS = 4.26
+BS = 16
+
+
+def time_ms(fn, reps=20, warm=3):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def paged(B, L, Hkv, D):
+    """Cache of B sequences of L tokens each, blocks shuffled; returns (kc, vc, bt, k, v contiguous [B, Hkv, L, D])."""
+    nblk = -(-L // BS)
+    nb = B * nblk
+    kc = torch.randn(nb, BS, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(nb, device="cuda").to(torch.int32).view(B, nblk)
+    n = torch.arange(L, device="cuda")
+    blk = bt[:, n // BS].long()  # [B, L]
+    k = kc[blk, n % BS].permute(0, 2, 1, 3).contiguous()
+    v = vc[blk, n % BS].permute(0, 2, 1, 3).contiguous()
+    return kc, vc, bt, k, v
+
+
+def sdpa(backend, q, k, v, causal, Hq, Hkv):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+          "default": None}[backend]
+    kk, vv = k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)
+
+    def run():
+        if be is None:
+            return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception as e:  # backend unavailable for this shape/GPU
+        return None, f"{type(e).__name__}: {str(e)[:120]}"
+    return run, None
+
+
+def bench_prefill(rows):
+    for Hq, Hkv in ((24, 4), (16, 2)):
+        D = 256
+        for T in (1024, 4096, 8192, 32768):
+            kc, vc, bt, k, v = paged(1, T, Hkv, D)
+            q = torch.randn(T, Hq, D, device="cuda", dtype=torch.bfloat16)
+            cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+            sl = torch.tensor([T], dtype=torch.int32, device="cuda")
+            out = torch.empty_like(q)
+            flops = 4 * T * T * D * Hq / 2
+            r = {"kind": "prefill", "Hq": Hq, "Hkv": Hkv, "D": D, "T": T}
+            t = time_ms(lambda: A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, out=out, max_seqlen_q=T))
+            r["vkc_ms"], r["vkc_tflops"] = t, flops / t / 1e9
+            qc = q.permute(1, 0, 2).unsqueeze(0).contiguous()
+            for be in ("flash", "cudnn"):
+                fn, err = sdpa(be, qc, k, v, True, Hq, Hkv)
+                if fn is None:
+                    r[f"{be}_error"] = err
+                    continue
+                tb = time_ms(fn)
+                r[f"{be}_ms"], r[f"{be}_tflops"], r[f"x_{be}"] = tb, flops / tb / 1e9, tb / t
+            rows.append(r)
+            del kc, vc, k, v
+            torch.cuda.empty_cache()
+
+
+def bench_decode(rows):
+    Hq, Hkv, D = 24, 4, 256
+    for B in (1, 16, 64, 256):
+        for L in (512, 4096, 32768):
+            kv_bytes = 2 * B * L * Hkv * D * 2
+            if kv_bytes * 2 > 40e9:  # paged + de-paged copies
+                continue
+            kc, vc, bt, k, v = paged(B, L, Hkv, D)
+            q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
+            sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
+            out = torch.empty_like(q)
+            ws = A.decode_workspace(B, Hq, D, 64)
+            r = {"kind": "decode", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "kv_bytes": kv_bytes}
+            t = time_ms(lambda: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L))
+            floor = kv_bytes / (HBM_TBS * 1e12) * 1e3
+            r.update(vkc_ms=t, floor_ms=floor, vkc_pct_floor=100 * floor / t)
+            fn, err = sdpa("default", q.unsqueeze(2), k, v, False, Hq, Hkv)
+            if fn is None:
+                r["sdpa_error"] = err
+            else:
+                tb = time_ms(fn)
+                r.update(sdpa_ms=tb, x_sdpa=tb / t)
+            rows.append(r)
+            del kc, vc, k, v
+            torch.cuda.empty_cache()
+
+
+def main(path):
+    torch.manual_seed(0)
+    rows = []
+    bench_prefill(rows)
+    bench_decode(rows)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "hbm_tbs": HBM_TBS, "block_size": BS,
+           "note": "torch SDPA gets GQA by repeat_interleave of K/V outside the timed region", "rows": rows}
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"{'prefill':<8}{'Hq/Hkv':>8}{'T':>7}{'vkc ms':>9}{'TFLOPS':>8}{'flash':>8}{'cudnn':>8}{'x flash':>8}{'x cudnn':>8}")
+    for r in rows:
+        if r["kind"] == "prefill":
+            print(f"{'':<8}{r['Hq']:>5}/{r['Hkv']:<2}{r['T']:>7}{r['vkc_ms']:>9.3f}{r['vkc_tflops']:>8.0f}"
+                  f"{r.get('flash_tflops', float('nan')):>8.0f}{r.get('cudnn_tflops', float('nan')):>8.0f}"
+                  f"{r.get('x_flash', float('nan')):>8.2f}{r.get('x_cudnn', float('nan')):>8.2f}")
+    print(f"{'decode':<8}{'B':>5}{'L':>7}{'vkc ms':>9}{'floor':>8}{'% HBM':>7}{'sdpa ms':>9}{'x sdpa':>8}")
+    for r in rows:
+        if r["kind"] == "decode":
+            print(f"{'':<8}{r['B']:>5}{r['L']:>7}{r['vkc_ms']:>9.3f}{r['floor_ms']:>8.3f}{r['vkc_pct_floor']:>7.1f}"
+                  f"{r.get('sdpa_ms', float('nan')):>9.3f}{r.get('x_sdpa', float('nan')):>8.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "attn_bench.json")

@@ -1,0 +1,161 @@
+"""GDN chunked prefill on the H200: vkc (ops.gdn.chunk_gated_delta_rule) side by side with FLA's
+chunk_gated_delta_rule in the same process (skipped cleanly if FLA is not importable).
+
+Shapes: Qwen3.6-27B (16 key / 48 value heads) and 35B-A3B (16 / 32), K = V = 128, 1x2048, 1x8192, 1x32768 and
+a mixed varlen batch (8192 tokens in 11 sequences). vkc: one call captured in a vkc CUDA graph, replays
+timed with CUDA events (device time), plus eager event timing; FLA: eager event timing (Triton JIT launches;
+warm-up first so autotuning is done). Median of repeats. vkc's time includes the q/k split + L2 norm and the
+gate math (g, beta from a, b, A_log, dt_bias); FLA gets g, beta precomputed and does the L2 norm in-kernel
+(use_qk_l2norm_in_kernel=True). Usage: python benchmarks/bench_gdn.py OUT.json
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import traceback
+
+import numpy as np
+import torch
+
+import vkc_runtime
+from vkc_runtime.ops import gdn as G
+
+DK = DV = 128
+
+
+def events_ms(fn, reps=30, inner=5):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / inner)
+    return statistics.median(ts)
+
+
+def vkc_graph_ms(call, reps=30, inner=5):
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    call(s.cuda_stream)
+    torch.cuda.synchronize()
+    g = vkc_runtime.Graph()
+    with g.capture(s.cuda_stream):
+        for _ in range(inner):
+            call(s.cuda_stream)
+    ts = []
+    with torch.cuda.stream(s):
+        g.replay(s.cuda_stream)
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(s)
+            g.replay(s.cuda_stream)
+            b.record(s)
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / inner)
+    return statistics.median(ts)
+
+
+def make(lens, hk, hv, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = int(sum(lens))
+    C = 2 * hk * DK + hv * DV
+    qkv = torch.nn.functional.silu(torch.randn(T, C, generator=g, device="cuda")).to(torch.bfloat16)
+    a = (torch.randn(T, hv, generator=g, device="cuda") * 2).to(torch.bfloat16)
+    b = (torch.randn(T, hv, generator=g, device="cuda") * 2).to(torch.bfloat16)
+    A_log = (torch.rand(hv, generator=g, device="cuda") * 2 - 1).float()
+    dt = (torch.randn(hv, generator=g, device="cuda") * 0.5).float()
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    return qkv, a, b, A_log, dt, cu
+
+
+def fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, state0):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    T = qkv.shape[0]
+    q = qkv[:, :hk * DK].reshape(1, T, hk, DK)
+    k = qkv[:, hk * DK:2 * hk * DK].reshape(1, T, hk, DK)
+    v = qkv[:, 2 * hk * DK:].reshape(1, T, hv, DV)
+    g = (-A_log.exp() * torch.nn.functional.softplus(a.float() + dt)).view(1, T, hv).contiguous()
+    beta = b.float().sigmoid().view(1, T, hv).contiguous()
+    cul = cu.long()
+    mode = "native GQA"
+    try:  # FLA versions with grouped value heads take q, k at Hk heads
+        fla_chunk(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, initial_state=state0,
+                  output_final_state=True, cu_seqlens=cul, use_qk_l2norm_in_kernel=True)
+        qq, kk = q.contiguous(), k.contiguous()
+    except Exception:
+        mode = "q/k expanded to Hv heads"
+        rep = hv // hk
+        qq = q.repeat_interleave(rep, dim=2).contiguous()
+        kk = k.repeat_interleave(rep, dim=2).contiguous()
+    vv = v.contiguous()
+
+    def run():
+        return fla_chunk(qq, kk, vv, g, beta, initial_state=state0, output_final_state=True, cu_seqlens=cul,
+                         use_qk_l2norm_in_kernel=True)
+    return run, mode
+
+
+def main(out_path):
+    torch.manual_seed(0)
+    rows = []
+    try:
+        import fla  # noqa: F401
+        have_fla = True
+        fla_version = getattr(fla, "__version__", "?")
+    except Exception as e:
+        have_fla, fla_version = False, f"not importable: {type(e).__name__}: {e}"
+    mixed = [1, 17, 64, 65, 129, 500, 1000, 1024, 1500, 1800, 2093]
+    cases = [("1x2048", [2048]), ("1x8192", [8192]), ("1x32768", [32768]), ("mixed11x8192", mixed)]
+    for hk, hv in ((16, 48), (16, 32)):
+        for name, lens in cases:
+            T, N = sum(lens), len(lens)
+            qkv, a, b, A_log, dt, cu = make(lens, hk, hv)
+            ws = G.workspace_for(T, N, hk, hv)
+            out = torch.empty(T, hv, DV, device="cuda", dtype=torch.bfloat16)
+            state = torch.zeros(N, hv, DK, DV, device="cuda")
+            slot = torch.arange(N, dtype=torch.int32, device="cuda")
+
+            def call(stream=None):
+                G.chunk_gated_delta_rule(qkv, a, b, A_log, dt, cu, hk, hv, state=state, slot_idx=slot, out=out,
+                                         workspace=ws, stream=stream)
+            row = {"heads": f"{hk}/{hv}", "case": name, "tokens": T, "seqs": N,
+                   "workspace_mb": ws.nbytes / 1e6}
+            row["vkc_graph_ms"] = vkc_graph_ms(call)
+            row["vkc_eager_ms"] = events_ms(call)
+            if have_fla:
+                try:
+                    run, mode = fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, torch.zeros(N, hv, DK, DV, device="cuda"))
+                    row["fla_ms"] = events_ms(run)
+                    row["fla_mode"] = mode
+                    row["speedup_vs_fla"] = row["fla_ms"] / row["vkc_graph_ms"]
+                except Exception as e:
+                    row["fla_error"] = f"{type(e).__name__}: {e}"
+                    traceback.print_exc()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del ws, qkv, out, state
+            torch.cuda.empty_cache()
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fla": fla_version,
+           "vkc_arch": vkc_runtime.doctor.report()["selected_arch"],
+           "method": "vkc: CUDA-graph replay (device time) and eager events; FLA: eager events after warm-up; "
+                     "median of 30 x 5 calls",
+           "rows": rows}
+    with open(out_path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"{'heads':<7}{'case':<14}{'T':>7}{'vkc graph ms':>14}{'vkc eager ms':>14}{'FLA ms':>10}{'x FLA':>8}")
+    for r in rows:
+        fl, sp = r.get("fla_ms"), r.get("speedup_vs_fla")
+        fl_s = f"{fl:.3f}" if fl else "-"
+        sp_s = f"{sp:.2f}" if sp else "-"
+        print(f"{r['heads']:<7}{r['case']:<14}{r['tokens']:>7}{r['vkc_graph_ms']:>14.3f}{r['vkc_eager_ms']:>14.3f}"
+              f"{fl_s:>10}{sp_s:>8}")
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "gdn_bench.json")

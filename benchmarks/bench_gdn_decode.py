@@ -1,0 +1,240 @@
+"""GDN packed decode step + causal conv1d (update / prefill) on the H200: achieved HBM bandwidth, % of the HBM
+floor, and FLA's fused_recurrent_gated_delta_rule side by side in the same process when FLA is importable.
+
+Decode bytes = the state read + written (2 * B * Hv * 128 * 128 * 4) (+ qkv/a/b/o, reported separately, tiny);
+floor = bytes / 4.26 TB/s. Inputs are rotated over enough state-pool regions to exceed the 60 MB L2. vkc is
+timed as CUDA-graph replay of many calls (device time) and as eager Python calls; FLA eagerly (Triton JIT launch,
+after warm-up) and, when capture works, in a torch CUDA graph. CUDA events, median of repeats.
+Usage: python benchmarks/bench_gdn_decode.py OUT.json
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import traceback
+
+import torch
+
+import vkc_runtime
+from vkc_runtime.ops import conv as CV
+from vkc_runtime.ops import gdn_decode as GD
+
+HBM_TBS = 4.26
+L2_BYTES = 60e6
+D = 128
+
+
+def _events():
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def eager_ms(fn, n_sets, inner=50, reps=20):
+    for i in range(2 * n_sets):
+        fn(i % n_sets)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = _events()
+        a.record()
+        for i in range(inner):
+            fn(i % n_sets)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / inner)
+    return statistics.median(times)
+
+
+def vkc_graph_ms(fn, n_sets, inner=50, reps=20):
+    """fn(i, stream) captured `inner` times in one vkc Graph on a side stream; replays timed with events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(n_sets):
+            fn(i, s.cuda_stream)
+    torch.cuda.synchronize()
+    g = vkc_runtime.Graph()
+    with g.capture(s.cuda_stream):
+        for i in range(inner):
+            fn(i % n_sets, s.cuda_stream)
+    times = []
+    g.replay(s.cuda_stream)
+    for _ in range(reps):
+        a, b = _events()
+        a.record(s)
+        g.replay(s.cuda_stream)
+        b.record(s)
+        b.synchronize()
+        times.append(a.elapsed_time(b) / inner)
+    return statistics.median(times)
+
+
+def torch_graph_ms(fn, n_sets, inner=50, reps=20):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(n_sets):
+            fn(i)
+    torch.cuda.synchronize()
+    tg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(tg, stream=s):
+        for i in range(inner):
+            fn(i % n_sets)
+    times = []
+    with torch.cuda.stream(s):
+        tg.replay()
+        for _ in range(reps):
+            a, b = _events()
+            a.record(s)
+            tg.replay()
+            b.record(s)
+            b.synchronize()
+            times.append(a.elapsed_time(b) / inner)
+    return statistics.median(times)
+
+
+def _fla():
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        return fused_recurrent_gated_delta_rule
+    except Exception as e:  # FLA missing or broken: report, never crash
+        print(f"FLA unavailable: {type(e).__name__}: {e}")
+        return None
+
+
+def bench_decode(B, hk, hv, fla):
+    state_bytes = 2 * B * hv * D * D * 4
+    per_set = B * hv * D * D * 4
+    n_sets = max(2, min(32, int(2.5 * L2_BYTES // per_set) + 1))
+    g = torch.Generator(device="cuda").manual_seed(B * hv)
+    C = 2 * hk * D + hv * D
+    qkv = [(torch.randn(B, C, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
+    a = [(torch.randn(B, hv, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
+    b = [(torch.randn(B, hv, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
+    A_log = torch.rand(hv, device="cuda") * 2 - 1
+    dt_bias = torch.randn(hv, device="cuda") * 0.5
+    pool = torch.randn(n_sets * B, hv, D, D, device="cuda") * 0.1  # distinct slots per set: > L2 in total
+    slots = [torch.arange(i * B, (i + 1) * B, device="cuda", dtype=torch.int32) for i in range(n_sets)]
+    out = torch.empty(B, hv, D, device="cuda", dtype=torch.bfloat16)
+    row = {"op": "gdn_decode", "B": B, "Hk": hk, "Hv": hv, "state_bytes": state_bytes,
+           "floor_us": state_bytes / (HBM_TBS * 1e12) * 1e6}
+    for tile in ("bv32", "bv16"):
+        def f(i, stream=None, tile=tile):
+            GD.recurrent_decode(qkv[i], a[i], b[i], A_log, dt_bias, pool, slots[i], hk, hv, out=out, stream=stream,
+                                _tile=tile)
+        t = vkc_graph_ms(f, n_sets)
+        row[f"vkc_{tile}_graph_us"] = t * 1e3
+        row[f"vkc_{tile}_pct_floor"] = 100 * row["floor_us"] / (t * 1e3)
+    def f_auto(i, stream=None):
+        GD.recurrent_decode(qkv[i], a[i], b[i], A_log, dt_bias, pool, slots[i], hk, hv, out=out, stream=stream)
+    row["vkc_graph_us"] = vkc_graph_ms(f_auto, n_sets) * 1e3
+    row["vkc_eager_us"] = eager_ms(lambda i: f_auto(i), n_sets) * 1e3
+    row["vkc_pct_floor"] = 100 * row["floor_us"] / row["vkc_graph_us"]
+    row["vkc_tbs"] = state_bytes / (row["vkc_graph_us"] * 1e-6) / 1e12
+    if fla is not None:
+        try:
+            rep = hv // hk
+            ins = []
+            for i in range(n_sets):
+                x = qkv[i]
+                q = x[:, :hk * D].reshape(B, 1, hk, D).repeat_interleave(rep, 2).contiguous()
+                k = x[:, hk * D:2 * hk * D].reshape(B, 1, hk, D).repeat_interleave(rep, 2).contiguous()
+                v = x[:, 2 * hk * D:].contiguous().view(B, 1, hv, D)
+                gg = (-torch.exp(A_log) * torch.nn.functional.softplus(a[i].float() + dt_bias)).view(B, 1, hv)
+                beta = torch.sigmoid(b[i].float()).view(B, 1, hv)
+                ins.append((q, k, v, gg, beta, pool[i * B:(i + 1) * B]))
+
+            def f_fla(i):
+                q, k, v, gg, beta, st = ins[i]
+                return fla(q, k, v, g=gg, beta=beta, scale=D ** -0.5, initial_state=st, output_final_state=True,
+                           use_qk_l2norm_in_kernel=True)
+            row["fla_eager_us"] = eager_ms(f_fla, n_sets) * 1e3
+            try:
+                row["fla_graph_us"] = torch_graph_ms(f_fla, n_sets) * 1e3
+            except Exception as e:
+                row["fla_graph_error"] = f"{type(e).__name__}: {e}"
+            best = row.get("fla_graph_us", row["fla_eager_us"])
+            row["fla_pct_floor"] = 100 * row["floor_us"] / best
+            row["speedup_vs_fla"] = best / row["vkc_graph_us"]
+        except Exception as e:
+            row["fla_error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+    return row
+
+
+def bench_conv_update(B, C):
+    nbytes = B * C * 2 * 2 + 2 * B * 3 * C * 2 + C * 4 * 2  # x + y, state read + write, weights
+    per_set = B * 3 * C * 2 + B * C * 4
+    n_sets = max(2, min(64, int(2.5 * L2_BYTES // per_set) + 1))
+    xs = [torch.randn(B, C, device="cuda").to(torch.bfloat16) for _ in range(n_sets)]
+    w = (torch.randn(C, 4, device="cuda") * 0.5).to(torch.bfloat16)
+    pool = torch.randn(n_sets * B, 3, C, device="cuda").to(torch.bfloat16)
+    slots = [torch.arange(i * B, (i + 1) * B, device="cuda", dtype=torch.int32) for i in range(n_sets)]
+    y = torch.empty(B, C, device="cuda", dtype=torch.bfloat16)
+
+    def f(i, stream=None):
+        CV.causal_conv1d_update(xs[i], w, pool, slots[i], out=y, stream=stream)
+    t = vkc_graph_ms(f, n_sets)
+    return {"op": "conv_update", "B": B, "C": C, "bytes": nbytes, "vkc_graph_us": t * 1e3,
+            "vkc_eager_us": eager_ms(lambda i: f(i), n_sets) * 1e3,
+            "vkc_tbs": nbytes / (t * 1e-3) / 1e12, "vkc_pct_hbm": 100 * nbytes / (t * 1e-3) / 1e12 / HBM_TBS}
+
+
+def bench_conv_prefill(lens, C):
+    T = sum(lens)
+    N = len(lens)
+    nbytes = 2 * T * C * 2 + 2 * N * 3 * C * 2
+    n_sets = max(2, min(16, int(2.5 * L2_BYTES // (2 * T * C * 2)) + 1))
+    xs = [torch.randn(T, C, device="cuda").to(torch.bfloat16) for _ in range(n_sets)]
+    ys = [torch.empty(T, C, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
+    w = (torch.randn(C, 4, device="cuda") * 0.5).to(torch.bfloat16)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), device="cuda", dtype=torch.int32)
+    pool = torch.randn(N, 3, C, device="cuda").to(torch.bfloat16)
+    slots = torch.arange(N, device="cuda", dtype=torch.int32)
+
+    def f(i, stream=None):
+        CV.causal_conv1d(xs[i], w, cu, conv_state=pool, slot_idx=slots, out=ys[i], stream=stream)
+    t = vkc_graph_ms(f, n_sets, inner=20)
+    return {"op": "conv_prefill", "T": T, "N": N, "C": C, "bytes": nbytes, "vkc_graph_us": t * 1e3,
+            "vkc_tbs": nbytes / (t * 1e-3) / 1e12, "vkc_pct_hbm": 100 * nbytes / (t * 1e-3) / 1e12 / HBM_TBS}
+
+
+def main(out_path: str) -> None:
+    torch.manual_seed(0)
+    fla = _fla()
+    rows = []
+    for hv in (48, 32):
+        for B in (1, 16, 64, 256):
+            rows.append(bench_decode(B, 16, hv, fla))
+    for C in (10240, 8192):
+        for B in (1, 64, 256):
+            rows.append(bench_conv_update(B, C))
+        for lens in ([8192], [512] * 16, [37, 1000, 3, 2000, 130] * 4):
+            rows.append(bench_conv_prefill(lens, C))
+    res = {"gpu": torch.cuda.get_device_name(), "hbm_tbs": HBM_TBS, "torch": torch.__version__,
+           "fla": None if fla is None else getattr(sys.modules.get("fla"), "__version__", "?"),
+           "vkc_arch": vkc_runtime.doctor.report()["selected_arch"], "rows": rows}
+    with open(out_path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"{'decode':<8}{'B':>5}{'Hv':>4}{'floor us':>10}{'vkc us':>9}{'%floor':>8}{'bv32':>8}{'bv16':>8}"
+          f"{'FLA us':>9}{'FLA %':>7}{'x FLA':>7}{'eager':>8}")
+    for r in rows:
+        if r["op"] != "gdn_decode":
+            continue
+        fu = r.get("fla_graph_us", r.get("fla_eager_us", float("nan")))
+        print(f"{'':<8}{r['B']:>5}{r['Hv']:>4}{r['floor_us']:>10.1f}{r['vkc_graph_us']:>9.1f}{r['vkc_pct_floor']:>8.1f}"
+              f"{r['vkc_bv32_graph_us']:>8.1f}{r['vkc_bv16_graph_us']:>8.1f}{fu:>9.1f}"
+              f"{r.get('fla_pct_floor', float('nan')):>7.1f}{r.get('speedup_vs_fla', float('nan')):>7.2f}"
+              f"{r['vkc_eager_us']:>8.1f}")
+    print(f"{'conv':<14}{'shape':>22}{'us':>9}{'TB/s':>7}{'% HBM':>7}")
+    for r in rows:
+        if r["op"] == "conv_update":
+            print(f"{'update':<14}{'B=%d C=%d' % (r['B'], r['C']):>22}{r['vkc_graph_us']:>9.1f}{r['vkc_tbs']:>7.2f}"
+                  f"{r['vkc_pct_hbm']:>7.1f}")
+        elif r["op"] == "conv_prefill":
+            print(f"{'prefill':<14}{'T=%d N=%d C=%d' % (r['T'], r['N'], r['C']):>22}{r['vkc_graph_us']:>9.1f}"
+                  f"{r['vkc_tbs']:>7.2f}{r['vkc_pct_hbm']:>7.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench_gdn_decode.json")

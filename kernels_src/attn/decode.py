@@ -1,0 +1,105 @@
+"""Split-KV decode attention over a paged KV cache (flash-decoding) + log-sum-exp combine.
+
+q [B, Hq, D] bf16: one new token per sequence, at position seq_lens[b] - 1, which sees keys 0..L-1
+(L = seq_lens[b], clamped on the device to max_blocks * block_size; L <= 0 gives a zero output).
+
+decode_split_kernel, grid (B * Hkv * num_splits,): program p takes split p % num_splits of
+(b, kv head) = divmod(p // num_splits, Hkv). The group of `group` q heads of that kv head is one
+[QB, D] operand (rows >= group are padding), so each K/V byte is read once per split. Sequence b's keys are
+cut into num_splits ranges of kps = cdiv(cdiv(L, num_splits), BLOCK_N) * BLOCK_N keys; a split past the end
+writes lse = -inf only. Writes part_o[((b*Hq + h)*num_splits + s)*D + d] (fp32, normalized by its own
+softmax sum) and part_lse[(b*Hq + h)*num_splits + s] (fp32, log2 domain of scale * q.k).
+
+decode_combine_kernel, grid (B * Hq,): o[b, h] = sum_s 2^(lse_s - M) part_o_s / sum_s 2^(lse_s - M)
+over splits with finite lse (the others are never read, so stale scratch is harmless), optionally
+times sigmoid(gate[b*stride_gb + h*stride_gh + d]).
+"""
+import triton
+import triton.language as tl
+
+from kernels_src.attn.common import kv_rows, sigmoid_f32
+
+
+@triton.jit
+def decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr,
+                        scale, num_kv_heads, group, num_splits,
+                        stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
+                        block_size, max_blocks, num_blocks,
+                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
+    pid = tl.program_id(0)
+    split = pid % num_splits
+    bh = pid // num_splits
+    kvh = bh % num_kv_heads
+    b = (bh // num_kv_heads).to(tl.int64)
+    num_q_heads = num_kv_heads * group
+
+    L = tl.minimum(tl.load(seqlen_ptr + b), max_blocks * block_size)
+    kps = ((L + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    n_lo = split * kps
+    n_hi = tl.minimum(n_lo + kps, L)
+
+    r = tl.arange(0, QB)
+    rmask = r < group
+    hq = kvh * group + r
+    prow = (b * num_q_heads + hq) * num_splits + split  # int64
+    if n_lo < n_hi:
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=rmask[:, None], other=0.0)
+        bt_row = bt_ptr + b * stride_bt
+        qk_scale = scale * 1.4426950408889634
+        m_i = tl.full([QB], float("-inf"), tl.float32)
+        l_i = tl.zeros([QB], tl.float32)
+        acc = tl.zeros([QB, D], tl.float32)
+        for n in range(n_lo, n_hi, BLOCK_N):
+            offs_n = n + tl.arange(0, BLOCK_N)
+            rows, ok = kv_rows(bt_row, offs_n, kvh, n_hi, block_size, max_blocks, num_blocks,
+                               stride_cb, stride_cs, stride_ch)
+            k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+            m_i = m_new
+        seen = l_i > 0.0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(part_o_ptr + prow[:, None] * D + d[None, :], out, mask=rmask[:, None])
+        tl.store(part_lse_ptr + prow, lse, mask=rmask)
+    else:
+        tl.store(part_lse_ptr + prow, tl.full([QB], float("-inf"), tl.float32), mask=rmask)
+
+
+@triton.jit
+def decode_combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, gate_ptr, num_q_heads, num_splits,
+                          stride_ob, stride_oh, stride_gb, stride_gh,
+                          D: tl.constexpr, SPLIT_BLOCK: tl.constexpr, HAS_GATE: tl.constexpr):
+    pid = tl.program_id(0)
+    h = pid % num_q_heads
+    b = (pid // num_q_heads).to(tl.int64)
+    base = pid.to(tl.int64) * num_splits  # == (b * Hq + h) * num_splits
+    d = tl.arange(0, D)
+    m_run = tl.full([], float("-inf"), tl.float32)
+    l_run = tl.zeros([], tl.float32)
+    acc = tl.zeros([D], tl.float32)
+    for s0 in range(0, num_splits, SPLIT_BLOCK):
+        sp = s0 + tl.arange(0, SPLIT_BLOCK)
+        lse = tl.load(part_lse_ptr + base + sp, mask=sp < num_splits, other=float("-inf"))
+        live = lse > float("-inf")
+        m_new = tl.maximum(m_run, tl.max(lse, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_run - m_use)
+        w = tl.where(live, tl.exp2(lse - m_use), 0.0)
+        po = tl.load(part_o_ptr + (base + sp)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(w[:, None] * po, 0)
+        l_run = l_run * alpha + tl.sum(w, 0)
+        m_run = m_new
+    out = acc / tl.where(l_run > 0.0, l_run, 1.0)
+    if HAS_GATE:
+        g = tl.load(gate_ptr + b * stride_gb + h * stride_gh + d).to(tl.float32)
+        out = out * sigmoid_f32(g)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, out.to(tl.bfloat16))

@@ -1,0 +1,135 @@
+"""Varlen causal prefill attention over a paged KV cache (FlashAttention-2 style; Dao 2023).
+
+Packed queries q [T, Hq, D] (cu_seqlens_q int32 [N+1]); sequence i has q_len = cu[i+1] - cu[i] new tokens
+and seq_lens[i] = L total context (cached prefix + the new tokens, which are the last q_len positions), so
+query row r of sequence i sits at absolute position L - q_len + r and sees keys 0..that position. Keys and
+values come from the paged cache [num_blocks, block_size, Hkv, D] through the block table
+[N, max_blocks]. GQA: q head h reads kv head h // group. Online softmax in fp32 (exp2 domain), bf16
+tensor-core dots with fp32 accumulation; the score matrix is never materialized.
+
+Grid (Hq * n_mblocks,): program p takes q head p % Hq and packed m-block n_mblocks - 1 - p // Hq (heaviest,
+i.e. latest, blocks first). Sequence i owns cdiv(q_len_i, BLOCK_M) consecutive packed m-blocks, so
+n_mblocks >= sum_i cdiv(q_len_i, BLOCK_M); cdiv(T, BLOCK_M) + N always suffices (no host sync) and
+programs past the end exit. The sequence of a block is found by a chunked prefix scan of cu_seqlens.
+
+Device-side bound checks (the host cannot see lengths or tables without a sync): L is clamped to
+max_blocks * block_size; block ids outside [0, num_blocks) are masked out (those keys are skipped); rows
+that see no key (only possible for inconsistent lengths, L < q_len) write zeros.
+
+HAS_GATE: o *= sigmoid(gate[t*stride_gt + h*stride_gh + d]) (Qwen gated attention epilogue).
+"""
+import triton
+import triton.language as tl
+
+from kernels_src.attn.common import kv_rows, sigmoid_f32
+
+
+@triton.jit
+def _find_block(cu_ptr, pm, num_seqs, BLOCK_M: tl.constexpr, SEQ_CHUNK: tl.constexpr):
+    """(sequence, m-block inside it) of packed m-block pm; sequence -1 when pm is past the last one."""
+    seq = -1
+    mb = -1
+    base = 0
+    for c in range(0, num_seqs, SEQ_CHUNK):
+        idx = c + tl.arange(0, SEQ_CHUNK)
+        msk = idx < num_seqs
+        lo = tl.load(cu_ptr + idx, mask=msk, other=0)
+        hi = tl.load(cu_ptr + idx + 1, mask=msk, other=0)
+        nb = (tl.maximum(hi - lo, 0) + BLOCK_M - 1) // BLOCK_M
+        incl = tl.cumsum(nb, 0) + base
+        excl = incl - nb
+        hit = msk & (pm >= excl) & (pm < incl)
+        seq = tl.maximum(seq, tl.max(tl.where(hit, idx, -1), 0))
+        mb = tl.maximum(mb, tl.max(tl.where(hit, pm - excl, -1), 0))
+        base += tl.sum(nb, 0)
+    return seq, mb
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, n_lo, n_hi, L, qk_scale,
+            block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch,
+            D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    d = tl.arange(0, D)
+    for n in range(n_lo, n_hi, BLOCK_N):
+        offs_n = n + tl.arange(0, BLOCK_N)
+        rows, ok = kv_rows(bt_row, offs_n, kvh, L, block_size, max_blocks, num_blocks,
+                           stride_cb, stride_cs, stride_ch)
+        if MASKED:
+            k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_cache_ptr + rows[:, None] + d[None, :])
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            vis = ok[None, :] & (offs_n[None, :] <= pos[:, None])
+        else:
+            vis = ok[None, :] & (pos[:, None] >= 0)  # (pos < 0 only for inconsistent lengths)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_cache_ptr + rows[:, None] + d[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, cu_ptr, seqlen_ptr,
+                   scale, num_seqs, num_q_heads, group, n_mblocks,
+                   stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
+                   stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
+                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_GATE: tl.constexpr,
+                   SEQ_CHUNK: tl.constexpr):
+    pid = tl.program_id(0)
+    h = pid % num_q_heads
+    pm = n_mblocks - 1 - pid // num_q_heads
+    seq, mb = _find_block(cu_ptr, pm, num_seqs, BLOCK_M, SEQ_CHUNK)
+    if seq >= 0:
+        q_start = tl.load(cu_ptr + seq)
+        q_len = tl.load(cu_ptr + seq + 1) - q_start
+        L = tl.minimum(tl.load(seqlen_ptr + seq), max_blocks * block_size)
+        ctx0 = L - q_len  # absolute position of the first new token
+        kvh = h // group
+        bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+
+        m0 = mb * BLOCK_M
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        d = tl.arange(0, D)
+        rmask = offs_m < q_len
+        tok = (q_start + offs_m).to(tl.int64)
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + h * stride_qh + d[None, :], mask=rmask[:, None], other=0.0)
+        pos = ctx0 + offs_m
+
+        qk_scale = scale * 1.4426950408889634
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        # keys every row of the block sees (no causal mask), then the diagonal band
+        last = tl.minimum(m0 + BLOCK_M, q_len) - 1
+        n_full = tl.maximum(tl.minimum((ctx0 + m0 + 1) // BLOCK_N * BLOCK_N, L), 0)
+        n_end = tl.minimum(ctx0 + last + 1, L)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, 0, n_full, L,
+                                qk_scale, block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch,
+                                D, BLOCK_N, False)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, n_full, n_end, L,
+                                qk_scale, block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch,
+                                D, BLOCK_N, True)
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_rows = o_ptr + tok[:, None] * stride_ot + h * stride_oh
+        if HAS_GATE:
+            # two halves of D/2 columns: the gate tile never sits in registers next to the whole output
+            HALF: tl.constexpr = D // 2
+            dh = tl.arange(0, HALF)
+            o_lo, o_hi = tl.split(tl.permute(tl.reshape(out, [BLOCK_M, 2, HALF]), (0, 2, 1)))
+            g_rows = gate_ptr + tok[:, None] * stride_gt + h * stride_gh
+            g = tl.load(g_rows + dh[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+            tl.store(o_rows + dh[None, :], (o_lo * sigmoid_f32(g)).to(tl.bfloat16), mask=rmask[:, None])
+            g = tl.load(g_rows + HALF + dh[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+            tl.store(o_rows + HALF + dh[None, :], (o_hi * sigmoid_f32(g)).to(tl.bfloat16), mask=rmask[:, None])
+        else:
+            tl.store(o_rows + d[None, :], out.to(tl.bfloat16), mask=rmask[:, None])

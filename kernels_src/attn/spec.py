@@ -1,0 +1,127 @@
+"""AOT specs of the attention family: paged KV cache write, varlen causal prefill, split-KV decode.
+
+All attention bases require 16-byte aligned bf16 pointers and strides that are multiples of 16 elements
+(the runtime op checks this and refuses otherwise); the small int32 metadata arrays (block tables,
+cu_seqlens, seq_lens, slot_mapping) carry no hint. reshape_and_cache comes as ``.a16`` and ``.any``.
+
+Grids (all on axis x, so no product ever meets the 65535 limit of axes y/z):
+  reshape_and_cache.*            (T, cdiv(Hkv*D, BLOCK))
+  prefill.d{D}.{gate,nogate}     (Hq * n_mblocks,)  n_mblocks = min(cdiv(T, BLOCK_M) + N, N * cdiv(max_q, BLOCK_M))
+  decode_split.d{D}              (B * Hkv * num_splits,)
+  decode_combine.d{D}.{gate,nogate}  (B * Hq,)
+
+Tiles per arch (shared memory: sm_80 163 KB, sm_86/89/120a/121a 99 KB, sm_90a/100a 227 KB):
+  prefill D=256: sm_90a BLOCK_M 64 x BLOCK_N 32, 8 warps, 3 stages (188 registers; 128 x 32 / 128 x 64 /
+                 64 x 64 spill in the gated variant: the fp32 accumulator alone is 128 registers per thread
+                 for 64 rows per warpgroup); sm_100a 64 x 64, 8 warps, 2 stages; sm_80 64 x 32, 8 warps,
+                 3 stages; 99 KB archs 64 x 32, 8 warps, 2 stages.
+  prefill D=128: sm_90a/sm_100a 128 x 64, 8 warps, 2 stages (128 x 128 spills); sm_80 64 x 64, 8 warps,
+                 3 stages; 99 KB archs 64 x 64, 8 warps, 2 stages.
+  decode D=256: QB 16 rows (the q heads of one kv head, padded), BLOCK_N 64, 4 warps, 3 stages (Hopper/
+                Blackwell/sm_80; 8 warps on sm_100a, where 4 spill), BLOCK_N 32 on 99 KB archs.
+"""
+from vkc.spec import Arg, KernelSpec, ScratchContract
+
+_A = 16  # divisibility hint
+
+
+def _args(params):
+    return [Arg(n, t, div=_A if h else None) for n, t, h in params]
+
+
+_RESHAPE = [
+    ("k_ptr", "*bf16", True), ("v_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True),
+    ("v_cache_ptr", "*bf16", True), ("slot_ptr", "*i32", False),
+    ("stride_kt", "i32", True), ("stride_vt", "i32", True), ("stride_cb", "i64", True), ("stride_cs", "i32", True),
+    ("block_size", "i32", False), ("N", "i32", True), ("num_slots", "i64", False),
+]
+
+_PREFILL = [
+    ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
+    ("o_ptr", "*bf16", True), ("gate_ptr", "*bf16", True),
+    ("bt_ptr", "*i32", False), ("cu_ptr", "*i32", False), ("seqlen_ptr", "*i32", False),
+    ("scale", "fp32", False), ("num_seqs", "i32", False), ("num_q_heads", "i32", False), ("group", "i32", False),
+    ("n_mblocks", "i32", False),
+    ("stride_qt", "i32", True), ("stride_qh", "i32", True), ("stride_ot", "i32", True), ("stride_oh", "i32", True),
+    ("stride_gt", "i32", True), ("stride_gh", "i32", True),
+    ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
+    ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
+    ("num_blocks", "i32", False),
+]
+
+_DECODE_SPLIT = [
+    ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
+    ("bt_ptr", "*i32", False), ("seqlen_ptr", "*i32", False),
+    ("part_o_ptr", "*fp32", True), ("part_lse_ptr", "*fp32", True),
+    ("scale", "fp32", False), ("num_kv_heads", "i32", False), ("group", "i32", False), ("num_splits", "i32", False),
+    ("stride_qb", "i32", True), ("stride_qh", "i32", True),
+    ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
+    ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
+    ("num_blocks", "i32", False),
+]
+
+_DECODE_COMBINE = [
+    ("part_o_ptr", "*fp32", True), ("part_lse_ptr", "*fp32", True), ("o_ptr", "*bf16", True),
+    ("gate_ptr", "*bf16", True), ("num_q_heads", "i32", False), ("num_splits", "i32", False),
+    ("stride_ob", "i32", True), ("stride_oh", "i32", True), ("stride_gb", "i32", True), ("stride_gh", "i32", True),
+]
+
+_SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")
+
+
+def _per_arch(small, sm80, big=None):
+    ov = {a: small for a in _SMALL_SMEM}
+    ov["sm_80"] = sm80
+    if big:
+        ov["sm_90a"] = big
+        ov["sm_100a"] = big
+    return ov
+
+
+# D -> (base = sm_90a/sm_100a config, overrides for the other archs)
+_PREFILL_CFG = {
+    256: (dict(constexprs={"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=3),
+          {**_per_arch(small={"constexprs": {"BLOCK_M": 64, "BLOCK_N": 32}, "num_warps": 8, "num_stages": 2},
+                       sm80={"constexprs": {"BLOCK_M": 64, "BLOCK_N": 32}, "num_warps": 8, "num_stages": 3}),
+           "sm_100a": {"constexprs": {"BLOCK_M": 64, "BLOCK_N": 64}, "num_warps": 8, "num_stages": 2}}),
+    128: (dict(constexprs={"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+          _per_arch(small={"constexprs": {"BLOCK_M": 64, "BLOCK_N": 64}, "num_warps": 8, "num_stages": 2},
+                    sm80={"constexprs": {"BLOCK_M": 64, "BLOCK_N": 64}, "num_warps": 8, "num_stages": 3})),
+}
+
+_DECODE_CFG = {
+    256: (dict(constexprs={"BLOCK_N": 64}, num_warps=4, num_stages=3),
+          {**{a: {"constexprs": {"BLOCK_N": 32}} for a in _SMALL_SMEM}, "sm_100a": {"num_warps": 8}}),
+    128: (dict(constexprs={"BLOCK_N": 64}, num_warps=4, num_stages=3), {}),
+}
+
+SPECS = []
+
+for _sfx, _al in (("a16", True), ("any", False)):
+    SPECS.append(KernelSpec(
+        name=f"reshape_and_cache.{_sfx}", source="cache.py", entry="reshape_and_cache_kernel",
+        args=[Arg(n, t, div=_A if (h and _al) else None) for n, t, h in _RESHAPE],
+        constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
+
+for _d in (256, 128):
+    _base, _ov = _PREFILL_CFG[_d]
+    for _gate in (False, True):
+        SPECS.append(KernelSpec(
+            name=f"prefill.d{_d}.{'gate' if _gate else 'nogate'}", source="prefill.py", entry="prefill_kernel",
+            args=_args(_PREFILL),
+            constexprs={"D": _d, "HAS_GATE": _gate, "SEQ_CHUNK": 128, **_base["constexprs"]},
+            num_warps=_base["num_warps"], num_stages=_base["num_stages"], overrides=_ov))
+    _base, _ov = _DECODE_CFG[_d]
+    SPECS.append(KernelSpec(
+        name=f"decode_split.d{_d}", source="decode.py", entry="decode_split_kernel",
+        args=_args(_DECODE_SPLIT), constexprs={"D": _d, "QB": 16, **_base["constexprs"]},
+        num_warps=_base["num_warps"], num_stages=_base["num_stages"], overrides=_ov,
+        scratch=(ScratchContract("part_o_ptr", "poison_ok", "written before the combine reads it"),
+                 ScratchContract("part_lse_ptr", "poison_ok", "every split writes its lse (-inf if empty)"))))
+    for _gate in (False, True):
+        SPECS.append(KernelSpec(
+            name=f"decode_combine.d{_d}.{'gate' if _gate else 'nogate'}", source="decode.py",
+            entry="decode_combine_kernel", args=_args(_DECODE_COMBINE),
+            constexprs={"D": _d, "SPLIT_BLOCK": 16, "HAS_GATE": _gate}, num_warps=4, num_stages=1))
+
+del _sfx, _al, _d, _base, _ov, _gate

@@ -1,0 +1,49 @@
+"""AOT specs of the causal conv1d family (width 4, SiLU; kernels in conv.py).
+
+Conv state layout: ``[slots, W-1, C]`` bf16, channels contiguous (see conv.py). Each kernel comes as
+``.a16`` (x, y, state pointers and every row/slot stride carry div=16, checked by the runtime) and
+``.any`` (no hints). C never carries a hint; the kernels branch on ``C % 16`` internally.
+
+Grids (axis 0 first):
+  prefill.w4.*   (cdiv(T, BLOCK_T), cdiv(C, BLOCK_C))
+  update.w4.*    (B, cdiv(C, BLOCK_C))
+"""
+from vkc.spec import Arg, KernelSpec
+
+_VARIANTS = (("a16", True), ("any", False))
+
+# (name, type, gets div=16 in .a16)
+_PREFILL = [
+    ("x_ptr", "*bf16", True), ("w_ptr", "*bf16", False), ("y_ptr", "*bf16", True), ("state_ptr", "*bf16", True),
+    ("cu_ptr", "*i32", False), ("slot_ptr", "*i32", False),
+    ("stride_x", "i32", True), ("stride_w", "i32", False), ("stride_y", "i32", True),
+    ("stride_ss", "i32", True), ("stride_sr", "i32", True),
+    ("T", "i32", False), ("C", "i32", False), ("N", "i32", False), ("num_slots", "i32", False),
+]
+_UPDATE = [
+    ("x_ptr", "*bf16", True), ("w_ptr", "*bf16", False), ("y_ptr", "*bf16", True), ("state_ptr", "*bf16", True),
+    ("slot_ptr", "*i32", False),
+    ("stride_x", "i32", True), ("stride_w", "i32", False), ("stride_y", "i32", True),
+    ("stride_ss", "i32", True), ("stride_sr", "i32", True),
+    ("C", "i32", False), ("num_slots", "i32", False),
+]
+
+
+def _args(params, aligned):
+    return [Arg(n, t, div=16 if (aligned and h) else None) for n, t, h in params]
+
+
+SPECS = []
+for _sfx, _al in _VARIANTS:
+    # 16 tokens x 128 channels per program (16 B per thread per row segment), 4 warps (32 tokens used
+    # 200+ registers and spilled on sm_90a).
+    SPECS.append(KernelSpec(
+        name=f"prefill.w4.{_sfx}", source="conv.py", entry="conv_prefill_kernel", args=_args(_PREFILL, _al),
+        constexprs={"W": 4, "BLOCK_T": 16, "BLOCK_C": 128}, num_warps=4, num_stages=1))
+    # 512 channels of one sequence per program, 4 warps (4 bf16 = 8 B per thread per row; 8 per thread
+    # spilled on sm_90a with the bundled ptxas).
+    SPECS.append(KernelSpec(
+        name=f"update.w4.{_sfx}", source="conv.py", entry="conv_update_kernel", args=_args(_UPDATE, _al),
+        constexprs={"W": 4, "BLOCK_C": 512}, num_warps=4, num_stages=1))
+
+del _sfx, _al

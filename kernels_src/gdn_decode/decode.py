@@ -1,0 +1,71 @@
+"""Gated DeltaNet decode: one recurrent step per sequence of a continuous batch (DESIGN.md section 6).
+
+Per sequence b and value head h (key head kh = h // (Hv / Hk)), with fp32 math throughout:
+    q, k   = l2norm(qkv[b, q/k channels of kh]),  x / sqrt(sum x^2 + eps)
+    g      = -exp(A_log[h]) * softplus(a[b, h] + dt_bias[h]),   beta = sigmoid(b[b, h])
+    S      = exp(g) * S                            (S = state[slot[b], h], [K, V] fp32, in place)
+    delta  = beta * (v - S^T k)
+    S      = S + k delta^T
+    o      = S^T (scale * q)  =  scale * (S_decayed^T q + delta * (k . q))
+The last identity lets both K-reductions run on the decayed state at once (independent reductions, one
+pass over the tile) instead of a second reduction after the rank-1 update.
+
+Layouts: qkv [B, 2*Hk*K + Hv*V] bf16 (channels [q | k | v], row stride stride_qkv); a, b [B, Hv] bf16 (row
+strides); A_log, dt_bias [Hv] fp32; state [num_slots, Hv, K, V] fp32, each slot contiguous, slot stride
+stride_state; slot_idx int32 [B]; o [B, Hv, V] bf16 (row stride stride_o, heads contiguous).
+A slot outside [0, num_slots) (e.g. -1 for a padded batch entry): the state is neither read nor written
+and o[b] = 0.
+
+Grid (B * Hv * (V // BLOCK_V),) on axis 0 only (so B * Hv is never limited by the 65535 of axes y/z):
+program p -> (b, h, v-block) with the v-block fastest, so neighbouring programs stream neighbouring
+state bytes. Each program owns a [K, BLOCK_V] column slab of one head's state: it is read once and
+written once (the kernel is HBM-bound on these bytes); splitting V gives B * Hv * V / BLOCK_V CTAs.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _softplus_f32(x):
+    # log(1 + e^x) without overflow: max(x, 0) + log(1 + e^-|x|); equals torch's softplus (threshold 20)
+    # to fp32 rounding
+    return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slot_ptr, o_ptr,
+                      stride_qkv, stride_a, stride_b, stride_state, stride_o, Hk, Hv, num_slots, scale, eps,
+                      K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    NV: tl.constexpr = V // BLOCK_V
+    pid = tl.program_id(0)
+    iv = pid % NV
+    bh = pid // NV
+    h = bh % Hv
+    bi = (bh // Hv).to(tl.int64)
+    kh = h // (Hv // Hk)
+    cv = iv * BLOCK_V + tl.arange(0, BLOCK_V)
+    o_row = o_ptr + bi * stride_o + h * V
+    slot = tl.load(slot_ptr + bi)
+    if (slot >= 0) & (slot < num_slots):
+        ck = tl.arange(0, K)
+        row = qkv_ptr + bi * stride_qkv
+        q = tl.load(row + kh * K + ck).to(tl.float32)
+        k = tl.load(row + (Hk + kh) * K + ck).to(tl.float32)
+        v = tl.load(row + 2 * Hk * K + h * V + cv).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
+        a = tl.load(a_ptr + bi * stride_a + h).to(tl.float32)
+        bb = tl.load(b_ptr + bi * stride_b + h).to(tl.float32)
+        g = -tl.exp(tl.load(A_log_ptr + h)) * _softplus_f32(a + tl.load(dt_bias_ptr + h))
+        decay = tl.exp(g)
+        beta = 1.0 / (1.0 + tl.exp(-bb))
+        sp = state_ptr + slot.to(tl.int64) * stride_state + h * (K * V) + ck[:, None] * V + cv[None, :]
+        S = tl.load(sp) * decay
+        sk = tl.sum(S * k[:, None], axis=0)
+        sq = tl.sum(S * q[:, None], axis=0)
+        delta = beta * (v - sk)
+        tl.store(sp, S + k[:, None] * delta[None, :])
+        o = scale * (sq + delta * tl.sum(k * q, axis=0))
+        tl.store(o_row + cv, o.to(tl.bfloat16))
+    else:
+        tl.store(o_row + cv, tl.zeros((BLOCK_V,), dtype=tl.bfloat16))

@@ -1,0 +1,306 @@
+"""Typed ops of the attention family (kernels_src/attn): paged KV cache write, varlen causal prefill,
+split-KV decode. Qwen3.6 full-attention layers: head dim 256 (128 also built), GQA Hq/Hkv <= 16.
+
+Layouts
+  q          prefill [T, Hq, D] / decode [B, Hq, D] bf16, head stride D, token stride any multiple of 16
+  k_cache,   [num_blocks, block_size, Hkv, D] bf16 ("NHD"), inner [block_size, Hkv, D] contiguous; k and v
+  v_cache    caches must have identical shapes and strides (views of one allocation are fine)
+  block_tables int32 [N, max_blocks]; row stride any, entries contiguous
+  cu_seqlens_q int32 [N+1]; seq_lens int32 [N] = total context (cached prefix + new tokens)
+  gate       optional [T|B, Hq, D] bf16 view with a contiguous last dim (e.g. qg.view(T, Hq, 2, D)[:, :, 1]):
+             out *= sigmoid(gate), fused into the epilogue
+  out        [T|B, Hq, D] bf16
+
+What is validated on the host: dtypes, shapes, strides, 16-byte alignment of every bf16/fp32 pointer and
+multiples of 16 for their strides (the kernels are compiled with those promises), D in {128, 256},
+Hq % Hkv == 0 and Hq/Hkv <= 16, block-table width * block_size >= max_seq_len when the caller passes it,
+int32 ranges. What is *not* validated (it would need a device sync): block-table contents, cu_seqlens and
+seq_lens values. The kernels bound-check those cheaply instead: a context length is clamped to
+max_blocks * block_size, block ids outside [0, num_blocks) are skipped (their keys do not count), slots
+outside [0, num_blocks * block_size) are not written, and a row that sees no key (L < q_len) yields zeros.
+Results for such inputs are defined but meaningless; nothing outside the buffers is touched.
+
+Graph capture: pass ``out=`` and, for decode, a :class:`DecodeWorkspace` sized up front with
+:func:`decode_workspace` and a ``max_seq_len`` (or the bound block_tables width * block_size is used). The
+split count then depends only on host-side sizes, so replay with new lengths/tables is valid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import driver, memory, registry
+from ..launch import get_kernel
+from ._check import OpError, fits_i32, same_device, stream_of, tensor
+
+__all__ = ["reshape_and_cache", "prefill", "decode", "DecodeWorkspace", "decode_workspace", "num_splits_for",
+           "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
+
+HEAD_DIMS = (128, 256)
+MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode
+BF16 = "bfloat16"
+MIN_KEYS_PER_SPLIT = 256
+CTAS_PER_SM = 2  # decode split target: this many CTAs per SM (>= 1 full wave even with tail imbalance)
+DEFAULT_MAX_SPLITS = 64
+
+registry.require(*[f"attn.reshape_and_cache.{v}" for v in ("a16", "any")])
+registry.require(*[f"attn.prefill.d{d}.{g}" for d in HEAD_DIMS for g in ("gate", "nogate")])
+registry.require(*[f"attn.decode_split.d{d}" for d in HEAD_DIMS])
+registry.require(*[f"attn.decode_combine.d{d}.{g}" for d in HEAD_DIMS for g in ("gate", "nogate")])
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _a16(op: str, **ptrs_and_strides: int) -> None:
+    for k, v in ptrs_and_strides.items():
+        if v % 16:
+            what = "16-byte aligned" if k.endswith("ptr") else "a multiple of 16 elements"
+            raise OpError(f"{op}: {k}={v:#x} must be {what} (the attention kernels are compiled for it)")
+
+
+def _stride(t, dim: int, default: int) -> int:
+    """Stride of dim, normalized to `default` where the dim has extent 1 (any stride is legal there)."""
+    return int(t.strides[dim]) if t.shape[dim] > 1 else default
+
+
+def _cache_pair(op: str, k_cache, v_cache):
+    kc = tensor(op, "k_cache", k_cache, BF16, ndim=4)
+    NB, BS, Hkv, D = kc.shape
+    vc = tensor(op, "v_cache", v_cache, BF16, ndim=4, shape=(NB, BS, Hkv, D))
+    if D not in HEAD_DIMS:
+        raise OpError(f"{op}: head dim must be one of {HEAD_DIMS}, got {D}")
+    if BS < 1 or Hkv < 1 or NB < 1:
+        raise OpError(f"{op}: empty cache {tuple(kc.shape)}")
+    strides = []
+    for name, t in (("k_cache", kc), ("v_cache", vc)):
+        sh = _stride(t, 2, D)
+        ss = _stride(t, 1, Hkv * D)
+        sb = _stride(t, 0, BS * Hkv * D)
+        if sh != D or ss != Hkv * D:
+            raise OpError(f"{op}: {name} must be contiguous within a block ([block_size, Hkv, D]), strides "
+                          f"{tuple(t.strides)}")
+        strides.append((sb, ss, sh))
+    if strides[0] != strides[1]:
+        raise OpError(f"{op}: k_cache and v_cache must have identical strides, got {strides[0]} / {strides[1]}")
+    sb, ss, sh = strides[0]
+    _a16(op, k_cache_ptr=kc.ptr, v_cache_ptr=vc.ptr, stride_cb=sb, stride_cs=ss)
+    fits_i32(op, num_blocks=NB, block_size=BS, stride_cs=ss)
+    if not (0 < sb < 2**62):
+        raise OpError(f"{op}: block stride {sb} out of range")
+    return kc, vc, NB, BS, Hkv, D, sb, ss, sh
+
+
+def _block_tables(op: str, block_tables, n: int):
+    bt = tensor(op, "block_tables", block_tables, "int32", ndim=2, shape=(n, None))
+    if bt.shape[1] < 1:
+        raise OpError(f"{op}: block_tables has no columns")
+    sbt = _stride(bt, 0, bt.shape[1])
+    fits_i32(op, stride_bt=sbt, max_blocks=bt.shape[1])
+    return bt, sbt
+
+
+def _heads(op: str, Hq: int, Hkv: int) -> int:
+    if Hq % Hkv:
+        raise OpError(f"{op}: {Hq} q heads are not a multiple of {Hkv} kv heads")
+    g = Hq // Hkv
+    if g > MAX_GROUP:
+        raise OpError(f"{op}: {g} q heads per kv head; at most {MAX_GROUP} are supported")
+    return g
+
+
+def _gate(op: str, gate, n: int, Hq: int, D: int, fallback):
+    if gate is None:
+        return fallback.ptr, 0, 0
+    gt = tensor(op, "gate", gate, BF16, ndim=3, shape=(n, Hq, D))
+    sgt, sgh = _stride(gt, 0, Hq * 2 * D), _stride(gt, 1, 2 * D)
+    _a16(op, gate_ptr=gt.ptr, stride_gt=sgt, stride_gh=sgh)
+    fits_i32(op, stride_gt=sgt, stride_gh=sgh)
+    return gt.ptr, sgt, sgh
+
+
+# --------------------------------------------------------------------------------------- reshape_and_cache
+
+def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
+    """Write k, v [T, Hkv, D] into the paged caches at slot_mapping int32 [T] (slot = block * block_size +
+    offset); negative or out-of-range slots are skipped on the device."""
+    op = "reshape_and_cache"
+    kc, vc, NB, BS, Hkv, D, sb, ss, _ = _cache_pair(op, k_cache, v_cache)
+    kt = tensor(op, "k", k, BF16, ndim=3, shape=(None, Hkv, D))
+    T = kt.shape[0]
+    vt = tensor(op, "v", v, BF16, ndim=3, shape=(T, Hkv, D))
+    st = tensor(op, "slot_mapping", slot_mapping, "int32", ndim=1, shape=(T,))
+    if T > 1 and st.strides[0] != 1:
+        raise OpError(f"{op}: slot_mapping must be contiguous")
+    for name, t in (("k", kt), ("v", vt)):
+        if _stride(t, 1, D) != D:
+            raise OpError(f"{op}: {name} must be contiguous in [Hkv, D], strides {tuple(t.strides)}")
+    same_device(op, kc, vc, kt, vt, st)
+    if T == 0:
+        return
+    skt, svt = _stride(kt, 0, Hkv * D), _stride(vt, 0, Hkv * D)
+    N = Hkv * D
+    fits_i32(op, T=T, stride_kt=skt, stride_vt=svt, N=N)
+    al = all(p % 16 == 0 for p in (kt.ptr, vt.ptr)) and skt % 16 == 0 and svt % 16 == 0
+    kern = get_kernel(f"attn.reshape_and_cache.{'a16' if al else 'any'}")
+    gy = _cdiv(N, kern.constexprs["BLOCK"])
+    kern.launch((T, gy, 1), (kt.ptr, vt.ptr, kc.ptr, vc.ptr, st.ptr, skt, svt, sb, ss, BS, N, NB * BS),
+                stream_of(stream))
+
+
+# ------------------------------------------------------------------------------------------------ prefill
+
+def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *, gate=None, out=None,
+            max_seqlen_q=None, stream=None):
+    """Varlen causal attention of packed q [T, Hq, D] against the paged caches (which must already hold the
+    new tokens' K/V: call :func:`reshape_and_cache` first). Returns out [T, Hq, D] bf16.
+
+    ``max_seqlen_q`` (optional host int, an upper bound of any sequence's q_len) only shrinks the grid;
+    without it the grid is cdiv(T, BLOCK_M) + N m-blocks per head and surplus programs exit at once."""
+    op = "prefill"
+    kc, vc, NB, BS, Hkv, D, sb, ss, sh = _cache_pair(op, k_cache, v_cache)
+    qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
+    T, Hq, _ = qt.shape
+    group = _heads(op, Hq, Hkv)
+    cu = tensor(op, "cu_seqlens_q", cu_seqlens_q, "int32", ndim=1)
+    N = cu.shape[0] - 1
+    if N < 0:
+        raise OpError(f"{op}: cu_seqlens_q must have N+1 >= 1 entries")
+    sl = tensor(op, "seq_lens", seq_lens, "int32", ndim=1, shape=(N,))
+    for name, t in (("cu_seqlens_q", cu), ("seq_lens", sl)):
+        if t.shape[0] > 1 and t.strides[0] != 1:
+            raise OpError(f"{op}: {name} must be contiguous")
+    bt, sbt = _block_tables(op, block_tables, N)
+    res = out if out is not None else memory.DeviceArray.empty((T, Hq, D), BF16, device=qt.device)
+    ot = tensor(op, "out", res, BF16, ndim=3, shape=(T, Hq, D))
+    same_device(op, qt, kc, vc, cu, sl, bt, ot)
+    if T == 0 or N == 0:
+        return res
+    sqt, sqh = _stride(qt, 0, Hq * D), _stride(qt, 1, D)
+    sot, soh = _stride(ot, 0, Hq * D), _stride(ot, 1, D)
+    gptr, sgt, sgh = _gate(op, gate, T, Hq, D, qt)
+    _a16(op, q_ptr=qt.ptr, out_ptr=ot.ptr, stride_qt=sqt, stride_qh=sqh, stride_ot=sot, stride_oh=soh)
+    fits_i32(op, T=T, stride_qt=sqt, stride_qh=sqh, stride_ot=sot, stride_oh=soh)
+    kern = get_kernel(f"attn.prefill.d{D}.{'gate' if gate is not None else 'nogate'}")
+    bm = kern.constexprs["BLOCK_M"]
+    n_mb = _cdiv(T, bm) + N
+    if max_seqlen_q is not None:
+        n_mb = min(n_mb, N * _cdiv(max(int(max_seqlen_q), 1), bm))
+    grid = Hq * n_mb
+    fits_i32(op, grid=grid)
+    kern.launch((grid, 1, 1), (qt.ptr, kc.ptr, vc.ptr, ot.ptr, gptr, bt.ptr, cu.ptr, sl.ptr, float(scale), N, Hq,
+                               group, n_mb, sqt, sqh, sot, soh, sgt, sgh, sb, ss, sh, sbt, BS, bt.shape[1], NB),
+                stream_of(stream))
+    return res
+
+
+# ------------------------------------------------------------------------------------------------- decode
+
+@dataclass
+class DecodeWorkspace:
+    """fp32 scratch of split-KV decode: partial outputs [max_batch, Hq, max_splits, D] and their
+    log-sum-exps [max_batch, Hq, max_splits]. Every byte the combine reads is written by the split kernel
+    of the same call first, so no zero-fill is needed (any stale content is fine)."""
+    part_o: memory.DeviceArray
+    part_lse: memory.DeviceArray
+    max_batch: int
+    num_q_heads: int
+    head_dim: int
+    max_splits: int
+
+
+def decode_workspace(max_batch: int, num_q_heads: int, head_dim: int, max_splits: int = DEFAULT_MAX_SPLITS,
+                     *, device: int | None = None) -> DecodeWorkspace:
+    """Allocate decode scratch for up to ``max_batch`` sequences and ``max_splits`` KV splits (do this
+    before graph capture; 256 x 24 x 64 x 256 x 4 B = 400 MB at the largest Qwen3.6 decode shape, so size
+    max_splits to need: the heuristic only uses many splits for small batches)."""
+    if min(max_batch, num_q_heads, head_dim, max_splits) < 1:
+        raise OpError("decode_workspace: all sizes must be positive")
+    po = memory.DeviceArray.empty((max_batch * num_q_heads * max_splits * head_dim,), "float32", device=device)
+    pl = memory.DeviceArray.empty((max_batch * num_q_heads * max_splits,), "float32", device=device)
+    return DecodeWorkspace(po, pl, int(max_batch), int(num_q_heads), int(head_dim), int(max_splits))
+
+
+_ws_cache: dict[tuple, DecodeWorkspace] = {}
+
+
+def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, *,
+                   max_splits: int = DEFAULT_MAX_SPLITS, min_keys: int = MIN_KEYS_PER_SPLIT) -> int:
+    """Split-KV heuristic. Work items are (sequence, kv head) pairs, B * Hkv of them; each should be cut
+    into enough splits that B * Hkv * splits >= CTAS_PER_SM * num_sms (fills the GPU with a margin for
+    uneven lengths), but no split shorter than ``min_keys`` keys of the longest sequence (below that the
+    per-split fixed cost -- q load, partial write, combine read -- outweighs the parallelism), and at most
+    ``max_splits`` (the workspace size). Depends only on host-side sizes, so it is graph-stable."""
+    work = max(1, batch * num_kv_heads)
+    want = _cdiv(CTAS_PER_SM * max(1, num_sms), work)
+    by_len = max(1, max_seq_len // max(1, min_keys))
+    return int(max(1, min(want, by_len, max_splits)))
+
+
+def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out=None, workspace=None,
+           max_seq_len=None, stream=None):
+    """One query token per sequence: q [B, Hq, D] at position seq_lens[b] - 1 attends to keys 0..L-1 of the
+    paged caches (append the token's K/V with :func:`reshape_and_cache` first). Returns out [B, Hq, D] bf16.
+
+    ``max_seq_len``: host-side upper bound of seq_lens, used by the split heuristic (default: the block
+    table's capacity, block_tables.shape[1] * block_size). ``workspace``: a :class:`DecodeWorkspace` with
+    max_batch >= B (required inside graph capture; otherwise one is allocated and cached per shape)."""
+    op = "decode"
+    kc, vc, NB, BS, Hkv, D, sb, ss, sh = _cache_pair(op, k_cache, v_cache)
+    qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
+    B, Hq, _ = qt.shape
+    group = _heads(op, Hq, Hkv)
+    sl = tensor(op, "seq_lens", seq_lens, "int32", ndim=1, shape=(B,))
+    if B > 1 and sl.strides[0] != 1:
+        raise OpError(f"{op}: seq_lens must be contiguous")
+    bt, sbt = _block_tables(op, block_tables, B)
+    cap = bt.shape[1] * BS
+    if max_seq_len is None:
+        max_seq_len = cap
+    max_seq_len = int(max_seq_len)
+    if max_seq_len > cap:
+        raise OpError(f"{op}: max_seq_len {max_seq_len} exceeds the block table capacity "
+                      f"{bt.shape[1]} blocks x {BS} = {cap}")
+    res = out if out is not None else memory.DeviceArray.empty((B, Hq, D), BF16, device=qt.device)
+    ot = tensor(op, "out", res, BF16, ndim=3, shape=(B, Hq, D))
+    same_device(op, qt, kc, vc, sl, bt, ot)
+    if B == 0:
+        return res
+    sqb, sqh = _stride(qt, 0, Hq * D), _stride(qt, 1, D)
+    sob, soh = _stride(ot, 0, Hq * D), _stride(ot, 1, D)
+    gptr, sgb, sgh = _gate(op, gate, B, Hq, D, qt)
+    _a16(op, q_ptr=qt.ptr, out_ptr=ot.ptr, stride_qb=sqb, stride_qh=sqh, stride_ob=sob, stride_oh=soh)
+    fits_i32(op, B=B, stride_qb=sqb, stride_qh=sqh, stride_ob=sob, stride_oh=soh)
+
+    ws = workspace
+    if ws is None:
+        key = (qt.device, B, Hq, D)
+        ws = _ws_cache.get(key)
+        if ws is None:
+            ws = _ws_cache.setdefault(key, decode_workspace(B, Hq, D, device=qt.device if qt.device >= 0 else None))
+    if not isinstance(ws, DecodeWorkspace):
+        raise OpError(f"{op}: workspace must be a DecodeWorkspace (see decode_workspace)")
+    if ws.max_batch < B or ws.num_q_heads != Hq or ws.head_dim != D:
+        raise OpError(f"{op}: workspace sized for batch {ws.max_batch}, {ws.num_q_heads} heads, D {ws.head_dim}; "
+                      f"this call needs batch {B}, {Hq} heads, D {D}")
+    split_k = get_kernel(f"attn.decode_split.d{D}")
+    comb_k = get_kernel(f"attn.decode_combine.d{D}.{'gate' if gate is not None else 'nogate'}")
+    splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits)
+    fits_i32(op, grid=B * Hkv * splits, partials=B * Hq * splits * D)
+    s = stream_of(stream)
+    split_k.launch((B * Hkv * splits, 1, 1),
+                   (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(), float(scale),
+                    Hkv, group, splits, sqb, sqh, sb, ss, sh, sbt, BS, bt.shape[1], NB), s)
+    comb_k.launch((B * Hq, 1, 1),
+                  (ws.part_o.data_ptr(), ws.part_lse.data_ptr(), ot.ptr, gptr, Hq, splits, sob, soh, sgb, sgh), s)
+    return res
+
+
+_sms: dict[int, int] = {}
+
+
+def _sm_count(dev: int) -> int:
+    n = _sms.get(dev)
+    if n is None:
+        n = _sms.setdefault(dev, int(driver.sm_count(dev)))
+    return n

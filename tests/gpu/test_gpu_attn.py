@@ -1,0 +1,213 @@
+"""GPU (H200) checks of the attention family through vkc_runtime.ops.attention: shuffled paged caches,
+lengths at block boundaries and 4097, mixed batches, prefix + chunk, GQA 6 and 8, D 256/128, the gate
+epilogue, poisoned outputs/scratch/unused cache slots, graph replay == eager. Reference: float32 math on
+de-paged K/V in torch (== float64 numpy within bf16 noise); relative errors are printed (pytest -s)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+TOL = 1e-2
+
+
+@pytest.fixture(scope="module")
+def A():
+    from vkc_runtime.ops import attention
+    return attention
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def rnd(*shape, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(torch.bfloat16)
+
+
+def make_paged(lens, Hkv, D, bs, extra_cols=2):
+    """Shuffled paged caches with random rows 0..L-1 per sequence, NaN everywhere else; block table columns
+    past a sequence's blocks hold garbage ids."""
+    nblk = [cdiv(L, bs) for L in lens]
+    nb = sum(nblk) + 5
+    perm = torch.randperm(nb, device="cuda").to(torch.int32)
+    width = max(max(nblk), 1) + extra_cols
+    bt = torch.full((len(lens), width), 10**7, dtype=torch.int32, device="cuda")
+    kc = torch.full((nb, bs, Hkv, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    vc = torch.full_like(kc, float("nan"))
+    used = 0
+    for i, L in enumerate(lens):
+        ids = perm[used:used + nblk[i]]
+        used += nblk[i]
+        bt[i, :nblk[i]] = ids
+        if L:
+            n = torch.arange(L, device="cuda")
+            kc[ids[n // bs].long(), n % bs] = rnd(L, Hkv, D)
+            vc[ids[n // bs].long(), n % bs] = rnd(L, Hkv, D)
+    return kc, vc, bt
+
+
+def depage(cache, row, L):
+    bs = cache.shape[1]
+    n = torch.arange(L, device="cuda")
+    return cache[row[n // bs].long(), n % bs].float()
+
+
+def ref_attn(q, k, v, scale, q_pos, gate=None):
+    """float32 math: q [Lq, Hq, D], k/v [L, Hkv, D]."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    g = Hq // Hkv
+    kh, vh = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = torch.einsum("rhd,nhd->hrn", q.float(), kh) * scale
+    vis = torch.arange(k.shape[0], device="cuda")[None, :] <= q_pos[:, None]
+    s = s.masked_fill(~vis[None], float("-inf"))
+    o = torch.einsum("hrn,nhd->rhd", torch.softmax(s, -1), vh)
+    if gate is not None:
+        o = o * torch.sigmoid(gate.float())
+    return o
+
+
+def rel(out, ref):
+    o = out.float()
+    assert torch.isfinite(o).all(), f"{(~torch.isfinite(o)).sum().item()} non-finite outputs"
+    return ((o - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate):
+    lens = [a + b for a, b in zip(q_lens, prefix)]
+    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    T = sum(q_lens)
+    q = rnd(T, Hq, D)
+    cu = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32, device="cuda")
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    gt = rnd(T, Hq, 2, D)[:, :, 1] if gate else None
+    out = torch.full((T, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    scale = D ** -0.5
+    A.prefill(q, kc, vc, bt, cu, sl, scale, gate=gt, out=out)
+    torch.cuda.synchronize()
+    ref = torch.empty(T, Hq, D, device="cuda")
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        if b > a:
+            L = lens[i]
+            pos = torch.arange(L - (b - a), L, device="cuda")
+            ref[a:b] = ref_attn(q[a:b], depage(kc, bt[i], L), depage(vc, bt[i], L), scale, pos,
+                                None if gt is None else gt[a:b])
+    return rel(out, ref)
+
+
+@pytest.mark.parametrize("D", [256, 128])
+@pytest.mark.parametrize("Hq,Hkv", [(24, 4), (16, 2)])
+@pytest.mark.parametrize("gate", [False, True])
+@pytest.mark.parametrize("bs", [16, 64])
+def test_prefill_mixed(A, D, Hq, Hkv, gate, bs):
+    q_lens = [1, 15, 16, 17, 63, 64, 65, 300, 0, 129]
+    prefix = [0, 0, 16, 100, 1, 64, 0, 700, 3, 4097 - 129]
+    err = prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate)
+    print(f"prefill D={D} {Hq}/{Hkv} bs={bs} gate={gate}: rel err {err:.2e}")
+    assert err < TOL
+
+
+@pytest.mark.parametrize("T", [4097, 8192])
+def test_prefill_long_single(A, T):
+    err = prefill_case(A, [T], [0], 24, 4, 256, 16, True)
+    print(f"prefill single T={T}: rel err {err:.2e}")
+    assert err < TOL
+
+
+def decode_case(A, lens, Hq, Hkv, D, bs, gate, workspace=None, max_seq_len=None):
+    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    B = len(lens)
+    q = rnd(B, Hq, D)
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    gt = rnd(B, Hq, 2, D)[:, :, 1] if gate else None
+    out = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gt, out=out, workspace=workspace, max_seq_len=max_seq_len)
+    torch.cuda.synchronize()
+    ref = torch.zeros(B, Hq, D, device="cuda")
+    for b, L in enumerate(lens):
+        if L:
+            ref[b] = ref_attn(q[b:b + 1], depage(kc, bt[b], L), depage(vc, bt[b], L), D ** -0.5,
+                              torch.tensor([L - 1], device="cuda"), None if gt is None else gt[b:b + 1])[0]
+    return rel(out, ref), out
+
+
+@pytest.mark.parametrize("D", [256, 128])
+@pytest.mark.parametrize("Hq,Hkv", [(24, 4), (16, 2)])
+@pytest.mark.parametrize("gate", [False, True])
+def test_decode_mixed(A, D, Hq, Hkv, gate):
+    lens = [1, 15, 16, 17, 4097, 64, 65, 0, 1000, 2048]
+    ws = A.decode_workspace(16, Hq, D, 64)
+    ws.part_o.fill_bytes(0xFF)  # NaN scratch: every value the combine reads must be written first
+    ws.part_lse.fill_bytes(0xFF)
+    torch.cuda.synchronize()
+    err, out = decode_case(A, lens, Hq, Hkv, D, 16, gate, workspace=ws)
+    print(f"decode D={D} {Hq}/{Hkv} gate={gate}: rel err {err:.2e}")
+    assert err < TOL
+    assert torch.all(out[7] == 0)
+
+
+@pytest.mark.parametrize("B,L", [(1, 32768), (64, 4096), (256, 512)])
+def test_decode_sizes(A, B, L):
+    lens = [L - (i % 7) for i in range(B)]
+    err, _ = decode_case(A, lens, 24, 4, 256, 16, True)
+    print(f"decode B={B} L={L}: rel err {err:.2e}")
+    assert err < TOL
+
+
+def test_reshape_and_cache(A):
+    T, Hkv, D, bs, nb = 37, 4, 256, 16, 9
+    k, v = rnd(T, Hkv, D), rnd(T, Hkv, D)
+    kc, vc = rnd(nb, bs, Hkv, D), rnd(nb, bs, Hkv, D)
+    k0, v0 = kc.clone(), vc.clone()
+    slots = torch.randperm(nb * bs, device="cuda")[:T].to(torch.int32)
+    slots[3] = -1
+    slots[5] = nb * bs + 3
+    A.reshape_and_cache(k, v, kc, vc, slots)
+    torch.cuda.synchronize()
+    for t, s in enumerate(slots.tolist()):
+        if 0 <= s < nb * bs:
+            k0[s // bs, s % bs], v0[s // bs, s % bs] = k[t], v[t]
+    assert torch.equal(kc, k0) and torch.equal(vc, v0)
+
+
+def test_graph_replay_matches_eager(A):
+    import vkc_runtime
+    Hq, Hkv, D, bs = 24, 4, 256, 16
+    lens = [17, 300, 4097, 1]
+    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    B = len(lens)
+    q, gt = rnd(B, Hq, D), rnd(B, Hq, 2, D)[:, :, 1]
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ws = A.decode_workspace(B, Hq, D, 32)
+    cap = bt.shape[1] * bs
+    eager = torch.empty(B, Hq, D, dtype=torch.bfloat16, device="cuda")
+    graph_out = torch.full_like(eager, float("nan"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gt, out=eager, workspace=ws, max_seq_len=cap, stream=s.cuda_stream)
+    s.synchronize()
+    g = vkc_runtime.Graph()
+    with g.capture(s.cuda_stream):
+        A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gt, out=graph_out, workspace=ws, max_seq_len=cap,
+                 stream=s.cuda_stream)
+    g.replay(s.cuda_stream)
+    s.synchronize()
+    assert torch.equal(eager, graph_out)
+
+
+def test_validation_errors(A):
+    kc, vc, bt = make_paged([16], 2, 256, 16)
+    q = rnd(1, 5, 256)  # 5 q heads vs 2 kv heads
+    with pytest.raises(A.OpError):
+        A.decode(q, kc, vc, bt, torch.tensor([16], dtype=torch.int32, device="cuda"), 0.1)
+    kc2 = rnd(4, 16, 2, 96)
+    with pytest.raises(A.OpError):
+        A.decode(rnd(1, 4, 96), kc2, kc2.clone(), bt, torch.tensor([16], dtype=torch.int32, device="cuda"), 0.1)
+    with pytest.raises(A.OpError):
+        A.decode(rnd(1, 4, 256), kc, vc, bt, torch.tensor([16], dtype=torch.int32, device="cuda"), 0.1,
+                 max_seq_len=10**6)

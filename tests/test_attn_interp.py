@@ -1,0 +1,297 @@
+"""CPU tests of kernels_src/attn through Triton's interpreter (TRITON_INTERPRET=1, set by tests/conftest.py)
+against the float64 references in tests/refs_attn.py, plus spec/ABI checks and the runtime's split
+heuristic. Real D=128/256 specs with tiny token counts; the paged caches are shuffled, every slot the
+kernels must not read holds NaN, outputs and decode scratch start as NaN."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _p in (os.path.join(ROOT, "aot"), os.path.join(ROOT, "runtime"), ROOT, os.path.dirname(os.path.abspath(__file__))):
+    if _p not in sys.path:
+        sys.path.append(_p)
+
+import refs_attn as R  # noqa: E402
+
+FAMILY_DIR = os.path.join(ROOT, "kernels_src", "attn")
+SOURCES = ("cache.py", "prefill.py", "decode.py")
+TOL = 1e-2
+
+
+def _interpreter_active() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    import triton.language.standard as std
+    return isinstance(std.sum, InterpretedFunction)
+
+
+pytestmark = pytest.mark.skipif(not _interpreter_active(), reason="needs TRITON_INTERPRET=1 before triton import")
+
+
+def _load_specs():
+    spec = importlib.util.spec_from_file_location("_vkc_attn_spec_under_test", os.path.join(FAMILY_DIR, "spec.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.SPECS
+
+
+def _patch_interpreter_bf16_dot():
+    """Triton 3.9's interpreter keeps bf16 tensors as raw uint16 bits and its tl.dot multiplies those bits
+    (only fp8 operands are converted first). Widen bf16 operands to float32 (exact) before the matmul, as
+    the GPU's bf16 MMA with fp32 accumulation does. Only the interpreter is touched."""
+    from triton.runtime import interpreter as I
+    tl = triton.language
+    if getattr(I.InterpreterBuilder.create_dot, "_vkc_bf16", False):
+        return
+    orig = I.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def widen(h):
+            if getattr(h.dtype, "scalar", h.dtype) == tl.bfloat16:
+                bits = np.asarray(h.data).astype(np.uint32) << np.uint32(16)
+                return I.TensorHandle(bits.view(np.float32), tl.float32)
+            return h
+        return orig(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot._vkc_bf16 = True
+    I.InterpreterBuilder.create_dot = create_dot
+
+
+@pytest.fixture(scope="module")
+def K():
+    _patch_interpreter_bf16_dot()
+    mods = {src: importlib.import_module(f"kernels_src.attn.{src[:-3]}") for src in SOURCES}
+    return SimpleNamespace(mods=mods, specs={s.name: s for s in _load_specs()})
+
+
+def cfg(K, name, arch=None):
+    s = K.specs[name]
+    return dict(s.for_arch(arch).constexprs) if arch else dict(s.constexprs)
+
+
+def launch(K, name, grid, *args, arch=None):
+    s = K.specs[name]
+    assert len(args) == len(s.args), f"{name}: {len(args)} args given, spec has {len(s.args)}"
+    getattr(K.mods[s.source], s.entry)[grid](*args, **cfg(K, name, arch))
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def rnd(g, *shape, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+
+def np64(t):
+    return t.float().numpy().astype(np.float64)
+
+
+def make_paged(g, lens, Hkv, D, bs, extra_cols=1):
+    """Shuffled paged caches holding random rows 0..L-1 of each sequence; everything else NaN. The block
+    table has extra columns past each sequence's blocks holding out-of-range ids (never to be used)."""
+    nblk = [cdiv(L, bs) for L in lens]
+    num_blocks = sum(nblk) + 3
+    perm = torch.randperm(num_blocks, generator=g)
+    width = max(max(nblk), 1) + extra_cols
+    bt = torch.full((len(lens), width), 10**6, dtype=torch.int32)
+    kc = torch.full((num_blocks, bs, Hkv, D), float("nan"), dtype=torch.bfloat16)
+    vc = torch.full_like(kc, float("nan"))
+    used = 0
+    for i, L in enumerate(lens):
+        ids = perm[used:used + nblk[i]]
+        used += nblk[i]
+        bt[i, :nblk[i]] = ids.to(torch.int32)
+        for n in range(L):
+            kc[ids[n // bs], n % bs] = rnd(g, Hkv, D)
+            vc[ids[n // bs], n % bs] = rnd(g, Hkv, D)
+    return kc, vc, bt
+
+
+def check(out, ref, what):
+    o = np64(out)
+    assert np.isfinite(o).all(), f"{what}: {np.count_nonzero(~np.isfinite(o))} non-finite elements"
+    err = R.rel_err(o, ref)
+    assert err < TOL, f"{what}: relative error {err:.3e}"
+    return err
+
+
+# --------------------------------------------------------------------------------------------- specs
+
+def test_spec_args_match_kernel_signatures(K):
+    for s in K.specs.values():
+        fn = getattr(K.mods[s.source], s.entry)
+        params = list(inspect.signature(fn.fn).parameters)
+        runtime = [p for p in params if p not in s.constexprs]
+        assert runtime == [a.name for a in s.args], s.name
+        for arch in s.archs:
+            assert set(s.for_arch(arch).constexprs) == set(params) - set(runtime), (s.name, arch)
+
+
+def test_spec_count_is_reasonable(K):
+    assert len(K.specs) <= 16
+
+
+# ------------------------------------------------------------------------------------ reshape_and_cache
+
+@pytest.mark.parametrize("bs,variant", [(16, "a16"), (64, "any")])
+def test_reshape_and_cache(K, bs, variant):
+    g = torch.Generator().manual_seed(1)
+    T, Hkv, D, nb = 7, 2, 128, 3
+    k, v = rnd(g, T, Hkv, D), rnd(g, T, Hkv, D)
+    kc, vc = rnd(g, nb, bs, Hkv, D), rnd(g, nb, bs, Hkv, D)
+    slots = torch.tensor([5, -1, bs + 3, nb * bs - 1, nb * bs, 2 * bs, 0], dtype=torch.int32)
+    rk, rv = R.reshape_and_cache(k.numpy() if False else np64(k), np64(v), np64(kc), np64(vc), slots.numpy())
+    N = Hkv * D
+    blk = cfg(K, f"reshape_and_cache.{variant}")["BLOCK"]
+    launch(K, f"reshape_and_cache.{variant}", (T, cdiv(N, blk)), k, v, kc, vc, slots,
+           Hkv * D, Hkv * D, bs * Hkv * D, Hkv * D, bs, N, nb * bs)
+    assert np.array_equal(np64(kc), rk) and np.array_equal(np64(vc), rv)
+
+
+# --------------------------------------------------------------------------------------------- prefill
+
+def run_prefill(K, name, q, kc, vc, bt, cu, seq_lens, scale, gate=None, arch=None):
+    T, Hq, D = q.shape
+    Hkv, bs = kc.shape[2], kc.shape[1]
+    N = len(seq_lens)
+    BM = cfg(K, name, arch)["BLOCK_M"]
+    n_mb = cdiv(T, BM) + N
+    o = torch.full((T, Hq, D), float("nan"), dtype=torch.bfloat16)
+    gp, sgt, sgh = (gate, gate.stride(0), gate.stride(1)) if gate is not None else (q, 0, 0)
+    launch(K, name, (Hq * n_mb,), q, kc, vc, o, gp, bt, cu, seq_lens, scale, N, Hq, Hq // Hkv, n_mb,
+           q.stride(0), q.stride(1), o.stride(0), o.stride(1), sgt, sgh,
+           kc.stride(0), kc.stride(1), kc.stride(2), bt.stride(0), bs, bt.shape[1], kc.shape[0], arch=arch)
+    return o
+
+
+# (q_lens, prefix lengths): lengths 1, 15, 16, 17 with and without a cached prefix
+PREFILL_CASES = [
+    ([1, 15, 16, 17], [0, 0, 0, 0]),
+    ([3, 17, 1], [13, 16, 30]),
+]
+
+
+@pytest.mark.parametrize("D,Hq,Hkv,gate,arch", [
+    (128, 4, 2, False, None),
+    (256, 6, 1, True, None),
+    (256, 4, 2, False, "sm_86"),
+    (128, 6, 1, True, "sm_80"),
+])
+@pytest.mark.parametrize("case", range(len(PREFILL_CASES)))
+def test_prefill(K, D, Hq, Hkv, gate, arch, case):
+    q_lens, prefix = PREFILL_CASES[case]
+    g = torch.Generator().manual_seed(10 * D + case + Hq)
+    lens = [a + b for a, b in zip(q_lens, prefix)]
+    kc, vc, bt = make_paged(g, lens, Hkv, D, 16)
+    T = sum(q_lens)
+    q = rnd(g, T, Hq, D)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+    sl = torch.tensor(lens, dtype=torch.int32)
+    gt = None
+    if gate:
+        qg = rnd(g, T, Hq, 2, D)  # interleaved [query | gate] per head, gate read in place
+        gt = qg[:, :, 1]
+    scale = D ** -0.5
+    name = f"prefill.d{D}.{'gate' if gate else 'nogate'}"
+    o = run_prefill(K, name, q, kc, vc, bt, cu, sl, scale, gt, arch)
+    ref = R.prefill(np64(q), np64(kc), np64(vc), bt.numpy(), cu.numpy(), lens, scale,
+                    None if gt is None else np64(gt))
+    check(o, ref, f"{name} {arch} {q_lens}/{prefix}")
+
+
+def test_prefill_empty_sequence_and_long_chunk(K):
+    """An empty sequence in the batch and a chunk spanning several m-blocks and key tiles."""
+    g = torch.Generator().manual_seed(7)
+    D, Hq, Hkv = 128, 2, 1
+    q_lens, prefix = [0, 40, 2], [5, 33, 0]
+    lens = [a + b for a, b in zip(q_lens, prefix)]
+    kc, vc, bt = make_paged(g, lens, Hkv, D, 16)
+    T = sum(q_lens)
+    q = rnd(g, T, Hq, D)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+    o = run_prefill(K, "prefill.d128.nogate", q, kc, vc, bt, cu, torch.tensor(lens, dtype=torch.int32), 0.1,
+                    arch="sm_86")  # 64 x 64 tiles: two key tiles, one masked
+    ref = R.prefill(np64(q), np64(kc), np64(vc), bt.numpy(), cu.numpy(), lens, 0.1)
+    check(o, ref, "prefill empty+long")
+
+
+# ---------------------------------------------------------------------------------------------- decode
+
+def run_decode(K, D, q, kc, vc, bt, sl, scale, num_splits, gate=None, arch=None):
+    B, Hq, _ = q.shape
+    Hkv, bs = kc.shape[2], kc.shape[1]
+    part_o = torch.full((B, Hq, num_splits, D), float("nan"), dtype=torch.float32)
+    part_lse = torch.full((B, Hq, num_splits), float("nan"), dtype=torch.float32)
+    launch(K, f"decode_split.d{D}", (B * Hkv * num_splits,), q, kc, vc, bt, sl, part_o, part_lse,
+           scale, Hkv, Hq // Hkv, num_splits, q.stride(0), q.stride(1),
+           kc.stride(0), kc.stride(1), kc.stride(2), bt.stride(0), bs, bt.shape[1], kc.shape[0], arch=arch)
+    o = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
+    gp, sgb, sgh = (gate, gate.stride(0), gate.stride(1)) if gate is not None else (q, 0, 0)
+    name = f"decode_combine.d{D}.{'gate' if gate is not None else 'nogate'}"
+    launch(K, name, (B * Hq,), part_o, part_lse, o, gp, Hq, num_splits, o.stride(0), o.stride(1), sgb, sgh, arch=arch)
+    return o
+
+
+@pytest.mark.parametrize("D,Hq,Hkv,splits,gate,arch", [
+    (256, 6, 1, 1, False, None),
+    (256, 6, 1, 3, True, None),
+    (128, 4, 2, 5, False, None),
+    (256, 4, 2, 2, True, "sm_86"),
+    (128, 8, 1, 20, False, None),  # more splits than key tiles: empty splits
+])
+def test_decode(K, D, Hq, Hkv, splits, gate, arch):
+    g = torch.Generator().manual_seed(D + splits + Hq)
+    lens = [1, 15, 16, 17, 0, 130]
+    kc, vc, bt = make_paged(g, lens, Hkv, D, 16)
+    B = len(lens)
+    q = rnd(g, B, Hq, D)
+    sl = torch.tensor(lens, dtype=torch.int32)
+    gt = rnd(g, B, Hq, 2, D)[:, :, 1] if gate else None
+    o = run_decode(K, D, q, kc, vc, bt, sl, D ** -0.5, splits, gt, arch)
+    ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, D ** -0.5, None if gt is None else np64(gt))
+    check(o, ref, f"decode D={D} {Hq}/{Hkv} splits={splits}")
+    assert torch.all(o[4] == 0), "an empty sequence decodes to zeros"
+
+
+def test_decode_bad_block_ids_stay_in_bounds(K):
+    """Block ids past num_blocks and lengths past the table width never read outside the cache."""
+    g = torch.Generator().manual_seed(3)
+    D, Hq, Hkv = 128, 2, 1
+    kc, vc, bt = make_paged(g, [20, 20], Hkv, D, 16, extra_cols=0)
+    bt[1, 1] = 10**6  # second block of sequence 1 is garbage -> its keys are skipped
+    q = rnd(g, 2, Hq, D)
+    sl = torch.tensor([20 + 1000, 20], dtype=torch.int32)  # seq 0 claims more than its table holds
+    o = run_decode(K, D, q, kc, vc, bt, sl, 0.1, 2)
+    assert np.isfinite(np64(o)).all()
+    ref0 = R.decode(np64(q[:1]), np64(kc), np64(vc), bt.numpy()[:1], [32], 0.1)  # clamped to 2 blocks
+    # seq 0: first 20 keys are real rows, keys 20..31 are NaN slots in its last block -> the clamp reaches
+    # unwritten slots; only check seq 1 exactly (16 valid keys), and that nothing became NaN.
+    ref1 = R.decode(np64(q[1:]), np64(kc), np64(vc), bt.numpy()[1:], [16], 0.1)
+    check(o[1:], ref1, "decode skipped bad block")
+    del ref0
+
+
+# ------------------------------------------------------------------------------------ split heuristic
+
+def test_split_heuristic():
+    from vkc_runtime.ops import attention as A
+    # big batch fills the GPU without splitting
+    assert A.num_splits_for(256, 4, 32768, 132, max_splits=64) >= 1
+    assert A.num_splits_for(256, 4, 512, 132, max_splits=64) == 1
+    # single sequence, long context: split up to the cap, each split >= MIN_KEYS_PER_SPLIT keys
+    s = A.num_splits_for(1, 4, 32768, 132, max_splits=64)
+    assert 16 <= s <= 64 and 32768 / s >= A.MIN_KEYS_PER_SPLIT
+    assert A.num_splits_for(1, 4, 100, 132, max_splits=64) == 1
+    assert A.num_splits_for(64, 4, 4096, 132, max_splits=64) >= 2
+    assert A.num_splits_for(4, 2, 10**6, 132, max_splits=8) == 8
