@@ -4,7 +4,7 @@
 #   apart from the source tree, runs `vkc doctor`, the GPU tests and the benchmarks, and writes to $OUT:
 #   env.txt (device, import, doctor), build.log, gpu-tests.log and results.json (every benchmark's JSON,
 #   keyed by name; split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
-#   usage: bash tools/gpu/run.sh [all|tests|bench|tune] [pytest -k expression]
+#   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|bench|tune] [pytest -k expression]
 set -uo pipefail
 WHAT=${1:-all}
 KEXPR=${2:-}
@@ -16,6 +16,21 @@ REPO=$(pwd)
 SITE=/tmp/vkc-site
 ENV_TXT="$OUT/env.txt"
 rc=0
+merge() {  # every result so far -> $OUT/results.json (so a run cut short still returns what it measured)
+python3 - "$WORK" "$OUT/results.json" <<'PY'
+import json, pathlib, sys
+work, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+res = {}
+for f in sorted(work.iterdir()):
+    txt = f.read_text()
+    try:
+        res[f.name] = json.loads(txt)
+    except ValueError:
+        res[f.name] = [json.loads(l) for l in txt.splitlines() if l.strip()] if f.suffix == ".jsonl" else txt
+out.write_text(json.dumps(res, indent=1))
+print("results.json:", ", ".join(res))
+PY
+}
 
 echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$ENV_TXT"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$ENV_TXT"
@@ -56,13 +71,15 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
     ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
+  merge > /dev/null
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   echo "== benchmarks"
-  for b in launch coldstart norm gdn gdn_decode attn; do
+  for b in ${BENCHES:-gdn gdn_decode attn norm launch coldstart}; do
     [ -f "benchmarks/bench_$b.py" ] || continue
     echo "-- bench_$b"
-    timeout 300 python3 "benchmarks/bench_$b.py" "$WORK/$b.json" 2>&1 | tail -45 || rc=1
+    timeout "${BENCH_TIMEOUT:-240}" python3 "benchmarks/bench_$b.py" "$WORK/$b.json" 2>&1 | tail -45 || rc=1
+    merge > /dev/null
   done
 fi
 if [ "$WHAT" = tune ]; then
@@ -72,17 +89,5 @@ if [ "$WHAT" = tune ]; then
     python3 -m vkc.cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$WORK/tune_$fam.json" 2>&1 | tail -20 || rc=1
   done
 fi
-python3 - "$WORK" "$OUT/results.json" <<'PY'
-import json, pathlib, sys
-work, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-res = {}
-for f in sorted(work.iterdir()):
-    txt = f.read_text()
-    try:
-        res[f.name] = json.loads(txt)
-    except ValueError:
-        res[f.name] = [json.loads(l) for l in txt.splitlines() if l.strip()] if f.suffix == ".jsonl" else txt
-out.write_text(json.dumps(res, indent=1))
-print("results.json:", ", ".join(res))
-PY
+merge
 exit $rc
