@@ -67,7 +67,7 @@ python3 -m vkc.cli doctor 2>&1 | tee -a "$ENV_TXT"; echo "doctor rc=${PIPESTATUS
 
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   echo "== GPU tests"
-  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" timeout 420 python3 -m pytest -v -rs -p no:cacheprovider tests/gpu \
+  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -v -rs -p no:cacheprovider tests/gpu \
     ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
