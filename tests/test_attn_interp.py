@@ -45,31 +45,8 @@ def _load_specs():
     return mod.SPECS
 
 
-def _patch_interpreter_bf16_dot():
-    """Triton 3.9's interpreter keeps bf16 tensors as raw uint16 bits and its tl.dot multiplies those bits
-    (only fp8 operands are converted first). Widen bf16 operands to float32 (exact) before the matmul, as
-    the GPU's bf16 MMA with fp32 accumulation does. Only the interpreter is touched."""
-    from triton.runtime import interpreter as I
-    tl = triton.language
-    if getattr(I.InterpreterBuilder.create_dot, "_vkc_bf16", False):
-        return
-    orig = I.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        def widen(h):
-            if getattr(h.dtype, "scalar", h.dtype) == tl.bfloat16:
-                bits = np.asarray(h.data).astype(np.uint32) << np.uint32(16)
-                return I.TensorHandle(bits.view(np.float32), tl.float32)
-            return h
-        return orig(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    create_dot._vkc_bf16 = True
-    I.InterpreterBuilder.create_dot = create_dot
-
-
 @pytest.fixture(scope="module")
 def K():
-    _patch_interpreter_bf16_dot()
     mods = {src: importlib.import_module(f"kernels_src.attn.{src[:-3]}") for src in SOURCES}
     return SimpleNamespace(mods=mods, specs={s.name: s for s in _load_specs()})
 

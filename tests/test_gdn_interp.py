@@ -40,44 +40,6 @@ def _interpreter_active() -> bool:
 INTERP = _interpreter_active()
 
 
-def _patch_interpreter_bf16_dot() -> None:
-    """Triton 3.9's interpreter stores bf16 as uint16 bits and its create_dot multiplies those bits as
-    integers (tl.dot of two bf16 tensors returns garbage on CPU). Widen bf16 operands to fp32 first (exact),
-    which is what the tensor cores compute (bf16 products, fp32 accumulation). Kernels are unchanged."""
-    from triton.runtime import interpreter as I
-    if getattr(I.InterpreterBuilder.create_dot, "_vkc_bf16_fix", False):
-        return
-    orig = I.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        def widen(x):
-            if x.dtype.scalar == tl.bfloat16:
-                return I.TensorHandle(I._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32),
-                                      tl.float32)
-            return x
-        return orig(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    create_dot._vkc_bf16_fix = True
-    I.InterpreterBuilder.create_dot = create_dot
-
-    # fp32 -> bf16 casts truncate in the interpreter; the GPU (cvt.rn.bf16.f32) rounds to nearest even.
-    orig_cast = I.InterpreterBuilder.cast_impl
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            f = np.ascontiguousarray(src.data.astype(np.float32))
-            u = f.view(np.uint32).astype(np.uint64)
-            bits = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF).astype(np.uint16)
-            bits = np.where(np.isnan(f), np.uint16(0x7FC0), bits)
-            return I.TensorHandle(bits, tl.bfloat16)
-        return orig_cast(self, src, dst_type)
-
-    I.InterpreterBuilder.cast_impl = cast_impl
-
-
-if INTERP:
-    import triton.language as tl
-    _patch_interpreter_bf16_dot()
 DEV = "cpu" if INTERP else os.environ.get("VKC_NORM_TEST_DEVICE", "cuda")
 
 
@@ -207,7 +169,6 @@ def test_chunk_index(K):
 def test_prep(K):
     hk, hv = 2, 4
     qkv, a, b, A_log, dt, cu = make_inputs(1, [5, 70], hk, hv)
-    T, N, mc = 75, 2, 75 // 64 + 2
     _, ws = run_chunked(K, qkv, a, b, A_log, dt, cu, hk, hv)
     q, k, v, g, beta = refs_gdn.prep(np64(qkv), np64(a), np64(b), np64(A_log), np64(dt), hk, hv)
     check(ws["qn"], q, 5e-3, "q")
@@ -224,7 +185,6 @@ LENS = [1, 5, 63, 64, 65, 130]
 def test_chunked_prefill_varlen_grouped(K, with_state):
     hk, hv = 2, 4
     qkv, a, b, A_log, dt, cu = make_inputs(7 + with_state, LENS, hk, hv)
-    N = len(LENS)
     state = slot = None
     if with_state:
         g = torch.Generator().manual_seed(3)

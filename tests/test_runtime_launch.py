@@ -378,7 +378,7 @@ def test_scratch_pool_sizing_growth_and_capture():
     p = pool.get(1000, 128, stream=5)
     assert allocs == [1000] and p % 128 == 0
     assert pool.get(800, 128, stream=5) == p and allocs == [1000]  # fits: reused
-    p2 = pool.get(3000, 128, stream=5)  # grows to max(need, 2*old)
+    pool.get(3000, 128, stream=5)  # grows to max(need, 2*old)
     assert allocs == [1000, 3000] and frees == [p] and syncs == [5]
     pool.get(3100, 128, stream=5)
     assert allocs[-1] == 6000  # doubling

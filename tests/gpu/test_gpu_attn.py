@@ -4,7 +4,6 @@ epilogue, poisoned outputs/scratch/unused cache slots, graph replay == eager. Re
 de-paged K/V in torch (== float64 numpy within bf16 noise); relative errors are printed (pytest -s)."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest

@@ -1,0 +1,42 @@
+"""Two Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session
+(kernels are unchanged; only `triton.runtime.interpreter` is touched, and only under TRITON_INTERPRET=1):
+
+1. bf16 tensors are kept as raw uint16 bits and `tl.dot` multiplies those bits as integers. Widen bf16
+   operands to fp32 (exact) first: bf16 products with fp32 accumulation, as the tensor cores compute.
+2. fp32 -> bf16 casts truncate; the GPU (`cvt.rn.bf16.f32`) rounds to nearest even.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def apply() -> None:
+    import triton.language as tl
+    from triton.runtime import interpreter as I
+
+    if getattr(I.InterpreterBuilder.create_dot, "_vkc_fixed", False):
+        return
+    orig_dot = I.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def widen(h):
+            if getattr(h.dtype, "scalar", h.dtype) == tl.bfloat16:
+                bits = np.asarray(h.data).astype(np.uint32) << np.uint32(16)
+                return I.TensorHandle(bits.view(np.float32), tl.float32)
+            return h
+        return orig_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    orig_cast = I.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            f = np.ascontiguousarray(np.asarray(src.data).astype(np.float32))
+            u = f.view(np.uint32).astype(np.uint64)
+            bits = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF).astype(np.uint16)
+            bits = np.where(np.isnan(f), np.uint16(0x7FC0), bits)
+            return I.TensorHandle(bits, tl.bfloat16)
+        return orig_cast(self, src, dst_type)
+
+    create_dot._vkc_fixed = True
+    I.InterpreterBuilder.create_dot = create_dot
+    I.InterpreterBuilder.cast_impl = cast_impl
