@@ -62,6 +62,38 @@ def vkc_graph_ms(call, reps=30, inner=5):
     return statistics.median(ts)
 
 
+def stage_ms(call, reps=10):
+    """Per-kernel device time inside one op call: every launch is bracketed by CUDA events on its stream
+    (G.get_kernel is wrapped for the measurement only). Returns {base: median ms}."""
+    orig = G.get_kernel
+    log = []
+
+    class Timed:
+        def __init__(self, k):
+            self.k, self.base, self.constexprs = k, k.base, k.constexprs
+
+        def launch(self, grid, args, stream=0):
+            s = torch.cuda.ExternalStream(stream) if stream else torch.cuda.default_stream()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(s)
+            self.k.launch(grid, args, stream)
+            b.record(s)
+            log.append((self.base, a, b))
+
+    G.get_kernel = lambda base: Timed(orig(base))
+    try:
+        per: dict[str, list[float]] = {}
+        for _ in range(reps):
+            log.clear()
+            call()
+            torch.cuda.synchronize()
+            for base, a, b in log:
+                per.setdefault(base, []).append(a.elapsed_time(b))
+    finally:
+        G.get_kernel = orig
+    return {b: statistics.median(v) for b, v in per.items()}
+
+
 def make(lens, hk, hv, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     T = int(sum(lens))
@@ -129,6 +161,11 @@ def main(out_path):
                    "workspace_mb": ws.nbytes / 1e6}
             row["vkc_graph_ms"] = vkc_graph_ms(call)
             row["vkc_eager_ms"] = events_ms(call)
+            try:
+                row["vkc_stage_ms"] = stage_ms(call)
+            except Exception as e:  # the breakdown is diagnostic: never lose the row for it
+                row["vkc_stage_ms"] = {}
+                row["vkc_stage_error"] = f"{type(e).__name__}: {e}"
             if have_fla:
                 try:
                     run, mode = fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, torch.zeros(N, hv, DK, DV, device="cuda"))
@@ -155,7 +192,7 @@ def main(out_path):
         fl_s = f"{fl:.3f}" if fl else "-"
         sp_s = f"{sp:.2f}" if sp else "-"
         print(f"{r['heads']:<7}{r['case']:<14}{r['tokens']:>7}{r['vkc_graph_ms']:>14.3f}{r['vkc_eager_ms']:>14.3f}"
-              f"{fl_s:>10}{sp_s:>8}")
+              f"{fl_s:>10}{sp_s:>8}   " + " ".join(f"{b.split('.', 1)[1]}={t:.3f}" for b, t in r["vkc_stage_ms"].items()))
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "gdn_bench.json")
