@@ -8,7 +8,6 @@ import importlib
 import importlib.util
 import inspect
 import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,37 +17,26 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (os.path.join(ROOT, "aot"), os.path.join(ROOT, "runtime"), ROOT, os.path.dirname(os.path.abspath(__file__))):
-    if _p not in sys.path:
-        sys.path.append(_p)
 
-import refs_attn as R  # noqa: E402
+from tests.kernel_testing import device, np64, specs  # noqa: E402
+from tests import refs_attn as R  # noqa: E402
 
 FAMILY_DIR = os.path.join(ROOT, "kernels_src", "attn")
 SOURCES = ("cache.py", "prefill.py", "decode.py")
 TOL = 1e-2
 
 
-def _interpreter_active() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    import triton.language.standard as std
-    return isinstance(std.sum, InterpretedFunction)
 
 
-pytestmark = pytest.mark.skipif(not _interpreter_active(), reason="needs TRITON_INTERPRET=1 before triton import")
+DEV = device()
 
 
-def _load_specs():
-    spec = importlib.util.spec_from_file_location("_vkc_attn_spec_under_test", os.path.join(FAMILY_DIR, "spec.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.SPECS
 
 
 @pytest.fixture(scope="module")
 def K():
     mods = {src: importlib.import_module(f"kernels_src.attn.{src[:-3]}") for src in SOURCES}
-    return SimpleNamespace(mods=mods, specs={s.name: s for s in _load_specs()})
+    return SimpleNamespace(mods=mods, specs=specs("attn"))
 
 
 def cfg(K, name, arch=None):
@@ -68,10 +56,6 @@ def cdiv(a, b):
 
 def rnd(g, *shape, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
-
-
-def np64(t):
-    return t.float().numpy().astype(np.float64)
 
 
 def make_paged(g, lens, Hkv, D, bs, extra_cols=1):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,37 +20,24 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (os.path.join(ROOT, "aot"), os.path.join(ROOT, "runtime"), ROOT, os.path.dirname(os.path.abspath(__file__))):
-    if _p not in sys.path:
-        sys.path.append(_p)
 
-import refs_gdn_decode as R  # noqa: E402
-from refs import rel_err  # noqa: E402
+from tests.kernel_testing import device, interpreter_active, np64, specs  # noqa: E402
+from tests import refs_gdn_decode as R  # noqa: E402
+from tests.refs import rel_err  # noqa: E402
 
 
-def _interp() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    import triton.language.standard as std
-    return isinstance(std.sum, InterpretedFunction)
 
 
-INTERP = _interp()
-DEV = "cpu" if INTERP else os.environ.get("VKC_NORM_TEST_DEVICE")
-assert DEV is not None, "TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does it)"
+INTERP = interpreter_active()
+DEV = device()
 
 
-def _load_specs(family):
-    spec = importlib.util.spec_from_file_location(f"_vkc_{family}_spec_under_test",
-                                                  os.path.join(ROOT, "kernels_src", family, "spec.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return {s.name: s for s in mod.SPECS}
 
 
 @pytest.fixture(scope="module")
 def K():
     mod = importlib.import_module("kernels_src.conv.conv")
-    return SimpleNamespace(mod=mod, specs=_load_specs("conv"))
+    return SimpleNamespace(mod=mod, specs=specs("conv"))
 
 
 def launch(K, name, grid, *args):
@@ -64,8 +50,6 @@ def rnd(g, *shape, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(DEV)
 
 
-def np64(t):
-    return t.float().cpu().numpy().astype(np.float64)
 
 
 def check(out, ref, tol=1e-2, what="y"):

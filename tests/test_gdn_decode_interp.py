@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -16,34 +15,24 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (os.path.join(ROOT, "aot"), os.path.join(ROOT, "runtime"), ROOT, os.path.dirname(os.path.abspath(__file__))):
-    if _p not in sys.path:
-        sys.path.append(_p)
 
-import refs_gdn_decode as R  # noqa: E402
-from refs import rel_err  # noqa: E402
-
-
-def _interp() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    import triton.language.standard as std
-    return isinstance(std.sum, InterpretedFunction)
+from tests.kernel_testing import device, interpreter_active, np64  # noqa: E402
+from tests.kernel_testing import specs as load_specs  # noqa: E402
+from tests import refs_gdn_decode as R  # noqa: E402
+from tests.refs import rel_err  # noqa: E402
 
 
-INTERP = _interp()
-DEV = "cpu" if INTERP else os.environ.get("VKC_NORM_TEST_DEVICE")
-assert DEV is not None, "TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does it)"
+
+
+INTERP = interpreter_active()
+DEV = device()
 KD = VD = 128
 EPS = 1e-6
 
 
-@pytest.fixture(scope="module")
-def specs():
-    spec = importlib.util.spec_from_file_location("_vkc_gdn_decode_spec_under_test",
-                                                  os.path.join(ROOT, "kernels_src", "gdn_decode", "spec.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return {s.name: s for s in mod.SPECS}
+@pytest.fixture(scope="module", name="specs")
+def specs_fixture():
+    return load_specs("gdn_decode")
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +40,6 @@ def kmod():
     return importlib.import_module("kernels_src.gdn_decode.decode")
 
 
-def np64(t):
-    return t.float().cpu().numpy().astype(np.float64)
 
 
 def step(kmod, spec, qkv, a, b, A_log, dt_bias, state, slots, o, hk, hv):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,40 +19,29 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (os.path.join(ROOT, "aot"), os.path.join(ROOT, "runtime"), ROOT, os.path.dirname(os.path.abspath(__file__))):
-    if _p not in sys.path:
-        sys.path.append(_p)
 
-import refs_gdn  # noqa: E402
+from tests.kernel_testing import device, interpreter_active, np64, specs  # noqa: E402
+from tests import refs_gdn  # noqa: E402
 
 FAMILY_DIR = os.path.join(ROOT, "kernels_src", "gdn")
 DK = DV = 128
 BT = 64
 
 
-def _interpreter_active() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    import triton.language.standard as std
-    return isinstance(std.sum, InterpretedFunction)
 
 
-INTERP = _interpreter_active()
+INTERP = interpreter_active()
 
 
-DEV = "cpu" if INTERP else os.environ.get("VKC_NORM_TEST_DEVICE", "cuda")
+DEV = device()
 
 
-def _load_specs():
-    spec = importlib.util.spec_from_file_location("_vkc_gdn_spec_under_test", os.path.join(FAMILY_DIR, "spec.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.SPECS
 
 
 @pytest.fixture(scope="module")
 def K():
     mod = importlib.import_module("kernels_src.gdn.chunk")
-    return SimpleNamespace(mod=mod, specs={s.name: s for s in _load_specs()})
+    return SimpleNamespace(mod=mod, specs=specs("gdn"))
 
 
 def launch(K, name, grid, *args, arch="sm_90a"):
@@ -103,8 +91,6 @@ def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=N
     return o, ws
 
 
-def np64(t):
-    return t.float().cpu().numpy().astype(np.float64)
 
 
 def make_inputs(seed, lens, hk, hv, gate="normal"):

@@ -14,7 +14,6 @@ import importlib
 import importlib.util
 import inspect
 import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,35 +23,22 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_PATHS = (os.path.join(ROOT, "aot"), os.path.join(ROOT, "runtime"), ROOT, os.path.dirname(os.path.abspath(__file__)))
-for _p in _PATHS:
-    if _p not in sys.path:
-        sys.path.append(_p)
 
-import refs  # noqa: E402
+from tests.kernel_testing import device, interpreter_active, np64, specs  # noqa: E402
+from tests.kernel_testing import specs as load_norm_specs  # noqa: E402
+from tests import refs  # noqa: E402
 
 FAMILY_DIR = os.path.join(ROOT, "kernels_src", "norm")
 SOURCES = ("norm.py", "rope.py", "act.py", "embedding.py")
 EPS = 1e-6
 
 
-def _interpreter_active() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    import triton.language.standard as std
-    return isinstance(std.sum, InterpretedFunction)
 
 
-INTERP = _interpreter_active()
-DEV = "cpu" if INTERP else os.environ.get("VKC_NORM_TEST_DEVICE")
-# tests/conftest.py sets TRITON_INTERPRET=1 before anything imports triton, so DEV is "cpu" under pytest.
-assert DEV is not None, "TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does it)"
+INTERP = interpreter_active()
+DEV = device()
 
 
-def _load_specs():
-    spec = importlib.util.spec_from_file_location("_vkc_norm_spec_under_test", os.path.join(FAMILY_DIR, "spec.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.SPECS
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +49,7 @@ def K():
         from triton.runtime.interpreter import InterpretedFunction
         assert isinstance(mods["norm.py"].rmsnorm_kernel, InterpretedFunction), \
             "kernels_src.norm was imported before TRITON_INTERPRET=1 took effect"
-    return SimpleNamespace(mods=mods, specs={s.name: s for s in _load_specs()})
+    return SimpleNamespace(mods=mods, specs=specs("norm"))
 
 
 def launch(K, name, grid, *args):
@@ -97,8 +83,6 @@ def poisoned(rows, cols, stride):
     return buf, buf[:, :cols]
 
 
-def np64(t):
-    return t.float().cpu().numpy().astype(np.float64)
 
 
 def check(out, ref, tol=1e-2, what="out"):
@@ -292,7 +276,7 @@ def test_nan_fails_check():
 # ---------------------------------------------------------------------------------------- spec checks
 
 def test_specs_match_kernel_signatures(K):
-    specs = _load_specs()
+    specs = list(load_norm_specs("norm").values())
     assert 30 <= len(specs) <= 45
     names = [s.name for s in specs]
     assert len(set(names)) == len(names)

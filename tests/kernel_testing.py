@@ -1,0 +1,40 @@
+"""Shared plumbing of the kernel-semantics tests (tests/test_*_interp.py): interpreter detection, the device
+the kernels run on, specs by name (through vkc.discover, the one spec loader) and float64 views."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def interpreter_active() -> bool:
+    """Whether @triton.jit functions run in Triton's interpreter (TRITON_INTERPRET=1 before triton import;
+    tests/conftest.py sets it)."""
+    import triton.language.standard as std
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(std.sum, InterpretedFunction)
+
+
+def device() -> str:
+    """"cpu" under the interpreter; otherwise VKC_NORM_TEST_DEVICE (e.g. "cuda" to run the same tests through
+    the JIT on a GPU). Raises when neither is set: these tests must never silently skip."""
+    if interpreter_active():
+        return "cpu"
+    dev = os.environ.get("VKC_NORM_TEST_DEVICE")
+    if not dev:
+        raise RuntimeError("TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does it)")
+    return dev
+
+
+def specs(family: str) -> dict:
+    from vkc import discover
+
+    return {s.name: s for s in discover.load_specs(ROOT, family)}
+
+
+def np64(t) -> np.ndarray:
+    return t.float().cpu().numpy().astype(np.float64)
