@@ -3,12 +3,6 @@ import triton
 import triton.language as tl
 
 
-
-@triton.jit
-def sigmoid_f32(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
 @triton.jit
 def kv_rows(bt_row, offs_n, kvh, n_valid, block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch):
     """Element offsets (int64) of the cache rows of absolute key positions ``offs_n`` of one sequence.

@@ -17,7 +17,8 @@ times sigmoid(gate[b*stride_gb + h*stride_gh + d]).
 import triton
 import triton.language as tl
 
-from kernels_src.attn.common import kv_rows, sigmoid_f32
+from kernels_src.attn.common import kv_rows
+from kernels_src.common import sigmoid_f32
 
 
 @triton.jit

@@ -21,7 +21,8 @@ HAS_GATE: o *= sigmoid(gate[t*stride_gt + h*stride_gh + d]) (Qwen gated attentio
 import triton
 import triton.language as tl
 
-from kernels_src.attn.common import kv_rows, sigmoid_f32
+from kernels_src.attn.common import kv_rows
+from kernels_src.common import sigmoid_f32
 
 
 @triton.jit

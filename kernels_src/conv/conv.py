@@ -17,19 +17,7 @@ Grids:
 import triton
 import triton.language as tl
 
-
-
-@triton.jit
-def silu_f32(x):
-    # x * sigmoid(x) as one division; for x << 0 exp(-x) -> inf and the result is -0, never NaN
-    return x / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def floor16(n):
-    # n rounded down to a multiple of 16: equal to n where the caller checked n % 16 == 0, and Triton then
-    # knows the mask bound is a multiple of 16, so masked row loads/stores still vectorize
-    return (n // 16) * 16
+from kernels_src.common import floor16, silu_f32
 
 
 @triton.jit

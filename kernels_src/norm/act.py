@@ -7,7 +7,7 @@ Grids:
 import triton
 import triton.language as tl
 
-from kernels_src.norm.common import floor16, sigmoid_f32, silu_f32
+from kernels_src.common import floor16, sigmoid_f32, silu_f32
 
 
 @triton.jit

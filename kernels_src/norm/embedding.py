@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-from kernels_src.norm.common import floor16
+from kernels_src.common import floor16
 
 
 @triton.jit

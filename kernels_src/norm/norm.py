@@ -7,7 +7,7 @@ Grids (one program per row; row index cast to int64 before it meets a stride):
 import triton
 import triton.language as tl
 
-from kernels_src.norm.common import floor16, silu_f32
+from kernels_src.common import floor16, silu_f32
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Small @triton.jit helpers shared by the norm / activation / RoPE kernels (fp32 in, fp32 out)."""
+"""Small @triton.jit helpers shared by several kernel families (fp32 in, fp32 out)."""
 import triton
 import triton.language as tl
 
