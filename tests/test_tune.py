@@ -42,3 +42,12 @@ def test_apply_merges_and_mirrors(tmp_path):
     assert data["rmsnorm.b8192.a16"] == {"num_stages": 3, "num_warps": 4}
     assert data["rmsnorm.b8192.any"] == {"num_warps": 4}
     assert data["add_rmsnorm.b8192.any"] == {"num_warps": 8}
+
+
+def test_apply_with_fixed_knobs(tmp_path):
+    r = results()
+    for c in r.values():
+        c["candidate"]["fixed"] = {"num_stages": 2}
+    tune.apply(tmp_path, tune.choose(r))
+    data = json.loads((tmp_path / "kernels_src/norm/tuning/sm_90a.json").read_text())
+    assert data["rmsnorm.b8192.a16"] == {"num_stages": 2, "num_warps": 4}

@@ -144,13 +144,18 @@ def tune() -> None:
 @click.option("--values", required=True, help="comma-separated integers, e.g. 4,8,16")
 @click.option("--specs", required=True, help="comma-separated fnmatch patterns of spec names")
 @click.option("--out", required=True, type=click.Path(file_okay=False))
+@click.option("--set", "fixed", multiple=True, help="KNOB=VALUE held fixed in every candidate, e.g. num_stages=2")
 @click.option("--root", type=click.Path(file_okay=False), default=None)
-def tune_build(arch, family, knob, values, specs, out, root) -> None:
+def tune_build(arch, family, knob, values, specs, out, fixed, root) -> None:
     """Regenerate ARCH once per knob value into OUT/<knob><value>/ (candidates that spill are rejected)."""
     from vkc import tune as T  # noqa: PLC0415
 
+    fixed_d = {}
+    for item in fixed:
+        k, _, v = item.partition("=")
+        fixed_d[k] = int(v)
     made = T.build(_root(root), arch, family, knob, [int(v) for v in values.split(",")], specs.split(","),
-                   Path(out).resolve(), log=click.echo)
+                   Path(out).resolve(), log=click.echo, fixed=fixed_d)
     if not made:
         click.echo("vkc tune build: no candidate compiled", err=True)
         sys.exit(1)

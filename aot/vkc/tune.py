@@ -37,7 +37,8 @@ def _layer(knob: str, value: int) -> dict[str, Any]:
 
 
 def build(root: Path, arch: str, family: str, knob: str, values: list[int], patterns: list[str], out: Path,
-          log: Callable[[str], None] = print) -> list[Path]:
+          log: Callable[[str], None] = print, fixed: dict[str, int] | None = None) -> list[Path]:
+    """``fixed``: other knobs set to one value in every candidate (e.g. {"num_stages": 2} while BLOCK_M varies)."""
     names = [s.name for s in discover.load_specs(root, family)]
     chosen = [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns)]
     if not chosen:
@@ -47,10 +48,12 @@ def build(root: Path, arch: str, family: str, knob: str, values: list[int], patt
     made = []
     for v in values:
         tuning = dict(base_tuning)
+        layers = [_layer(fk, fv) for fk, fv in (fixed or {}).items()] + [_layer(knob, v)]
         for n in chosen:
             merged = {**tuning.get(n, {})}
-            for k, val in _layer(knob, v).items():
-                merged[k] = {**merged.get(k, {}), **val} if isinstance(val, dict) else val
+            for layer in layers:
+                for k, val in layer.items():
+                    merged[k] = {**merged.get(k, {}), **val} if isinstance(val, dict) else val
             tuning[n] = merged
         with tempfile.TemporaryDirectory(prefix="vkc-tune-") as tmp:
             tree = Path(tmp) / "tree"
@@ -73,7 +76,8 @@ def build(root: Path, arch: str, family: str, knob: str, values: list[int], patt
             for f in (f"{arch}.json", "schema.json"):
                 shutil.copy2(tree / "manifests" / f, dst / "manifests" / f)
             (dst / "candidate.json").write_text(json.dumps(
-                {"arch": arch, "family": family, "knob": knob, "value": v, "specs": chosen}, indent=1) + "\n")
+                {"arch": arch, "family": family, "knob": knob, "value": v, "fixed": fixed or {}, "specs": chosen},
+                indent=1) + "\n")
             doc = json.loads((dst / "manifests" / f"{arch}.json").read_text())
             regs = {n: doc["kernels"][f"{family}.{n}"]["resources"]["registers"] for n in chosen}
             log(f"{knob}={v}: {dst} (registers {regs})")
@@ -108,6 +112,7 @@ def choose(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         best = min(full, key=lambda n: math.fsum(math.log(x) for x in full[n].values()))
         meta = results[best]["candidate"]
         out[spec] = {"family": meta["family"], "arch": meta["arch"], "knob": meta["knob"], "value": meta["value"],
+                     "fixed": meta.get("fixed", {}),
                      "candidate": best,
                      "geomean_us": {n: math.exp(math.fsum(math.log(x) for x in t.values()) / len(t))
                                     for n, t in sorted(full.items())}}
@@ -122,10 +127,12 @@ def apply(root: Path, choices: dict[str, dict[str, Any]], mirror: list[tuple[str
         path = root / discover.KERNELS_DIR / c["family"] / discover.TUNING_DIR / f"{c['arch']}.json"
         data = files.setdefault(path, json.loads(path.read_text()) if path.is_file() else {})
         names = [spec] + [spec[: -len(a)] + b for a, b in mirror if spec.endswith(a)]
+        layers = [_layer(fk, fv) for fk, fv in c.get("fixed", {}).items()] + [_layer(c["knob"], c["value"])]
         for n in names:
             entry = data.setdefault(n, {})
-            for k, v in _layer(c["knob"], c["value"]).items():
-                entry[k] = {**entry.get(k, {}), **v} if isinstance(v, dict) else v
+            for layer in layers:
+                for k, v in layer.items():
+                    entry[k] = {**entry.get(k, {}), **v} if isinstance(v, dict) else v
     for path, data in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
