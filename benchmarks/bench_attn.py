@@ -2,52 +2,53 @@
 the default SDPA dispatch for decode) on the same data, de-paged into contiguous [1|B, H, L, D] tensors.
 
 prefill: causal, one sequence whose cache holds exactly its T tokens, Hq/Hkv in {24/4, 16/2}, D 256;
-         TFLOPS = 4 * T^2 * D * Hq / 2 / time.
+         TFLOPS = 4 * T^2 * D * Hq / 2 / time. vkc is timed at block size 64 (the TMA kernel on sm_90a)
+         and 16 (the gather kernel, vkc_bs16_*).
 decode:  B in {1, 16, 64, 256} x context {512, 4096, 32768}, 24/4 x 256 (combos above ~40 GB of KV are
-         skipped); % of the HBM floor = K+V bytes / 4.26 TB/s / time.
+         skipped); % of the HBM floor = K+V bytes / 4.26 TB/s / time. Eager (events around single calls,
+         host cost included) and graph (10 calls in one CUDA graph: vkc_runtime.Graph / torch.cuda.CUDAGraph)
+         times for both.
 CUDA events, warm-up, median of repeats. Usage: python benchmarks/bench_attn.py OUT.json
 """
 from __future__ import annotations
 
 import json
-import statistics
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from vkc_runtime.launch import get_kernel
 from vkc_runtime.ops import attention as A
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
+
 HBM_TBS = 4.26
-BS = 16
+BS = 16  # decode block size
+PREFILL_BS = 64
 
 
 def time_ms(fn, reps=20, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    """Eager ms per call of fn() (events around single calls; host launch cost included)."""
+    return timing.events_ms(lambda i, st: fn(), inner=1, reps=reps, warm=warm)
 
 
-def paged(B, L, Hkv, D):
-    """Cache of B sequences of L tokens each, blocks shuffled; returns (kc, vc, bt, k, v contiguous [B, Hkv, L, D])."""
-    nblk = -(-L // BS)
+def paged(B, L, Hkv, D, bs=BS, dense=True):
+    """Cache of B sequences of L tokens each, blocks shuffled; returns (kc, vc, bt, k, v contiguous [B, Hkv, L, D])
+    (k, v are None when dense=False)."""
+    nblk = -(-L // bs)
     nb = B * nblk
-    kc = torch.randn(nb, BS, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(nb, bs, Hkv, D, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
     bt = torch.randperm(nb, device="cuda").to(torch.int32).view(B, nblk)
+    if not dense:
+        return kc, vc, bt, None, None
     n = torch.arange(L, device="cuda")
-    blk = bt[:, n // BS].long()  # [B, L]
-    k = kc[blk, n % BS].permute(0, 2, 1, 3).contiguous()
-    v = vc[blk, n % BS].permute(0, 2, 1, 3).contiguous()
+    blk = bt[:, n // bs].long()  # [B, L]
+    k = kc[blk, n % bs].permute(0, 2, 1, 3).contiguous()
+    v = vc[blk, n % bs].permute(0, 2, 1, 3).contiguous()
     return kc, vc, bt, k, v
 
 
@@ -74,15 +75,20 @@ def bench_prefill(rows):
     for Hq, Hkv in ((24, 4), (16, 2)):
         D = 256
         for T in (1024, 4096, 8192, 32768):
-            kc, vc, bt, k, v = paged(1, T, Hkv, D)
+            kc, vc, bt, k, v = paged(1, T, Hkv, D, PREFILL_BS)
             q = torch.randn(T, Hq, D, device="cuda", dtype=torch.bfloat16)
             cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
             sl = torch.tensor([T], dtype=torch.int32, device="cuda")
             out = torch.empty_like(q)
             flops = 4 * T * T * D * Hq / 2
-            r = {"kind": "prefill", "Hq": Hq, "Hkv": Hkv, "D": D, "T": T}
+            r = {"kind": "prefill", "Hq": Hq, "Hkv": Hkv, "D": D, "T": T, "block_size": PREFILL_BS,
+                 "tma": A.prefill_uses_tma(kc)}
             t = time_ms(lambda: A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, out=out, max_seqlen_q=T))
             r["vkc_ms"], r["vkc_tflops"] = t, flops / t / 1e9
+            kc16, vc16, bt16, _, _ = paged(1, T, Hkv, D, 16, dense=False)
+            t16 = time_ms(lambda: A.prefill(q, kc16, vc16, bt16, cu, sl, D ** -0.5, out=out, max_seqlen_q=T))
+            r["vkc_bs16_ms"], r["vkc_bs16_tflops"] = t16, flops / t16 / 1e9
+            del kc16, vc16
             qc = q.permute(1, 0, 2).unsqueeze(0).contiguous()
             for be in ("flash", "cudnn"):
                 fn, err = sdpa(be, qc, k, v, True, Hq, Hkv)
@@ -109,15 +115,21 @@ def bench_decode(rows):
             out = torch.empty_like(q)
             ws = A.decode_workspace(B, Hq, D, 64)
             r = {"kind": "decode", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "kv_bytes": kv_bytes}
-            t = time_ms(lambda: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L))
+            def dec(i, st):
+                A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L, stream=st)
+            t = time_ms(lambda: dec(0, None))
+            tg = timing.graph_ms(dec, vkc=True, inner=10)
             floor = kv_bytes / (HBM_TBS * 1e12) * 1e3
-            r.update(vkc_ms=t, floor_ms=floor, vkc_pct_floor=100 * floor / t)
+            r.update(vkc_ms=t, vkc_graph_ms=tg, floor_ms=floor, vkc_pct_floor=100 * floor / min(t, tg),
+                     splits=A.num_splits_for(B, Hkv, L, torch.cuda.get_device_properties(0).multi_processor_count,
+                                             ctas_per_sm=get_kernel(f"attn.decode_split.d{D}").max_active_blocks()))
             fn, err = sdpa("default", q.unsqueeze(2), k, v, False, Hq, Hkv)
             if fn is None:
                 r["sdpa_error"] = err
             else:
                 tb = time_ms(fn)
-                r.update(sdpa_ms=tb, x_sdpa=tb / t)
+                tbg = timing.graph_ms(lambda i, st: fn(), vkc=False, inner=10)
+                r.update(sdpa_ms=tb, sdpa_graph_ms=tbg, x_sdpa=tb / t, x_sdpa_graph=tbg / tg)
             rows.append(r)
             del kc, vc, k, v
             torch.cuda.empty_cache()
@@ -128,21 +140,27 @@ def main(path):
     rows = []
     bench_prefill(rows)
     bench_decode(rows)
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "hbm_tbs": HBM_TBS, "block_size": BS,
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "hbm_tbs": HBM_TBS, "decode_block_size": BS,
+           "prefill_block_size": PREFILL_BS,
            "note": "torch SDPA gets GQA by repeat_interleave of K/V outside the timed region", "rows": rows}
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"{'prefill':<8}{'Hq/Hkv':>8}{'T':>7}{'vkc ms':>9}{'TFLOPS':>8}{'flash':>8}{'cudnn':>8}{'x flash':>8}{'x cudnn':>8}")
+    print(f"{'prefill':<8}{'Hq/Hkv':>8}{'T':>7}{'vkc ms':>9}{'TFLOPS':>8}{'bs16':>8}{'flash':>8}{'cudnn':>8}"
+          f"{'x flash':>8}{'x cudnn':>8}")
     for r in rows:
         if r["kind"] == "prefill":
             print(f"{'':<8}{r['Hq']:>5}/{r['Hkv']:<2}{r['T']:>7}{r['vkc_ms']:>9.3f}{r['vkc_tflops']:>8.0f}"
+                  f"{r['vkc_bs16_tflops']:>8.0f}"
                   f"{r.get('flash_tflops', float('nan')):>8.0f}{r.get('cudnn_tflops', float('nan')):>8.0f}"
                   f"{r.get('x_flash', float('nan')):>8.2f}{r.get('x_cudnn', float('nan')):>8.2f}")
-    print(f"{'decode':<8}{'B':>5}{'L':>7}{'vkc ms':>9}{'floor':>8}{'% HBM':>7}{'sdpa ms':>9}{'x sdpa':>8}")
+    print(f"{'decode':<8}{'B':>5}{'L':>7}{'splits':>7}{'vkc ms':>9}{'graph':>8}{'floor':>8}{'% HBM':>7}{'sdpa ms':>9}"
+          f"{'graph':>8}{'x sdpa':>8}{'x graph':>8}")
     for r in rows:
         if r["kind"] == "decode":
-            print(f"{'':<8}{r['B']:>5}{r['L']:>7}{r['vkc_ms']:>9.3f}{r['floor_ms']:>8.3f}{r['vkc_pct_floor']:>7.1f}"
-                  f"{r.get('sdpa_ms', float('nan')):>9.3f}{r.get('x_sdpa', float('nan')):>8.2f}")
+            print(f"{'':<8}{r['B']:>5}{r['L']:>7}{r['splits']:>7}{r['vkc_ms']:>9.3f}{r['vkc_graph_ms']:>8.3f}"
+                  f"{r['floor_ms']:>8.3f}{r['vkc_pct_floor']:>7.1f}"
+                  f"{r.get('sdpa_ms', float('nan')):>9.3f}{r.get('sdpa_graph_ms', float('nan')):>8.3f}"
+                  f"{r.get('x_sdpa', float('nan')):>8.2f}{r.get('x_sdpa_graph', float('nan')):>8.2f}")
 
 
 if __name__ == "__main__":

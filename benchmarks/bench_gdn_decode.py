@@ -10,7 +10,7 @@ Usage: python benchmarks/bench_gdn_decode.py OUT.json
 from __future__ import annotations
 
 import json
-import statistics
+import os
 import sys
 import traceback
 
@@ -20,77 +20,16 @@ import vkc_runtime
 from vkc_runtime.ops import conv as CV
 from vkc_runtime.ops import gdn_decode as GD
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import events_ms, graph_ms  # noqa: E402
+
 HBM_TBS = 4.26
 L2_BYTES = 60e6
 D = 128
 
 
-def _events():
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-
-def eager_ms(fn, n_sets, inner=50, reps=20):
-    for i in range(2 * n_sets):
-        fn(i % n_sets)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = _events()
-        a.record()
-        for i in range(inner):
-            fn(i % n_sets)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
-
-
-def vkc_graph_ms(fn, n_sets, inner=50, reps=20):
-    """fn(i, stream) captured `inner` times in one vkc Graph on a side stream; replays timed with events."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(n_sets):
-            fn(i, s.cuda_stream)
-    torch.cuda.synchronize()
-    g = vkc_runtime.Graph()
-    with g.capture(s.cuda_stream):
-        for i in range(inner):
-            fn(i % n_sets, s.cuda_stream)
-    times = []
-    g.replay(s.cuda_stream)
-    for _ in range(reps):
-        a, b = _events()
-        a.record(s)
-        g.replay(s.cuda_stream)
-        b.record(s)
-        b.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
-
-
-def torch_graph_ms(fn, n_sets, inner=50, reps=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(n_sets):
-            fn(i)
-    torch.cuda.synchronize()
-    tg = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(tg, stream=s):
-        for i in range(inner):
-            fn(i % n_sets)
-    times = []
-    with torch.cuda.stream(s):
-        tg.replay()
-        for _ in range(reps):
-            a, b = _events()
-            a.record(s)
-            tg.replay()
-            b.record(s)
-            b.synchronize()
-            times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
+def vkc_graph_ms(fn, n_sets, inner=50):
+    return graph_ms(fn, vkc=True, n_sets=n_sets, inner=inner)
 
 
 def _fla():
@@ -128,7 +67,7 @@ def bench_decode(B, hk, hv, fla):
     def f_auto(i, stream=None):
         GD.recurrent_decode(qkv[i], a[i], b[i], A_log, dt_bias, pool, slots[i], hk, hv, out=out, stream=stream)
     row["vkc_graph_us"] = vkc_graph_ms(f_auto, n_sets) * 1e3
-    row["vkc_eager_us"] = eager_ms(lambda i: f_auto(i), n_sets) * 1e3
+    row["vkc_eager_us"] = events_ms(f_auto, n_sets=n_sets, inner=50, reps=20, warm=2) * 1e3
     row["vkc_pct_floor"] = 100 * row["floor_us"] / row["vkc_graph_us"]
     row["vkc_tbs"] = state_bytes / (row["vkc_graph_us"] * 1e-6) / 1e12
     if fla is not None:
@@ -144,13 +83,13 @@ def bench_decode(B, hk, hv, fla):
                 beta = torch.sigmoid(b[i].float()).view(B, 1, hv)
                 ins.append((q, k, v, gg, beta, pool[i * B:(i + 1) * B]))
 
-            def f_fla(i):
+            def f_fla(i, stream=None):
                 q, k, v, gg, beta, st = ins[i]
                 return fla(q, k, v, g=gg, beta=beta, scale=D ** -0.5, initial_state=st, output_final_state=True,
                            use_qk_l2norm_in_kernel=True)
-            row["fla_eager_us"] = eager_ms(f_fla, n_sets) * 1e3
+            row["fla_eager_us"] = events_ms(f_fla, n_sets=n_sets, inner=50, reps=20, warm=2) * 1e3
             try:
-                row["fla_graph_us"] = torch_graph_ms(f_fla, n_sets) * 1e3
+                row["fla_graph_us"] = graph_ms(f_fla, vkc=False, n_sets=n_sets, inner=50) * 1e3
             except Exception as e:
                 row["fla_graph_error"] = f"{type(e).__name__}: {e}"
             best = row.get("fla_graph_us", row["fla_eager_us"])
@@ -176,7 +115,7 @@ def bench_conv_update(B, C):
         CV.causal_conv1d_update(xs[i], w, pool, slots[i], out=y, stream=stream)
     t = vkc_graph_ms(f, n_sets)
     return {"op": "conv_update", "B": B, "C": C, "bytes": nbytes, "vkc_graph_us": t * 1e3,
-            "vkc_eager_us": eager_ms(lambda i: f(i), n_sets) * 1e3,
+            "vkc_eager_us": events_ms(f, n_sets=n_sets, inner=50, reps=20, warm=2) * 1e3,
             "vkc_tbs": nbytes / (t * 1e-3) / 1e12, "vkc_pct_hbm": 100 * nbytes / (t * 1e-3) / 1e12 / HBM_TBS}
 
 

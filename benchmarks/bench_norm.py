@@ -7,7 +7,7 @@ Usage: python benchmarks/bench_norm.py OUT.json
 from __future__ import annotations
 
 import json
-import statistics
+import os
 import sys
 
 import torch
@@ -15,6 +15,9 @@ import torch.nn.functional as F
 
 import vkc_runtime
 from vkc_runtime.ops import norm as N
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
 
 HBM_TBS = 4.26  # measured device-to-device copy ceiling (DESIGN.md section 8)
 L2_BYTES = 60e6
@@ -27,55 +30,15 @@ def _inner(sets):
 def time_ms(fn, sets, reps=30):
     """Eager: median ms per call over `reps` event-timed batches, cycling through the input sets (host
     launch overhead included: at small sizes this is what a Python caller sees)."""
-    inner = _inner(sets)
-    for i in range(3 * len(sets)):
-        fn(*sets[i % len(sets)][0])
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for i in range(inner):
-            fn(*sets[i % len(sets)][0])
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
+    return timing.events_ms(lambda i, st: fn(*sets[i][0]), n_sets=len(sets), inner=_inner(sets), reps=reps)
 
 
 def graph_ms(fn, sets, vkc: bool, reps=20):
     """Device time per call: `inner` calls captured in one CUDA graph (vkc_runtime.Graph for vkc,
     torch.cuda.CUDAGraph for torch) on a side stream, replays timed with events."""
-    inner = _inner(sets)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(len(sets)):  # warm-up (lazy module loads, torch allocator)
-            fn(*sets[i][0])
-    torch.cuda.synchronize()
-    if vkc:
-        g = vkc_runtime.Graph()
-        with g.capture(s.cuda_stream):
-            for i in range(inner):
-                fn(*sets[i % len(sets)][0], stream=s.cuda_stream)
-        replay = lambda: g.replay(s.cuda_stream)  # noqa: E731
-    else:
-        tg = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(tg, stream=s):
-            for i in range(inner):
-                fn(*sets[i % len(sets)][0])
-        replay = tg.replay
-    times = []
-    with torch.cuda.stream(s):
-        replay()
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(s)
-            replay()
-            b.record(s)
-            b.synchronize()
-            times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
+    def call(i, st):
+        return fn(*sets[i][0], stream=st) if vkc else fn(*sets[i][0])
+    return timing.graph_ms(call, vkc=vkc, n_sets=len(sets), inner=_inner(sets), reps=reps)
 
 
 def make_sets(make, nbytes):

@@ -12,7 +12,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from bench_gdn import DK, DV, make, vkc_graph_ms  # noqa: E402
+from bench_gdn import DK, DV, make  # noqa: E402
+from timing import graph_ms  # noqa: E402
 
 from vkc_runtime.ops import gdn as G  # noqa: E402
 
@@ -33,7 +34,7 @@ def main() -> None:
         def call(stream=None):
             G.chunk_gated_delta_rule(qkv, a, b, A_log, dt, cu, hk, hv, state=state, slot_idx=slot, out=out,
                                      workspace=ws, stream=stream)
-        ms = vkc_graph_ms(call)
+        ms = graph_ms(lambda i, st: call(st), vkc=True)
         for spec in cand["specs"]:
             rows.append({"spec": spec, "case": f"{hk}/{hv} x{N} T={T}", "us": ms * 1e3})
         del ws, qkv, out, state

@@ -187,6 +187,42 @@ def test_prefill_empty_sequence_and_long_chunk(K):
     check(o, ref, "prefill empty+long")
 
 
+# TMA variants (sm_90a/sm_100a; block_size % BLOCK_N == 0): (q_lens, prefix lengths) that reach the
+# unmasked loop (prefix >= BLOCK_N), the diagonal band, a partial last tile whose stale slots are NaN, and a
+# last tile that ends exactly on L
+TMA_CASES = [
+    ([1, 70, 130], [0, 64, 5]),
+    ([64, 3], [128, 61]),
+]
+
+
+@pytest.mark.parametrize("D,Hq,Hkv,gate,interleaved", [
+    (256, 6, 1, True, False),
+    (256, 4, 2, False, True),
+    (128, 4, 2, True, True),
+])
+@pytest.mark.parametrize("case", range(len(TMA_CASES)))
+def test_prefill_tma(K, D, Hq, Hkv, gate, interleaved, case):
+    q_lens, prefix = TMA_CASES[case]
+    name = f"prefill.d{D}.{'gate' if gate else 'nogate'}.tma"
+    assert K.specs[name].archs == ("sm_90a", "sm_100a")
+    bn = cfg(K, name)["BLOCK_N"]
+    g = torch.Generator().manual_seed(100 + D + case)
+    lens = [a + b for a, b in zip(q_lens, prefix)]
+    kc, vc, bt = make_paged(g, lens, Hkv, D, bn)
+    if interleaved:  # k and v blocks interleaved in one allocation: block stride 2 * block_size * Hkv * D
+        kv = torch.stack([kc, vc], 1)
+        kc, vc = kv[:, 0], kv[:, 1]
+    T = sum(q_lens)
+    q = rnd(g, T, Hq, D)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+    gt = rnd(g, T, Hq, 2, D)[:, :, 1] if gate else None
+    o = run_prefill(K, name, q, kc, vc, bt, cu, torch.tensor(lens, dtype=torch.int32), D ** -0.5, gt)
+    ref = R.prefill(np64(q), np64(kc), np64(vc), bt.numpy(), cu.numpy(), lens, D ** -0.5,
+                    None if gt is None else np64(gt))
+    check(o, ref, f"{name} {q_lens}/{prefix} interleaved={interleaved}")
+
+
 # ---------------------------------------------------------------------------------------------- decode
 
 def run_decode(K, D, q, kc, vc, bt, sl, scale, num_splits, gate=None, arch=None):
@@ -254,5 +290,12 @@ def test_split_heuristic():
     s = A.num_splits_for(1, 4, 32768, 132, max_splits=64)
     assert 16 <= s <= 64 and 32768 / s >= A.MIN_KEYS_PER_SPLIT
     assert A.num_splits_for(1, 4, 100, 132, max_splits=64) == 1
-    assert A.num_splits_for(64, 4, 4096, 132, max_splits=64) >= 2
     assert A.num_splits_for(4, 2, 10**6, 132, max_splits=8) == 8
+    # full waves: 64 x 4 items already fill 2 x 132 slots once; 16 x 4 items fill them with 4 splits (5 would
+    # leave a second wave 21% full)
+    assert A.num_splits_for(64, 4, 4096, 132, max_splits=64) == 1
+    assert A.num_splits_for(16, 4, 32768, 132, max_splits=64) == 4
+    for B, L in [(1, 4096), (16, 32768), (3, 20000), (7, 9000)]:
+        s = A.num_splits_for(B, 4, L, 132)
+        waves = -(-(B * 4 * s) // 264)
+        assert B * 4 * s / (waves * 264) > 0.75 or s == L // A.MIN_KEYS_PER_SPLIT, (B, L, s)

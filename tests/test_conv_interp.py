@@ -40,10 +40,11 @@ def K():
     return SimpleNamespace(mod=mod, specs=specs("conv"))
 
 
-def launch(K, name, grid, *args):
+def launch(K, name, grid, *args, **override):
     s = K.specs[name]
     assert len(args) == len(s.args), f"{name}: {len(args)} args given, spec has {len(s.args)}"
-    getattr(K.mod, s.entry)[grid](*args, **s.constexprs, num_warps=s.num_warps, num_stages=s.num_stages)
+    getattr(K.mod, s.entry)[grid](*args, **{**s.constexprs, **override}, num_warps=s.num_warps,
+                                  num_stages=s.num_stages)
 
 
 def rnd(g, *shape, scale=1.0):
@@ -60,23 +61,27 @@ def check(out, ref, tol=1e-2, what="y"):
     assert np.max(np.abs(o - ref)) <= 2e-2 * max(np.max(np.abs(ref)), 1e-6), f"{what}: max abs error"
 
 
-def prefill(K, variant, x, w, y, cu, state, slots, T, C):
-    s = K.specs[f"prefill.w4.{variant}"].constexprs
+def prefill(K, variant, x, w, y, cu, state, slots, T, C, sub=None):
+    """sub: tiles per program (default: the spec's SUB); small values spread a batch over several programs."""
+    s = dict(K.specs[f"prefill.w4.{variant}"].constexprs)
+    if sub is not None:
+        s["SUB"] = sub
     N = cu.numel() - 1
     if state is None:
         st, sl, ss, sr, ns = y, cu, 0, 0, 0
     else:
         st, sl, ss, sr, ns = state, slots, state.stride(0), state.stride(1), state.shape[0]
-    grid = (triton.cdiv(T, s["BLOCK_T"]), triton.cdiv(C, s["BLOCK_C"]))
+    grid = (triton.cdiv(T, s["BLOCK_T"] * s["SUB"]), triton.cdiv(C, s["BLOCK_C"]))
     launch(K, f"prefill.w4.{variant}", grid, x, w, y, st, cu, sl, x.stride(0), w.stride(0), y.stride(0), ss, sr,
-           T, C, N, ns)
+           T, C, N, ns, SUB=s["SUB"])
 
 
 LENS = [15, 4, 0, 10, 2, 3, 7, 1]  # cu: 0 15 19 19 29 31 34 41 42; blocks of 16 rows: seq 5 starts at 31
 
 
+@pytest.mark.parametrize("sub", [1, 2, None])  # 16-, 32-token blocks (several programs), the spec's
 @pytest.mark.parametrize("variant,C,pad,extra", [("a16", 48, 16, 3), ("any", 40, 8, 0), ("a16", 160, 0, 0)])
-def test_prefill_varlen_with_states(K, variant, C, pad, extra):
+def test_prefill_varlen_with_states(K, variant, C, pad, extra, sub):
     g = torch.Generator().manual_seed(C + pad)
     cu_l = np.concatenate([[0], np.cumsum(LENS)]).astype(np.int32)
     T = int(cu_l[-1]) + extra
@@ -91,7 +96,7 @@ def test_prefill_varlen_with_states(K, variant, C, pad, extra):
     y = yb[:, :C]
     cu = torch.tensor(cu_l, dtype=torch.int32, device=DEV)
     slots = torch.tensor(slot_l, dtype=torch.int32, device=DEV)
-    prefill(K, variant, x, w, y, cu, state, slots, T, C)
+    prefill(K, variant, x, w, y, cu, state, slots, T, C, sub)
     y_ref, st_ref = R.conv_prefill(np64(x), np64(w), cu_l, np64(state0), slot_l)
     check(y, y_ref)
     assert np.array_equal(np64(state), st_ref), "final conv states differ (must be exact copies)"

@@ -80,13 +80,13 @@ def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=N
     launch(K, "prep", (mc, hk), qkv, a, b, A_log, dt_bias, ws["cidx"], ws["qn"], ws["kn"], ws["g"], ws["beta"],
            sq, a.stride(0), b.stride(0), hk, hv, arch=arch)
     v = qkv[:, 2 * hk * DK:]
-    launch(K, "kkt_wy", (mc, hv), ws["kn"], v, ws["g"], ws["beta"], ws["cidx"], ws["w"], ws["u"], sq, hk, hv,
+    launch(K, "kkt_wy", (mc * hv,), ws["kn"], v, ws["g"], ws["beta"], ws["cidx"], ws["w"], ws["u"], sq, hk, hv,
            arch=arch)
     bv = K.specs["delta_h"].for_arch(arch).constexprs["BV"]
     launch(K, "delta_h", (N, hv, DV // bv), ws["kn"], ws["w"], ws["u"], ws["g"], ws["h"], st, sl, ws["seqinfo"],
            hk, hv, use_state, arch=arch)
     bvo = K.specs["chunk_o"].for_arch(arch).constexprs["BV"]
-    launch(K, "chunk_o", (mc, hv, DV // bvo), ws["qn"], ws["kn"], ws["u"], ws["g"], ws["h"], ws["cidx"], o,
+    launch(K, "chunk_o", (mc * hv * (DV // bvo),), ws["qn"], ws["kn"], ws["u"], ws["g"], ws["h"], ws["cidx"], o,
            hk, hv, DK ** -0.5, arch=arch)
     return o, ws
 
@@ -191,7 +191,7 @@ def test_chunked_prefill_varlen_grouped(K, with_state):
 
 
 def test_extreme_gates_and_tail_chunks(K):
-    hk, hv = 1, 4
+    hk, hv = 1, 6  # 6 value heads per key head: prep takes them in two groups of GP = 4 (one partly masked)
     lens = [64, 3, 129]
     qkv, a, b, A_log, dt, cu = make_inputs(11, lens, hk, hv, gate="extreme")
     # over-sized chunk table (as the runtime sizes it from max tokens / max sequences)
@@ -262,9 +262,9 @@ def test_runtime_op_launch_plan(K, monkeypatch):
     grids = {c[0]: c[1] for c in calls}
     assert grids["gdn.chunk_index"] == (1, 1, 1)
     assert grids["gdn.prep"] == (C, hk, 1)
-    assert grids["gdn.kkt_wy"] == (C, hv, 1)
+    assert grids["gdn.kkt_wy"] == (C * hv, 1, 1)
     assert grids["gdn.delta_h"] == (N, hv, 128 // K.specs["delta_h"].for_arch("sm_90a").constexprs["BV"])
-    assert grids["gdn.chunk_o"] == (C, hv, 128 // K.specs["chunk_o"].for_arch("sm_90a").constexprs["BV"])
+    assert grids["gdn.chunk_o"] == (C * hv * (128 // K.specs["chunk_o"].for_arch("sm_90a").constexprs["BV"]), 1, 1)
     assert calls[3][2][-1] == 1 and calls[3][2][5] == state.ptr  # use_state, state pointer
     # refusals (before any launch)
     calls.clear()

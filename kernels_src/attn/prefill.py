@@ -50,6 +50,7 @@ def _find_block(cu_ptr, pm, num_seqs, BLOCK_M: tl.constexpr, SEQ_CHUNK: tl.const
 def _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, n_lo, n_hi, L, qk_scale,
             block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch,
             D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Gather path: the rows of each key tile are looked up one by one (any block_size)."""
     d = tl.arange(0, D)
     for n in range(n_lo, n_hi, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
@@ -80,12 +81,59 @@ def _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, n_lo, 
 
 
 @triton.jit
+def _attend_tma(acc, m_i, l_i, q, k_desc, v_desc, bt_row, col, pos, n_lo, n_hi, qk_scale, block_size,
+                num_blocks, rows_per_block, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, TAIL: tl.constexpr,
+                STAGES: tl.constexpr):
+    """TMA path (block_size % BLOCK_N == 0): a key tile is BLOCK_N consecutive slots of one cache block,
+    one box per tile. TAIL: the descriptors cover only the valid slots of the sequence's last block (rows
+    past L read as zeros); otherwise they cover the whole cache and an id outside [0, num_blocks) reads
+    block 0 (in bounds; such a sequence's output is meaningless). STAGES: software-pipelining depth of the
+    loop (None: the kernel's num_stages)."""
+    for n in tl.range(n_lo, n_hi, BLOCK_N, num_stages=STAGES):
+        if TAIL:
+            row0 = n % block_size
+        else:
+            blk = tl.load(bt_row + n // block_size)
+            row0 = tl.where((blk >= 0) & (blk < num_blocks), blk, 0) * rows_per_block + n % block_size
+        k = k_desc.load([row0, col])
+        s = tl.dot(q, tl.trans(k))
+        if MASKED:
+            offs_n = n + tl.arange(0, BLOCK_N)
+            s = tl.where(offs_n[None, :] <= pos[:, None], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+        else:  # every key of the tile is visible to every row: no mask, no empty rows
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([row0, col])
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _store_gated_half(o, g_rows, o_rows, rmask, BLOCK_M: tl.constexpr, HALF: tl.constexpr):
+    """o_rows[:, c] = o[:, c] * sigmoid(g_rows[:, c]) for c < HALF, in two quarters."""
+    Q: tl.constexpr = HALF // 2
+    dq = tl.arange(0, Q)
+    o_a, o_b = tl.split(tl.permute(tl.reshape(o, [BLOCK_M, 2, Q]), (0, 2, 1)))
+    g = tl.load(g_rows + dq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    tl.store(o_rows + dq[None, :], (o_a * sigmoid_f32(g)).to(tl.bfloat16), mask=rmask[:, None])
+    g = tl.load(g_rows + Q + dq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    tl.store(o_rows + Q + dq[None, :], (o_b * sigmoid_f32(g)).to(tl.bfloat16), mask=rmask[:, None])
+
+
+@triton.jit
 def prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, cu_ptr, seqlen_ptr,
                    scale, num_seqs, num_q_heads, group, n_mblocks,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                    stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_GATE: tl.constexpr,
-                   SEQ_CHUNK: tl.constexpr):
+                   SEQ_CHUNK: tl.constexpr, TMA: tl.constexpr):
     pid = tl.program_id(0)
     h = pid % num_q_heads
     pm = n_mblocks - 1 - pid // num_q_heads
@@ -110,27 +158,50 @@ def prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, cu_
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # keys every row of the block sees (no causal mask), then the diagonal band
+        # keys every row of the block sees (no causal mask) up to n_full, then the diagonal band to n_end
         last = tl.minimum(m0 + BLOCK_M, q_len) - 1
         n_full = tl.maximum(tl.minimum((ctx0 + m0 + 1) // BLOCK_N * BLOCK_N, L), 0)
         n_end = tl.minimum(ctx0 + last + 1, L)
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, 0, n_full, L,
-                                qk_scale, block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch,
-                                D, BLOCK_N, False)
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, n_full, n_end, L,
-                                qk_scale, block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch,
-                                D, BLOCK_N, True)
+        if TMA:
+            # the cache as a 2-D [num_blocks * rows_per_block, Hkv * D] matrix of slot rows
+            rows_per_block = (stride_cb // stride_cs).to(tl.int32)
+            n_rows = num_blocks * rows_per_block
+            col = kvh * stride_ch
+            k_desc = tl.make_tensor_descriptor(k_cache_ptr, [n_rows, stride_cs], [stride_cs, 1], [BLOCK_N, D])
+            v_desc = tl.make_tensor_descriptor(v_cache_ptr, [n_rows, stride_cs], [stride_cs, 1], [BLOCK_N, D])
+            acc, m_i, l_i = _attend_tma(acc, m_i, l_i, q, k_desc, v_desc, bt_row, col, pos, 0, n_full, qk_scale,
+                                        block_size, num_blocks, rows_per_block, BLOCK_N, False, False, None)
+            # the last tile may hold slots past L (stale, maybe NaN: 0 * NaN would poison the row); it is
+            # read through descriptors of the last block that end at L, so those slots read as zeros
+            n_tail = tl.maximum(L // BLOCK_N * BLOCK_N, n_full)
+            acc, m_i, l_i = _attend_tma(acc, m_i, l_i, q, k_desc, v_desc, bt_row, col, pos, n_full,
+                                        tl.minimum(n_end, n_tail), qk_scale, block_size, num_blocks,
+                                        rows_per_block, BLOCK_N, True, False, 1)
+            if n_tail < n_end:
+                p0 = n_tail // block_size * block_size
+                blk = tl.load(bt_row + n_tail // block_size)
+                blk = tl.where((blk >= 0) & (blk < num_blocks), blk, 0).to(tl.int64)
+                k_tail = tl.make_tensor_descriptor(k_cache_ptr + blk * stride_cb, [L - p0, stride_cs],
+                                                   [stride_cs, 1], [BLOCK_N, D])
+                v_tail = tl.make_tensor_descriptor(v_cache_ptr + blk * stride_cb, [L - p0, stride_cs],
+                                                   [stride_cs, 1], [BLOCK_N, D])
+                acc, m_i, l_i = _attend_tma(acc, m_i, l_i, q, k_tail, v_tail, bt_row, col, pos, n_tail, n_end,
+                                            qk_scale, block_size, num_blocks, rows_per_block, BLOCK_N, True, True, 1)
+        else:
+            acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, 0, n_full, L,
+                                    qk_scale, block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch,
+                                    D, BLOCK_N, False)
+            acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kvh, pos, n_full, n_end, L,
+                                    qk_scale, block_size, max_blocks, num_blocks, stride_cb, stride_cs, stride_ch,
+                                    D, BLOCK_N, True)
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o_rows = o_ptr + tok[:, None] * stride_ot + h * stride_oh
         if HAS_GATE:
-            # two halves of D/2 columns: the gate tile never sits in registers next to the whole output
+            # four quarters of D/4 columns: the gate tile never sits in registers next to the whole output
             HALF: tl.constexpr = D // 2
-            dh = tl.arange(0, HALF)
             o_lo, o_hi = tl.split(tl.permute(tl.reshape(out, [BLOCK_M, 2, HALF]), (0, 2, 1)))
             g_rows = gate_ptr + tok[:, None] * stride_gt + h * stride_gh
-            g = tl.load(g_rows + dh[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-            tl.store(o_rows + dh[None, :], (o_lo * sigmoid_f32(g)).to(tl.bfloat16), mask=rmask[:, None])
-            g = tl.load(g_rows + HALF + dh[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-            tl.store(o_rows + HALF + dh[None, :], (o_hi * sigmoid_f32(g)).to(tl.bfloat16), mask=rmask[:, None])
+            _store_gated_half(o_lo, g_rows, o_rows, rmask, BLOCK_M, HALF)
+            _store_gated_half(o_hi, g_rows + HALF, o_rows + HALF, rmask, BLOCK_M, HALF)
         else:
             tl.store(o_rows + d[None, :], out.to(tl.bfloat16), mask=rmask[:, None])

@@ -6,12 +6,18 @@ cu_seqlens, seq_lens, slot_mapping) carry no hint. reshape_and_cache comes as ``
 
 Grids (all on axis x, so no product ever meets the 65535 limit of axes y/z):
   reshape_and_cache.*            (T, cdiv(Hkv*D, BLOCK))
-  prefill.d{D}.{gate,nogate}     (Hq * n_mblocks,)  n_mblocks = min(cdiv(T, BLOCK_M) + N, N * cdiv(max_q, BLOCK_M))
+  prefill.d{D}.{gate,nogate}[.tma]  (Hq * n_mblocks,)  n_mblocks = min(cdiv(T, BLOCK_M) + N, N * cdiv(max_q, BLOCK_M))
   decode_split.d{D}              (B * Hkv * num_splits,)
   decode_combine.d{D}.{gate,nogate}  (B * Hq,)
 
+prefill.*.tma (sm_90a, sm_100a): K/V tiles come in by TMA, one box of BLOCK_N slots of one cache block per
+tile (the runtime takes it when block_size % BLOCK_N == 0 and the block stride is a multiple of the slot
+stride; descriptors are built on the device in global scratch). Without per-row address registers the
+D=256 tile grows to 128 x 64 with 8 warps (244 registers, no spills; ~1.6x the gather kernel's 64 x 32
+on the H200); D=128 uses 128 x 128.
+
 Tiles per arch (shared memory: sm_80 163 KB, sm_86/89/120a/121a 99 KB, sm_90a/100a 227 KB):
-  prefill D=256: sm_90a BLOCK_M 64 x BLOCK_N 32, 8 warps, 3 stages (188 registers; 128 x 32 / 128 x 64 /
+  prefill D=256: sm_90a BLOCK_M 64 x BLOCK_N 32, 8 warps, 3 stages (190-226 registers; 128 x 64 /
                  64 x 64 spill in the gated variant: the fp32 accumulator alone is 128 registers per thread
                  for 64 rows per warpgroup); sm_100a 64 x 64, 8 warps, 2 stages; sm_80 64 x 32, 8 warps,
                  3 stages; 99 KB archs 64 x 32, 8 warps, 2 stages.
@@ -89,6 +95,14 @@ _PREFILL_CFG = {
                     sm80={"constexprs": {"BLOCK_M": 64, "BLOCK_N": 64}, "num_warps": 8, "num_stages": 3})),
 }
 
+# TMA prefill (sm_90a/sm_100a only; used when block_size % BLOCK_N == 0): no per-row address registers,
+# so larger tiles fit without spills. D -> config
+_TMA_ARCHS = ("sm_90a", "sm_100a")
+_PREFILL_TMA_CFG = {
+    256: dict(constexprs={"BLOCK_M": 128, "BLOCK_N": 64, }, num_warps=8, num_stages=2),
+    128: dict(constexprs={"BLOCK_M": 128, "BLOCK_N": 128, }, num_warps=8, num_stages=2),
+}
+
 _DECODE_CFG = {
     256: (dict(constexprs={"BLOCK_N": 64}, num_warps=4, num_stages=3),
           {**{a: {"constexprs": {"BLOCK_N": 32}} for a in _SMALL_SMEM}, "sm_100a": {"num_warps": 8}}),
@@ -109,8 +123,15 @@ for _d in (256, 128):
         SPECS.append(KernelSpec(
             name=f"prefill.d{_d}.{'gate' if _gate else 'nogate'}", source="prefill.py", entry="prefill_kernel",
             args=_args(_PREFILL),
-            constexprs={"D": _d, "HAS_GATE": _gate, "SEQ_CHUNK": 128, **_base["constexprs"]},
+            constexprs={"D": _d, "HAS_GATE": _gate, "SEQ_CHUNK": 128, "TMA": False,
+                        **_base["constexprs"]},
             num_warps=_base["num_warps"], num_stages=_base["num_stages"], overrides=_ov))
+        _t = _PREFILL_TMA_CFG[_d]
+        SPECS.append(KernelSpec(
+            name=f"prefill.d{_d}.{'gate' if _gate else 'nogate'}.tma", source="prefill.py", entry="prefill_kernel",
+            args=_args(_PREFILL),
+            constexprs={"D": _d, "HAS_GATE": _gate, "SEQ_CHUNK": 128, "TMA": True, **_t["constexprs"]},
+            num_warps=_t["num_warps"], num_stages=_t["num_stages"], archs=_TMA_ARCHS))
     _base, _ov = _DECODE_CFG[_d]
     SPECS.append(KernelSpec(
         name=f"decode_split.d{_d}", source="decode.py", entry="decode_split_kernel",
@@ -124,4 +145,4 @@ for _d in (256, 128):
             entry="decode_combine_kernel", args=_args(_DECODE_COMBINE),
             constexprs={"D": _d, "SPLIT_BLOCK": 16, "HAS_GATE": _gate}, num_warps=4, num_stages=1))
 
-del _sfx, _al, _d, _base, _ov, _gate
+del _sfx, _al, _d, _base, _ov, _gate, _t

@@ -11,7 +11,7 @@ give 6-byte strided pieces per channel). A slot is valid iff ``0 <= slot < num_s
 (negative / out of range) slot means "no state": zeros are read and nothing is written.
 
 Grids:
-  conv_prefill_kernel: (cdiv(T, BLOCK_T), cdiv(C, BLOCK_C))   axis 0 = block of packed tokens
+  conv_prefill_kernel: (cdiv(T, SUB * BLOCK_T), cdiv(C, BLOCK_C))   axis 0 = block of packed tokens
   conv_update_kernel:  (B, cdiv(C, BLOCK_C))                  axis 0 = sequence
 """
 import triton
@@ -84,9 +84,11 @@ def _prefill_rows(t, c, cmask, blk_lo, blk_hi, x_ptr, w0, w1, w2, w3, y_ptr, sta
 
 @triton.jit
 def _prefill_block(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, stride_w, stride_y, stride_ss,
-                   stride_sr, T, C, N, num_slots, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    blk_lo = tl.program_id(0) * BLOCK_T
-    blk_hi = blk_lo + BLOCK_T
+                   stride_sr, T, C, N, num_slots, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, SUB: tl.constexpr):
+    """One program: SUB * BLOCK_T packed tokens x BLOCK_C channels, in SUB row tiles (the weights, the
+    sequence-search depth and the ownership bounds are set up once per program)."""
+    blk_lo = tl.program_id(0) * (SUB * BLOCK_T)
+    blk_hi = blk_lo + SUB * BLOCK_T
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
     wrow = w_ptr + c.to(tl.int64) * stride_w
@@ -103,44 +105,51 @@ def _prefill_block(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, s
 
     # 1) rows of this block; 2) the first W-1 = 3 tokens of sequences that start in this block but spill
     #    into the next one (they read the initial state, which only this program touches)
-    _prefill_rows(blk_lo + tl.arange(0, BLOCK_T), c, cmask, blk_lo, blk_hi, x_ptr, w0, w1, w2, w3, y_ptr,
-                  state_ptr, cu_ptr, slot_ptr, stride_x, stride_y, stride_ss, stride_sr, T, N, num_slots, total,
-                  n_iter, False)
+    for i in range(SUB):
+        _prefill_rows(blk_lo + i * BLOCK_T + tl.arange(0, BLOCK_T), c, cmask, blk_lo, blk_hi, x_ptr, w0, w1, w2,
+                      w3, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, stride_y, stride_ss, stride_sr, T, N,
+                      num_slots, total, n_iter, False)
     _prefill_rows(blk_hi + tl.arange(0, 4), c, cmask, blk_lo, blk_hi, x_ptr, w0, w1, w2, w3, y_ptr,
                   state_ptr, cu_ptr, slot_ptr, stride_x, stride_y, stride_ss, stride_sr, T, N, num_slots, total,
                   n_iter, True)
 
     # 3) final conv state of every sequence starting in this block: the last 3 inputs (x rows, or the old
-    #    state's rows when the sequence is shorter than 3). All loads happen before the barrier, all
-    #    stores after it: the y rows above and these loads read the old state of the same slots.
-    t = blk_lo + tl.arange(0, BLOCK_T)
-    valid = t < total
-    s = _seq_of(cu_ptr, tl.where(valid, t, 0), N, n_iter)
-    start = tl.load(cu_ptr + s)
-    first = valid & (t == start)
-    ln = tl.load(cu_ptr + s + 1, mask=first, other=0) - start
-    slot = tl.load(slot_ptr + s, mask=first, other=-1)
-    first = first & (slot >= 0) & (slot < num_slots)
-    srow = state_ptr + tl.where(first, slot, 0).to(tl.int64) * stride_ss
-    m2 = first[:, None] & cmask[None, :]
-    xs = x_ptr + start.to(tl.int64) * stride_x
-    # new row r = input position ln - 3 + r: x row start + q when q >= 0, else old state row q + 3
-    q0 = ln - 3
-    q1 = ln - 2
-    q2 = ln - 1
-    n0 = tl.load(tl.where(q0 >= 0, xs + q0 * stride_x, srow + (q0 + 3) * stride_sr)[:, None] + c[None, :], mask=m2)
-    n1 = tl.load(tl.where(q1 >= 0, xs + q1 * stride_x, srow + (q1 + 3) * stride_sr)[:, None] + c[None, :], mask=m2)
-    n2 = tl.load(tl.where(q2 >= 0, xs + q2 * stride_x, srow + (q2 + 3) * stride_sr)[:, None] + c[None, :], mask=m2)
+    #    state's rows when the sequence is shorter than 3). The y rows above read the old state of the same
+    #    slots: every thread is past them (barrier) before any state row is stored.
     tl.debug_barrier()
-    tl.store(srow[:, None] + c[None, :], n0, mask=m2)
-    tl.store(srow[:, None] + stride_sr + c[None, :], n1, mask=m2)
-    tl.store(srow[:, None] + 2 * stride_sr + c[None, :], n2, mask=m2)
+    for i in range(SUB):
+        t = blk_lo + i * BLOCK_T + tl.arange(0, BLOCK_T)
+        valid = t < total
+        s = _seq_of(cu_ptr, tl.where(valid, t, 0), N, n_iter)
+        start = tl.load(cu_ptr + s)
+        first = valid & (t == start)
+        ln = tl.load(cu_ptr + s + 1, mask=first, other=0) - start
+        slot = tl.load(slot_ptr + s, mask=first, other=-1)
+        first = first & (slot >= 0) & (slot < num_slots)
+        srow = state_ptr + tl.where(first, slot, 0).to(tl.int64) * stride_ss
+        m2 = first[:, None] & cmask[None, :]
+        xs = x_ptr + start.to(tl.int64) * stride_x
+        # new row r = input position ln - 3 + r: x row start + q when q >= 0, else old state row q + 3;
+        # all three are loaded before any is stored (they may read rows of the same slot)
+        q0 = ln - 3
+        q1 = ln - 2
+        q2 = ln - 1
+        n0 = tl.load(tl.where(q0 >= 0, xs + q0 * stride_x, srow + (q0 + 3) * stride_sr)[:, None] + c[None, :],
+                     mask=m2)
+        n1 = tl.load(tl.where(q1 >= 0, xs + q1 * stride_x, srow + (q1 + 3) * stride_sr)[:, None] + c[None, :],
+                     mask=m2)
+        n2 = tl.load(tl.where(q2 >= 0, xs + q2 * stride_x, srow + (q2 + 3) * stride_sr)[:, None] + c[None, :],
+                     mask=m2)
+        tl.debug_barrier()
+        tl.store(srow[:, None] + c[None, :], n0, mask=m2)
+        tl.store(srow[:, None] + stride_sr + c[None, :], n1, mask=m2)
+        tl.store(srow[:, None] + 2 * stride_sr + c[None, :], n2, mask=m2)
 
 
 @triton.jit
 def conv_prefill_kernel(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, stride_w, stride_y,
                         stride_ss, stride_sr, T, C, N, num_slots,
-                        W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                        W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, SUB: tl.constexpr):
     """Varlen causal conv1d + SiLU over packed tokens x [T, C] -> y [T, C], conv state read and written back.
 
     x, y: [T, C] bf16 (row strides stride_x, stride_y); w: [C, W] bf16 (row stride stride_w);
@@ -152,15 +161,16 @@ def conv_prefill_kernel(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride
     Ownership (no cross-program race on the in-place state): a token at position >= W-1 in its sequence
     belongs to the block holding it; the first W-1 tokens of a sequence (the only ones reading its
     initial state) belong to the block holding the sequence's first token, which also writes the final
-    state. Grid (cdiv(T, BLOCK_T), cdiv(C, BLOCK_C)). y must not overlap x.
+    state. A block is SUB * BLOCK_T tokens. Grid (cdiv(T, SUB * BLOCK_T), cdiv(C, BLOCK_C)). y must not
+    overlap x.
     """
     tl.static_assert(W == 4, "conv kernels are written for width 4")
     if C % 16 == 0:
         _prefill_block(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, stride_w, stride_y, stride_ss,
-                       stride_sr, T, floor16(C), N, num_slots, BLOCK_T, BLOCK_C)
+                       stride_sr, T, floor16(C), N, num_slots, BLOCK_T, BLOCK_C, SUB)
     else:
         _prefill_block(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, stride_w, stride_y, stride_ss,
-                       stride_sr, T, C, N, num_slots, BLOCK_T, BLOCK_C)
+                       stride_sr, T, C, N, num_slots, BLOCK_T, BLOCK_C, SUB)
 
 
 @triton.jit

@@ -5,7 +5,7 @@ Conv state layout: ``[slots, W-1, C]`` bf16, channels contiguous (see conv.py). 
 ``.any`` (no hints). C never carries a hint; the kernels branch on ``C % 16`` internally.
 
 Grids (axis 0 first):
-  prefill.w4.*   (cdiv(T, BLOCK_T), cdiv(C, BLOCK_C))
+  prefill.w4.*   (cdiv(T, SUB * BLOCK_T), cdiv(C, BLOCK_C))
   update.w4.*    (B, cdiv(C, BLOCK_C))
 """
 from vkc.spec import Arg, KernelSpec
@@ -35,11 +35,13 @@ def _args(params, aligned):
 
 SPECS = []
 for _sfx, _al in _VARIANTS:
-    # 16 tokens x 128 channels per program (16 B per thread per row segment), 4 warps (32 tokens used
-    # 200+ registers and spilled on sm_90a).
+    # tiles of 16 tokens x 128 channels (16 B per thread per row segment), 4 warps (32-token tiles used
+    # 200+ registers and spilled on sm_90a); SUB tiles per program amortize its set-up.
     SPECS.append(KernelSpec(
         name=f"prefill.w4.{_sfx}", source="conv.py", entry="conv_prefill_kernel", args=_args(_PREFILL, _al),
-        constexprs={"W": 4, "BLOCK_T": 16, "BLOCK_C": 128}, num_warps=4, num_stages=1))
+        constexprs={"W": 4, "BLOCK_T": 16, "BLOCK_C": 128, "SUB": 8}, num_warps=4, num_stages=1,
+        # the unhinted variant spills 16 B with 4 warps on sm_120a/sm_121a (ptxas); 8 warps halve its tile
+        overrides={} if _al else {a: {"num_warps": 8} for a in ("sm_120a", "sm_121a")}))
     # 512 channels of one sequence per program, 4 warps (4 bf16 = 8 B per thread per row; 8 per thread
     # spilled on sm_90a with the bundled ptxas).
     SPECS.append(KernelSpec(

@@ -9,13 +9,14 @@ buffer needs zero-filling):
 2. ``gdn_prep_kernel``         grid (max_chunks, Hk): L2-normalised q, k (bf16 [T, Hk, K]); for the Hv/Hk value
    heads of the key head: chunk-local cumsum of g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b)
    (fp32 [T, Hv]).
-3. ``gdn_kkt_wy_kernel``       grid (max_chunks, Hv): A = strict-tril(beta_i exp(g_i - g_j) k_i.k_j) in 16x16 blocks,
-   (I + A)^-1 by forward substitution of the four diagonal blocks and a block merge, then
+3. ``gdn_kkt_wy_kernel``       grid (max_chunks * Hv,), value head fastest: A = strict-tril(beta_i exp(g_i - g_j)
+   k_i.k_j), (I + A)^-1 from the inverses of its four diagonal 16x16 blocks (nilpotent product formula) and a
+   block merge, then
    W = Tm (beta exp(g) K) and U = Tm (beta V) (bf16 [T, Hv, K|V]).
 4. ``gdn_delta_h_kernel``      grid (N, Hv, V / BV): sequential over the chunks of one sequence: stores the state
-   entering each chunk (bf16 h [max_chunks, Hv, K, V]), V' = U - W S (overwrites U in place),
+   entering each chunk (transposed: bf16 h [max_chunks, Hv, V, K]), V' = U - W S (overwrites U in place),
    S <- exp(g_last) S + K^T (exp(g_last - g) V'); reads / writes the slot-indexed fp32 state cache.
-5. ``gdn_chunk_o_kernel``      grid (max_chunks, Hv, V / BV):
+5. ``gdn_chunk_o_kernel``      grid (max_chunks * V / BV * Hv,), value head fastest:
    O = scale (exp(g) (Q h) + (tril(Q K^T) exp(g_i - g_j)) V').
 
 Token and chunk indices are cast to int64 before they meet a stride.
@@ -64,7 +65,7 @@ def _l2norm_store(src_ptr, dst_ptr, rows64, m, stride_src, stride_dst, K: tl.con
 
 @triton.jit
 def gdn_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cidx_ptr, qn_ptr, kn_ptr, g_ptr, beta_ptr,
-                    stride_qkv, stride_a, stride_b, HK, HV, BT: tl.constexpr, K: tl.constexpr):
+                    stride_qkv, stride_a, stride_b, HK, HV, BT: tl.constexpr, K: tl.constexpr, GP: tl.constexpr):
     ic = tl.program_id(0)
     hk = tl.program_id(1)
     t0 = tl.load(cidx_ptr + ic.to(tl.int64) * 2)
@@ -76,69 +77,57 @@ def gdn_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cidx_ptr, qn_ptr, 
         _l2norm_store(qkv_ptr + hk * K, qn_ptr + hk * K, rows64, m, stride_qkv, HK * K, K)
         _l2norm_store(qkv_ptr + (HK + hk) * K, kn_ptr + hk * K, rows64, m, stride_qkv, HK * K, K)
         G = HV // HK
-        for jv in range(0, G):
+        for j0 in range(0, G, GP):  # the value heads of this key head, GP columns of [T, Hv] at a time
+            jv = j0 + tl.arange(0, GP)
             hv = hk * G + jv
-            a = tl.load(a_ptr + rows64 * stride_a + hv, mask=m, other=0.0).to(tl.float32)
-            b = tl.load(b_ptr + rows64 * stride_b + hv, mask=m, other=0.0).to(tl.float32)
-            x = a + tl.load(dtb_ptr + hv)
+            mm = m[:, None] & (jv < G)[None, :]
+            a = tl.load(a_ptr + rows64[:, None] * stride_a + hv[None, :], mask=mm, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + rows64[:, None] * stride_b + hv[None, :], mask=mm, other=0.0).to(tl.float32)
+            x = a + tl.load(dtb_ptr + hv, mask=jv < G, other=0.0)[None, :]
             sp = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))  # softplus, overflow-free
-            g = tl.where(m, -tl.exp(tl.load(alog_ptr + hv)) * sp, 0.0)
+            g = tl.where(mm, -tl.exp(tl.load(alog_ptr + hv, mask=jv < G, other=0.0))[None, :] * sp, 0.0)
             gc = tl.cumsum(g, axis=0)
             beta = 1.0 / (1.0 + tl.exp(-b))
-            tl.store(g_ptr + rows64 * HV + hv, gc, mask=m)
-            tl.store(beta_ptr + rows64 * HV + hv, beta, mask=m)
+            tl.store(g_ptr + rows64[:, None] * HV + hv[None, :], gc, mask=mm)
+            tl.store(beta_ptr + rows64[:, None] * HV + hv[None, :], beta, mask=mm)
 
 
 # ------------------------------------------------------------------------------------------ 3. kkt + wy
 @triton.jit
-def _halves_rows(x, M: tl.constexpr, N: tl.constexpr):
-    """[2M, N] -> (rows [0, M), rows [M, 2M)) (register tensors have no slicing: reshape + split)."""
-    return tl.split(tl.permute(tl.reshape(x, (2, M, N)), (1, 2, 0)))
-
-
-@triton.jit
-def _halves_cols(x, M: tl.constexpr, N: tl.constexpr):
-    """[M, 2N] -> (cols [0, N), cols [N, 2N))."""
-    return tl.split(tl.permute(tl.reshape(x, (M, 2, N)), (0, 2, 1)))
-
-
-@triton.jit
-def _cat_rows(top, bot, M: tl.constexpr, N: tl.constexpr):
-    return tl.reshape(tl.permute(tl.join(top, bot), (2, 0, 1)), (2 * M, N))
-
-
-@triton.jit
-def _cat_cols(left, right, M: tl.constexpr, N: tl.constexpr):
-    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (M, 2 * N))
-
-
-@triton.jit
-def _quarters(x, BC: tl.constexpr):
-    """[2BC, 2BC] -> (x00, x01, x10, x11) blocks of BC x BC."""
-    top, bot = _halves_rows(x, BC, 2 * BC)
-    x00, x01 = _halves_cols(top, BC, BC)
-    x10, x11 = _halves_cols(bot, BC, BC)
-    return x00, x01, x10, x11
-
-
-@triton.jit
-def _inv_unit_lower(a, BC: tl.constexpr):
-    """(I + a)^-1 for a strictly lower BC x BC block: forward substitution row by row,
-    T[i, :] = e_i - sum_{j<i} a[i, j] T[j, :]."""
-    r = tl.arange(0, BC)[:, None]
-    c = tl.arange(0, BC)[None, :]
-    at = tl.trans(a)  # at[j, i] = a[i, j]: column i of at is row i of a, indexed along rows
-    t = tl.where(r == c, 1.0, 0.0)
-    for i in tl.static_range(1, BC):
-        a_row = tl.sum(tl.where(c == i, at, 0.0), axis=1)       # [BC] over j
-        upd = tl.sum(a_row[:, None] * t, axis=0)                # [BC] over columns
-        t = tl.where(r == i, t - upd[None, :], t)
-    return t
-
-
-@triton.jit
 def _mm(a, b):
     return tl.dot(a, b, input_precision="tf32")
+
+
+@triton.jit
+def _diag_inverse(k, g, beta, m, BT: tl.constexpr, BC: tl.constexpr, K: tl.constexpr):
+    """D^-1 = blockdiag((I + A_bb)^-1) (BT x BT, fp32) for the BT / BC diagonal BC x BC blocks of
+    A = strict-tril(beta_i exp(g_i - g_j) k_i.k_j), all blocks at once as [NB, BC, BC] batches. A block is
+    nilpotent (a^BC = 0), so (I + a)^-1 = (I - a)(I + a^2)(I + a^4)(I + a^8) for BC = 16: six batched fp32 dots
+    instead of BC - 1 dependent row steps (each a cross-warp reduction). Powers of a grow for nearly parallel
+    keys without decay (|a^8| ~ 3e3), which costs ~4e-4 of max|T| in fp32 -- below the bf16 rounding Tm gets."""
+    tl.static_assert(BC == 16)
+    NB: tl.constexpr = BT // BC
+    k3 = tl.reshape(k, (NB, BC, K))
+    kk = tl.dot(k3, tl.permute(k3, (0, 2, 1)))
+    g3 = tl.reshape(g, (NB, BC))
+    b3 = tl.reshape(beta, (NB, BC))
+    m3 = tl.reshape(m, (NB, BC))
+    i3 = tl.arange(0, BC)[None, :, None]
+    j3 = tl.arange(0, BC)[None, None, :]
+    keep = (i3 > j3) & m3[:, :, None]
+    d = tl.where(keep, g3[:, :, None] - g3[:, None, :], 0.0)
+    a = tl.where(keep, b3[:, :, None] * tl.exp(d) * kk, 0.0)
+    eye = tl.where(i3 == j3, 1.0, 0.0) + tl.zeros((NB, BC, BC), tl.float32)
+    t = eye - a
+    p = a
+    for _ in tl.static_range(3):  # BC = 16 = 2^4: factors (I + a^2), (I + a^4), (I + a^8)
+        p = tl.dot(p, p, input_precision="ieee")
+        t = t + tl.dot(t, p, input_precision="ieee")
+    # scatter the NB blocks onto the diagonal of a BT x BT matrix
+    blk = tl.arange(0, NB)
+    sel = tl.where(blk[:, None] == blk[None, :], 1.0, 0.0)  # [NB, NB]
+    full = t[:, :, None, :] * sel[:, None, :, None]  # [NB, BC, NB, BC]
+    return tl.reshape(full, (BT, BT))
 
 
 @triton.jit
@@ -146,14 +135,14 @@ def gdn_kkt_wy_kernel(kn_ptr, v_ptr, g_ptr, beta_ptr, cidx_ptr, w_ptr, u_ptr, st
                       BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     """v_ptr points at the v channels of qkv (row stride stride_v). Writes W [T, Hv, K], U [T, Hv, V] (bf16).
 
-    A = strict-tril(beta_i exp(g_i - g_j) k_i.k_j) comes from one 64x64 dot; its 16x16 blocks are taken apart
-    with reshape/split, the four diagonal blocks inverted by forward substitution, merged block-wise
-    (X_ij = -T_ii sum_{k=j}^{i-1} A_ik X_kj, fp32), reassembled to the 64x64 Tm and applied with two
-    bf16 tensor-core dots."""
+    A = strict-tril(beta_i exp(g_i - g_j) k_i.k_j) comes from one 64x64 dot; the inverses of its four diagonal
+    16x16 blocks (batched, :func:`_diag_inverse`) are merged block-wise into the 64x64 Tm with tf32 dots, which
+    is applied with two bf16 tensor-core dots."""
     tl.static_assert(BT == 64)
     BC: tl.constexpr = 16
-    ic = tl.program_id(0)
-    hv = tl.program_id(1)
+    pid = tl.program_id(0)  # value head fastest: the Hv / Hk heads sharing a key head read k from L2
+    hv = pid % HV
+    ic = pid // HV
     t0 = tl.load(cidx_ptr + ic.to(tl.int64) * 2)
     if t0 >= 0:
         eos = tl.load(cidx_ptr + ic.to(tl.int64) * 2 + 1)
@@ -170,21 +159,7 @@ def gdn_kkt_wy_kernel(kn_ptr, v_ptr, g_ptr, beta_ptr, cidx_ptr, w_ptr, u_ptr, st
         d = g[:, None] - g[None, :]
         keep = (tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]) & m[:, None]
         a = tl.where(keep, beta[:, None] * tl.exp(tl.where(keep, d, 0.0)) * kk, 0.0)
-        # 16x16 blocks a_ij (row block i, column block j)
-        a_lo, a_01, a_10, a_hi = _quarters(a, 2 * BC)  # 32x32 quarters; only the diagonal 16x16 blocks are used
-        a00, a01, a10, a11 = _quarters(a_lo, BC)
-        a22, a23, a32, a33 = _quarters(a_hi, BC)
-        t00 = _inv_unit_lower(a00, BC)
-        t11 = _inv_unit_lower(a11, BC)
-        t22 = _inv_unit_lower(a22, BC)
-        t33 = _inv_unit_lower(a33, BC)
-        # (I + A) = D (I + N), D = I + blockdiag(A), N = D^-1 L (L: the strictly block-lower part of A),
-        # N^4 = 0  =>  Tm = (I - N)(I + N^2) D^-1   (the block forward substitution, as 64x64 tf32 dots)
-        z = tl.zeros((BC, BC), dtype=tl.float32)
-        z2 = tl.zeros((2 * BC, 2 * BC), dtype=tl.float32)
-        d_lo = _cat_rows(_cat_cols(t00, z, BC, BC), _cat_cols(z, t11, BC, BC), BC, 2 * BC)
-        d_hi = _cat_rows(_cat_cols(t22, z, BC, BC), _cat_cols(z, t33, BC, BC), BC, 2 * BC)
-        dinv = _cat_rows(_cat_cols(d_lo, z2, 2 * BC, 2 * BC), _cat_cols(z2, d_hi, 2 * BC, 2 * BC), 2 * BC, BT)
+        dinv = _diag_inverse(k, g, beta, m, BT, BC, K)
         rb = tl.arange(0, BT)[:, None]
         cb = tl.arange(0, BT)[None, :]
         eye = tl.where(rb == cb, 1.0, 0.0)
@@ -206,7 +181,11 @@ def gdn_kkt_wy_kernel(kn_ptr, v_ptr, g_ptr, beta_ptr, cidx_ptr, w_ptr, u_ptr, st
 @triton.jit
 def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, seqinfo_ptr, HK, HV, use_state,
                        BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    """Grid (N, Hv, V // BV). u_ptr holds U on entry and V' = U - W S on exit (in place)."""
+    """Grid (N, Hv, V // BV). u_ptr holds U on entry and V' = U - W S on exit (in place).
+
+    The state block is kept transposed, S^T [BV, K] fp32, so both products take their register operand on
+    the left (V'^T = U^T - S^T W^T and S^T <- exp(g_last) S^T + V'^T_decayed K): the state never goes
+    through shared memory. h is stored transposed too: h [max_chunks, Hv, V, K] bf16."""
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     iv = tl.program_id(2)
@@ -220,40 +199,56 @@ def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, 
     slot = tl.full((), -1, tl.int64)
     if use_state != 0:
         slot = tl.load(slot_ptr + n).to(tl.int64)
-    s_off = (slot * HV + hv) * (K * V) + ck[:, None] * V + cv[None, :]
-    S = tl.zeros((K, BV), dtype=tl.float32)
+    s_off = (slot * HV + hv) * (K * V) + ck[None, :] * V + cv[:, None]  # state cache [slots, Hv, K, V]
+    ST = tl.zeros((BV, K), dtype=tl.float32)
     if slot >= 0:
-        S = tl.load(state_ptr + s_off)
-    h_base = h_ptr + hv.to(tl.int64) * (K * V) + ck[:, None] * V + cv[None, :]
+        ST = tl.load(state_ptr + s_off)
+    h_base = h_ptr + hv.to(tl.int64) * (V * K) + cv[:, None] * K + ck[None, :]
+    # g, g_last and U^T of chunk c + 1 are loaded while chunk c computes (they sit on the dependent chain of
+    # each step otherwise; W and K come through the compiler's cp.async pipeline)
+    rows = bos + tl.arange(0, BT)
+    m = rows < eos
+    r64 = rows.to(tl.int64)
+    g_nx = tl.load(g_ptr + r64 * HV + hv, mask=m, other=0.0)
+    gl_nx = tl.load(g_ptr + (tl.minimum(bos + BT, eos) - 1).to(tl.int64) * HV + hv, mask=nc > 0, other=0.0)
+    ut_nx = tl.load(u_ptr + r64[None, :] * (HV * V) + hv * V + cv[:, None], mask=m[None, :], other=0.0)
     for c in range(0, nc):
         t0 = bos + c * BT
-        rows = t0 + tl.arange(0, BT)
         m = rows < eos
         r64 = rows.to(tl.int64)
-        tl.store(h_base + (coff + c) * (HV * K * V), S.to(tl.bfloat16))
+        g = g_nx
+        g_last = gl_nx
+        ut = ut_nx
+        rows = rows + BT  # chunk c + 1
+        m1 = rows < eos
+        r1 = rows.to(tl.int64)
+        g_nx = tl.load(g_ptr + r1 * HV + hv, mask=m1, other=0.0)
+        gl_nx = tl.load(g_ptr + (tl.minimum(t0 + 2 * BT, eos) - 1).to(tl.int64) * HV + hv, mask=t0 + BT < eos,
+                        other=0.0)
+        ut_nx = tl.load(u_ptr + r1[None, :] * (HV * V) + hv * V + cv[:, None], mask=m1[None, :], other=0.0)
+        tl.store(h_base + (coff + c) * (HV * V * K), ST.to(tl.bfloat16))
         w = tl.load(w_ptr + r64[:, None] * (HV * K) + hv * K + ck[None, :], mask=m[:, None], other=0.0)
-        u_off = u_ptr + r64[:, None] * (HV * V) + hv * V + cv[None, :]
-        u = tl.load(u_off, mask=m[:, None], other=0.0)
         k = tl.load(kn_ptr + r64[:, None] * (HK * K) + hk * K + ck[None, :], mask=m[:, None], other=0.0)
-        g = tl.load(g_ptr + r64 * HV + hv, mask=m, other=0.0)
-        g_last = tl.load(g_ptr + (tl.minimum(t0 + BT, eos) - 1).to(tl.int64) * HV + hv)
-        vp = u.to(tl.float32) - tl.dot(w, S.to(tl.bfloat16))
-        tl.store(u_off, vp.to(tl.bfloat16), mask=m[:, None])
+        vpt = ut.to(tl.float32) - tl.dot(ST.to(tl.bfloat16), tl.trans(w))
+        tl.store(u_ptr + r64[None, :] * (HV * V) + hv * V + cv[:, None], vpt.to(tl.bfloat16), mask=m[None, :])
         decay = tl.where(m, tl.exp(tl.where(m, g_last - g, 0.0)), 0.0)
-        vs = (vp * decay[:, None]).to(tl.bfloat16)
-        S = S * tl.exp(g_last) + tl.dot(tl.trans(k), vs)
+        vst = (vpt * decay[None, :]).to(tl.bfloat16)
+        ST = ST * tl.exp(g_last) + tl.dot(vst, k)
     if slot >= 0:
-        tl.store(state_ptr + s_off, S)
+        tl.store(state_ptr + s_off, ST)
 
 
 # -------------------------------------------------------------------------------------------- 5. chunk_o
 @triton.jit
 def gdn_chunk_o_kernel(qn_ptr, kn_ptr, vp_ptr, g_ptr, h_ptr, cidx_ptr, o_ptr, HK, HV, scale,
                        BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    """Grid (max_chunks, Hv, V // BV). o [T, Hv, V] bf16."""
-    ic = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    iv = tl.program_id(2)
+    """Grid (max_chunks * (V // BV) * Hv,), value head fastest, then the V block, then the chunk (the heads
+    sharing q, k read them from L2). o [T, Hv, V] bf16."""
+    pid = tl.program_id(0)
+    hv = pid % HV
+    rest = pid // HV
+    iv = rest % (V // BV)
+    ic = (rest // (V // BV)).to(tl.int64)
     t0 = tl.load(cidx_ptr + ic * 2)
     if t0 >= 0:
         eos = tl.load(cidx_ptr + ic * 2 + 1)
@@ -266,7 +261,7 @@ def gdn_chunk_o_kernel(qn_ptr, kn_ptr, vp_ptr, g_ptr, h_ptr, cidx_ptr, o_ptr, HK
         q = tl.load(qn_ptr + r64[:, None] * (HK * K) + hk * K + ck[None, :], mask=m[:, None], other=0.0)
         k = tl.load(kn_ptr + r64[:, None] * (HK * K) + hk * K + ck[None, :], mask=m[:, None], other=0.0)
         g = tl.load(g_ptr + r64 * HV + hv, mask=m, other=0.0)
-        h = tl.load(h_ptr + (ic * HV + hv) * (K * V) + ck[:, None] * V + cv[None, :])
+        h = tl.load(h_ptr + (ic * HV + hv) * (V * K) + cv[None, :] * K + ck[:, None])  # h [.., V, K]
         vp = tl.load(vp_ptr + r64[:, None] * (HV * V) + hv * V + cv[None, :], mask=m[:, None], other=0.0)
         qk = tl.dot(q, tl.trans(k))
         keep = (tl.arange(0, BT)[:, None] >= tl.arange(0, BT)[None, :]) & m[:, None]

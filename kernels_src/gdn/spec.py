@@ -8,9 +8,9 @@ aligned allocations) and on the qkv row stride (128 * (2 Hk + Hv), checked). Per
 Grids (axis 0 first), max_chunks = max_tokens // 64 + max_seqs (workspace upper bound):
   chunk_index  (1,)
   prep         (max_chunks, Hk)
-  kkt_wy       (max_chunks, Hv)
+  kkt_wy       (max_chunks * Hv,)            value head fastest
   delta_h      (N, Hv, 128 // BV)
-  chunk_o      (max_chunks, Hv, 128 // BV)
+  chunk_o      (max_chunks * 128 // BV * Hv,)  value head fastest, then the V block
 Scratch: every element a kernel reads was written earlier in the same call (masked on the sequence's eos),
 so no buffer needs zero-filling.
 """
@@ -33,7 +33,7 @@ SPECS = [
               Arg("g_ptr", "*fp32", div=16), Arg("beta_ptr", "*fp32", div=16),
               Arg("stride_qkv", "i32", div=16), Arg("stride_a", "i32"), Arg("stride_b", "i32"),
               Arg("HK", "i32"), Arg("HV", "i32")],
-        constexprs=dict(_P), num_warps=4, num_stages=1),
+        constexprs={**_P, "GP": 4}, num_warps=4, num_stages=1),
     KernelSpec(
         name="kkt_wy", source="chunk.py", entry="gdn_kkt_wy_kernel",
         args=[Arg("kn_ptr", "*bf16", div=16), Arg("v_ptr", "*bf16", div=16), Arg("g_ptr", "*fp32", div=16),

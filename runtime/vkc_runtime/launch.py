@@ -25,7 +25,7 @@ from .artifacts import ArtifactSet, LaunchSpec
 from .errors import ArtifactError, CudaError, LaunchError, MissingKernelError
 
 __all__ = [
-    "Kernel", "get_kernel", "clear_cache", "pack_args", "pack_value", "param_layout", "ParamBuffer",
+    "Kernel", "get_kernel", "has_kernel", "clear_cache", "pack_args", "pack_value", "param_layout", "ParamBuffer",
     "ScratchPool", "scratch_nbytes", "native_available", "native_reason", "SMEM_DEFAULT_LIMIT",
     "MAX_GRID_X", "MAX_GRID_YZ",
 ]
@@ -440,6 +440,7 @@ class Kernel:
         self.native = False
         self._launcher = None
         self._scratch_size = spec.global_scratch_size
+        self._occupancy: int | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -527,6 +528,17 @@ class Kernel:
         self.native = False
         return _PyLauncher(fn, *args)
 
+    def max_active_blocks(self) -> int:
+        """Resident CTAs per SM (cuOccupancyMaxActiveBlocksPerMultiprocessor with the launch's block size
+        and dynamic shared memory): the wave size of a grid is this times the SM count. Cached."""
+        n = self._occupancy
+        if n is None:
+            self.load()
+            n = int(driver.call(driver.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor, self.function,
+                                self.spec.block_x, self.spec.shared, detail=f"occupancy of {self.base}"))
+            self._occupancy = n
+        return n
+
     # -- launching --------------------------------------------------------------------------------
     def launch(self, grid, args, stream=0) -> None:
         """Launch on ``grid`` (int or 1-3 ints) with the visible ``args`` on ``stream`` (int handle or
@@ -609,3 +621,11 @@ def get_kernel(base: str, *, device: int | None = None) -> Kernel:
         with _cache_lock:
             k = _kernels.setdefault(key, k)
     return k
+
+
+def has_kernel(base: str, *, device: int | None = None) -> bool:
+    """Whether the arch selected for the current context has an artifact for ``base`` (for arch-specific
+    fast paths, e.g. TMA kernels built for sm_90a/sm_100a only; required bases go through the registry)."""
+    ctx = driver.ensure_context(device)
+    info = _ctx_infos.get(ctx) or context_info(ctx)
+    return base in info.aset

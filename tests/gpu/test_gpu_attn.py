@@ -28,16 +28,20 @@ def rnd(*shape, scale=1.0):
     return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(torch.bfloat16)
 
 
-def make_paged(lens, Hkv, D, bs, extra_cols=2):
+def make_paged(lens, Hkv, D, bs, extra_cols=2, interleaved=False):
     """Shuffled paged caches with random rows 0..L-1 per sequence, NaN everywhere else; block table columns
-    past a sequence's blocks hold garbage ids."""
+    past a sequence's blocks hold garbage ids. interleaved: k and v blocks alternate in one allocation."""
     nblk = [cdiv(L, bs) for L in lens]
     nb = sum(nblk) + 5
     perm = torch.randperm(nb, device="cuda").to(torch.int32)
     width = max(max(nblk), 1) + extra_cols
     bt = torch.full((len(lens), width), 10**7, dtype=torch.int32, device="cuda")
-    kc = torch.full((nb, bs, Hkv, D), float("nan"), dtype=torch.bfloat16, device="cuda")
-    vc = torch.full_like(kc, float("nan"))
+    if interleaved:
+        kv = torch.full((nb, 2, bs, Hkv, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kc, vc = kv[:, 0], kv[:, 1]
+    else:
+        kc = torch.full((nb, bs, Hkv, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+        vc = torch.full_like(kc, float("nan"))
     used = 0
     for i, L in enumerate(lens):
         ids = perm[used:used + nblk[i]]
@@ -76,9 +80,9 @@ def rel(out, ref):
     return ((o - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate):
+def prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate, use_tma=None, interleaved=False):
     lens = [a + b for a, b in zip(q_lens, prefix)]
-    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    kc, vc, bt = make_paged(lens, Hkv, D, bs, interleaved=interleaved)
     T = sum(q_lens)
     q = rnd(T, Hq, D)
     cu = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32, device="cuda")
@@ -86,7 +90,7 @@ def prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate):
     gt = rnd(T, Hq, 2, D)[:, :, 1] if gate else None
     out = torch.full((T, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda")
     scale = D ** -0.5
-    A.prefill(q, kc, vc, bt, cu, sl, scale, gate=gt, out=out)
+    A.prefill(q, kc, vc, bt, cu, sl, scale, gate=gt, out=out, use_tma=use_tma)
     torch.cuda.synchronize()
     ref = torch.empty(T, Hq, D, device="cuda")
     for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
@@ -101,20 +105,33 @@ def prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate):
 @pytest.mark.parametrize("D", [256, 128])
 @pytest.mark.parametrize("Hq,Hkv", [(24, 4), (16, 2)])
 @pytest.mark.parametrize("gate", [False, True])
-@pytest.mark.parametrize("bs", [16, 64])
-def test_prefill_mixed(A, D, Hq, Hkv, gate, bs):
+@pytest.mark.parametrize("bs,use_tma", [(16, None), (64, None), (64, False), (128, None)])
+def test_prefill_mixed(A, D, Hq, Hkv, gate, bs, use_tma):
     q_lens = [1, 15, 16, 17, 63, 64, 65, 300, 0, 129]
     prefix = [0, 0, 16, 100, 1, 64, 0, 700, 3, 4097 - 129]
-    err = prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate)
-    print(f"prefill D={D} {Hq}/{Hkv} bs={bs} gate={gate}: rel err {err:.2e}")
+    probe = torch.empty(1, bs, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    tma = A.prefill_uses_tma(probe, gate=gate) and use_tma is not False
+    # on the H200 the TMA kernel takes every block size that is a multiple of its key tile
+    assert tma == (bs % (64 if D == 256 else 128) == 0 and use_tma is not False)
+    err = prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate, use_tma=use_tma, interleaved=bs == 128)
+    print(f"prefill D={D} {Hq}/{Hkv} bs={bs} gate={gate} tma={tma}: rel err {err:.2e}")
     assert err < TOL
 
 
-@pytest.mark.parametrize("T", [4097, 8192])
-def test_prefill_long_single(A, T):
-    err = prefill_case(A, [T], [0], 24, 4, 256, 16, True)
-    print(f"prefill single T={T}: rel err {err:.2e}")
+@pytest.mark.parametrize("T,bs", [(4097, 16), (8192, 16), (4097, 64), (8192, 64)])
+def test_prefill_long_single(A, T, bs):
+    err = prefill_case(A, [T], [0], 24, 4, 256, bs, True)
+    print(f"prefill single T={T} bs={bs}: rel err {err:.2e}")
     assert err < TOL
+
+
+def test_prefill_tma_refuses_what_it_cannot_read(A):
+    kc = torch.zeros(4, 16, 2, 256, dtype=torch.bfloat16, device="cuda")
+    q = torch.zeros(3, 4, 256, dtype=torch.bfloat16, device="cuda")
+    one = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    with pytest.raises(A.OpError, match="multiple of 64"):
+        A.prefill(q, kc, kc, one, torch.tensor([0, 3], dtype=torch.int32, device="cuda"),
+                  torch.tensor([3], dtype=torch.int32, device="cuda"), 0.1, use_tma=True)
 
 
 def decode_case(A, lens, Hq, Hkv, D, bs, gate, workspace=None, max_seq_len=None):
@@ -173,6 +190,33 @@ def test_reshape_and_cache(A):
     assert torch.equal(kc, k0) and torch.equal(vc, v0)
 
 
+def test_prefill_graph_replay_matches_eager(A):
+    """TMA prefill (descriptors built on the device in global scratch) captured after one eager call."""
+    import vkc_runtime
+    Hq, Hkv, D, bs = 24, 4, 256, 64
+    q_lens, prefix = [300, 17, 1000], [0, 4000, 64]
+    lens = [a + b for a, b in zip(q_lens, prefix)]
+    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    T = sum(q_lens)
+    q, gt = rnd(T, Hq, D), rnd(T, Hq, 2, D)[:, :, 1]
+    cu = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32, device="cuda")
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    assert A.prefill_uses_tma(kc, gate=True)
+    eager = torch.empty(T, Hq, D, dtype=torch.bfloat16, device="cuda")
+    graph_out = torch.full_like(eager, float("nan"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, gate=gt, out=eager, stream=s.cuda_stream)
+    s.synchronize()
+    g = vkc_runtime.Graph()
+    with g.capture(s.cuda_stream):
+        A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, gate=gt, out=graph_out, stream=s.cuda_stream)
+    g.replay(s.cuda_stream)
+    s.synchronize()
+    assert torch.equal(eager, graph_out)
+
+
 def test_graph_replay_matches_eager(A):
     import vkc_runtime
     Hq, Hkv, D, bs = 24, 4, 256, 16
@@ -210,3 +254,16 @@ def test_validation_errors(A):
     with pytest.raises(A.OpError):
         A.decode(rnd(1, 4, 256), kc, vc, bt, torch.tensor([16], dtype=torch.int32, device="cuda"), 0.1,
                  max_seq_len=10**6)
+
+
+def test_decode_split_count_fills_waves(A):
+    """The split heuristic gets the loaded kernel's occupancy from the driver and picks full waves."""
+    from vkc_runtime.launch import get_kernel
+    occ = get_kernel("attn.decode_split.d256").max_active_blocks()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert 1 <= occ <= 32
+    for B, L in [(16, 32768), (64, 4096), (1, 32768)]:
+        s = A.num_splits_for(B, 4, L, sms, ctas_per_sm=occ)
+        waves = -(-(B * 4 * s) // (occ * sms))
+        print(f"decode B={B} L={L}: occupancy {occ}/SM, {s} splits, {B * 4 * s} CTAs in {waves} wave(s)")
+        assert B * 4 * s / (waves * occ * sms) > 0.75

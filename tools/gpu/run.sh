@@ -85,10 +85,14 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   done
 fi
 if [ "$WHAT" = tune ]; then
-  # candidates come from `vkc tune build ... --out build/tune/<family>` on the CPU box (carry build/tune)
+  # candidates come from `vkc tune build ... --out build/tune/<name>` on the CPU box (carry build/tune); the
+  # benchmark is benchmarks/tune_<family>.py, the family read from the candidates' candidate.json
   for d in build/tune/*/; do
-    fam=$(basename "$d"); echo "== vkc tune run: $fam"
-    python3 -m vkc.cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$WORK/tune_$fam.json" 2>&1 | tail -20 || rc=1
+    name=$(basename "$d")
+    fam=$(python3 -c "import glob, json, sys; print(json.load(open(sorted(glob.glob(sys.argv[1] + '*/candidate.json'))[0]))['family'])" "$d") || continue
+    echo "== vkc tune run: $name ($fam)"
+    python3 -m vkc.cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$WORK/tune_$name.json" 2>&1 | tail -20 || rc=1
+    merge > /dev/null
   done
 fi
 merge

@@ -20,6 +20,11 @@ max_blocks * block_size, block ids outside [0, num_blocks) are skipped (their ke
 outside [0, num_blocks * block_size) are not written, and a row that sees no key (L < q_len) yields zeros.
 Results for such inputs are defined but meaningless; nothing outside the buffers is touched.
 
+Prefill kernels: on sm_90a/sm_100a a TMA kernel (K/V tiles loaded as boxes of one cache block, 128 x 64
+tiles at D=256) when block_size is a multiple of its key tile (64 at D=256, 128 at D=128) and the block
+stride a multiple of the slot stride; otherwise (other archs, block size 16) the gather kernel, which looks
+up every key row. :func:`prefill_uses_tma` tells which one a cache gets.
+
 Graph capture: pass ``out=`` and, for decode, a :class:`DecodeWorkspace` sized up front with
 :func:`decode_workspace` and a ``max_seq_len`` (or the bound block_tables width * block_size is used). The
 split count then depends only on host-side sizes, so replay with new lengths/tables is valid.
@@ -29,17 +34,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import driver, memory, registry
-from ..launch import get_kernel
+from ..launch import get_kernel, has_kernel
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
-__all__ = ["reshape_and_cache", "prefill", "decode", "DecodeWorkspace", "decode_workspace", "num_splits_for",
+__all__ = ["reshape_and_cache", "prefill", "prefill_uses_tma", "decode", "DecodeWorkspace", "decode_workspace", "num_splits_for",
            "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
 
 HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode
 BF16 = "bfloat16"
 MIN_KEYS_PER_SPLIT = 256
-CTAS_PER_SM = 2  # decode split target: this many CTAs per SM (>= 1 full wave even with tail imbalance)
+CTAS_PER_SM = 2  # default resident CTAs per SM (decode asks the driver for the loaded kernel's occupancy)
 DEFAULT_MAX_SPLITS = 64
 
 registry.require(*[f"attn.reshape_and_cache.{v}" for v in ("a16", "any")])
@@ -150,13 +155,43 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
 
 # ------------------------------------------------------------------------------------------------ prefill
 
+def _prefill_kernel(D: int, gate: bool, BS: int, NB: int, sb: int, ss: int, use_tma):
+    """The TMA kernel (sm_90a/sm_100a artifacts) when the cache allows it -- block_size a multiple of its
+    BLOCK_N, the block stride a multiple of the slot stride, slot rows indexable in int32 -- else the
+    gather kernel. use_tma: None = automatic, False = gather, True = TMA or an error."""
+    base = f"attn.prefill.d{D}.{'gate' if gate else 'nogate'}"
+    if use_tma is not False and has_kernel(base + ".tma"):
+        k = get_kernel(base + ".tma")
+        bn = k.constexprs["BLOCK_N"]
+        why = (f"block_size {BS} is not a multiple of {bn}" if BS % bn else
+               f"block stride {sb} is not a multiple of the slot stride {ss}" if sb % ss else
+               "more than 2^31 slot rows" if NB * (sb // ss) >= 2**31 else None)
+        if why is None:
+            return k
+        if use_tma:
+            raise OpError(f"prefill: use_tma=True but the TMA kernel cannot read this cache: {why}")
+    elif use_tma:
+        raise OpError(f"prefill: use_tma=True but the selected arch has no {base}.tma artifact (sm_90a/sm_100a)")
+    return get_kernel(base)
+
+
+def prefill_uses_tma(k_cache, *, gate: bool = False) -> bool:
+    """Whether :func:`prefill` (use_tma=None) takes the TMA kernel for this cache on the current device."""
+    _, _, NB, BS, _, D, sb, ss, _ = _cache_pair("prefill_uses_tma", k_cache, k_cache)
+    return _prefill_kernel(D, gate, BS, NB, sb, ss, None).base.endswith(".tma")
+
+
 def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *, gate=None, out=None,
-            max_seqlen_q=None, stream=None):
+            max_seqlen_q=None, use_tma=None, stream=None):
     """Varlen causal attention of packed q [T, Hq, D] against the paged caches (which must already hold the
     new tokens' K/V: call :func:`reshape_and_cache` first). Returns out [T, Hq, D] bf16.
 
     ``max_seqlen_q`` (optional host int, an upper bound of any sequence's q_len) only shrinks the grid;
-    without it the grid is cdiv(T, BLOCK_M) + N m-blocks per head and surplus programs exit at once."""
+    without it the grid is cdiv(T, BLOCK_M) + N m-blocks per head and surplus programs exit at once.
+    ``use_tma``: None picks the TMA kernel where it exists (sm_90a/sm_100a) and the cache allows it
+    (block_size a multiple of 64 for D=256, 128 for D=128); False forces the gather kernel. The TMA
+    kernel uses global scratch for its descriptors: inside graph capture, run the same shape once eagerly
+    first so the scratch pool is large enough."""
     op = "prefill"
     kc, vc, NB, BS, Hkv, D, sb, ss, sh = _cache_pair(op, k_cache, v_cache)
     qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
@@ -181,7 +216,7 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     gptr, sgt, sgh = _gate(op, gate, T, Hq, D, qt)
     _a16(op, q_ptr=qt.ptr, out_ptr=ot.ptr, stride_qt=sqt, stride_qh=sqh, stride_ot=sot, stride_oh=soh)
     fits_i32(op, T=T, stride_qt=sqt, stride_qh=sqh, stride_ot=sot, stride_oh=soh)
-    kern = get_kernel(f"attn.prefill.d{D}.{'gate' if gate is not None else 'nogate'}")
+    kern = _prefill_kernel(D, gate is not None, BS, NB, sb, ss, use_tma)
     bm = kern.constexprs["BLOCK_M"]
     n_mb = _cdiv(T, bm) + N
     if max_seqlen_q is not None:
@@ -225,16 +260,21 @@ _ws_cache: dict[tuple, DecodeWorkspace] = {}
 
 
 def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, *,
-                   max_splits: int = DEFAULT_MAX_SPLITS, min_keys: int = MIN_KEYS_PER_SPLIT) -> int:
-    """Split-KV heuristic. Work items are (sequence, kv head) pairs, B * Hkv of them; each should be cut
-    into enough splits that B * Hkv * splits >= CTAS_PER_SM * num_sms (fills the GPU with a margin for
-    uneven lengths), but no split shorter than ``min_keys`` keys of the longest sequence (below that the
-    per-split fixed cost -- q load, partial write, combine read -- outweighs the parallelism), and at most
-    ``max_splits`` (the workspace size). Depends only on host-side sizes, so it is graph-stable."""
+                   max_splits: int = DEFAULT_MAX_SPLITS, min_keys: int = MIN_KEYS_PER_SPLIT,
+                   ctas_per_sm: int = CTAS_PER_SM) -> int:
+    """Split-KV heuristic. Work items are (sequence, kv head) pairs, B * Hkv of them, each cut into s splits of
+    ~L / s keys; the launch runs in ceil(B * Hkv * s / slots) waves of slots = ctas_per_sm * num_sms CTAs, so
+    the time is ~ waves(s) / s (in units of one unsplit item). Pick the smallest s whose cost is within 5% of
+    the best s in [1, min(max_splits, L // min_keys)]: full waves without the tail of a partial one (e.g.
+    16 x 4 items on 264 slots: s = 4 is one full wave, s = 5 would be 1.2 waves), and no split shorter than
+    ``min_keys`` keys (below that the per-split fixed cost -- q load, partial write, combine read -- outweighs
+    the parallelism). Depends only on host-side sizes, so it is graph-stable."""
     work = max(1, batch * num_kv_heads)
-    want = _cdiv(CTAS_PER_SM * max(1, num_sms), work)
-    by_len = max(1, max_seq_len // max(1, min_keys))
-    return int(max(1, min(want, by_len, max_splits)))
+    slots = max(1, ctas_per_sm * max(1, num_sms))
+    hi = int(max(1, min(max_splits, max_seq_len // max(1, min_keys))))
+    cost = {s: _cdiv(work * s, slots) / s for s in range(1, hi + 1)}
+    best = min(cost.values())
+    return next(s for s in range(1, hi + 1) if cost[s] <= best * 1.05)
 
 
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out=None, workspace=None,
@@ -285,7 +325,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
                       f"this call needs batch {B}, {Hq} heads, D {D}")
     split_k = get_kernel(f"attn.decode_split.d{D}")
     comb_k = get_kernel(f"attn.decode_combine.d{D}.{'gate' if gate is not None else 'nogate'}")
-    splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits)
+    splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits,
+                            ctas_per_sm=max(1, split_k.max_active_blocks()))
     fits_i32(op, grid=B * Hkv * splits, partials=B * Hq * splits * D)
     s = stream_of(stream)
     split_k.launch((B * Hkv * splits, 1, 1),

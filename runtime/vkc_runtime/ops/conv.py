@@ -101,7 +101,7 @@ def causal_conv1d(x, weight, cu_seqlens, *, conv_state=None, slot_idx=None, out=
     gy = _cdiv(C, k.constexprs["BLOCK_C"])
     if gy > 65535:
         raise OpError(f"{op}: C={C} needs {gy} programs on grid axis y (limit 65535)")
-    k.launch((_cdiv(T, k.constexprs["BLOCK_T"]), gy, 1),
+    k.launch((_cdiv(T, k.constexprs["BLOCK_T"] * k.constexprs["SUB"]), gy, 1),
              (xt.ptr, wt.ptr, yt.ptr, st_ptr, ct.ptr, sl_ptr, sx, sw, sy, ss, sr, T, C, N, S), stream_of(stream))
     return res
 

@@ -8,8 +8,8 @@ state of sequence n is ``state[slot_idx[n]]`` (a negative slot: zero initial sta
 final state is written back in place to the same slot. Two sequences must not share a non-negative slot.
 
 Launches (one stream, no host sync, no allocation when ``workspace=`` and ``out=`` are given, so it is
-graph-capturable): chunk_index (1,) -> prep (C, Hk) -> kkt_wy (C, Hv) -> delta_h (N, Hv, 128/BV) ->
-chunk_o (C, Hv, 128/BV), with C = T // 64 + N, an upper bound of the number of 64-token chunks (the chunk table
+graph-capturable): chunk_index (1,) -> prep (C, Hk) -> kkt_wy (C*Hv,) -> delta_h (N, Hv, 128/BV) ->
+chunk_o (C*Hv*128/BV,), with C = T // 64 + N, an upper bound of the number of 64-token chunks (the chunk table
 is built on the device from cu_seqlens; unused entries make their programs exit).
 
 ``cu_seqlens`` values are not read on the host (that would sync); they must be non-decreasing with
@@ -49,7 +49,7 @@ class GdnWorkspace:
       qn, kn  bf16 [Tm, Hk, 128]                           L2-normalised q, k
       g, beta fp32 [Tm, Hv]                                chunk-local cumsum of the log gate, sigmoid(b)
       w, u    bf16 [Tm, Hv, 128]                           WY factors; u becomes V' = U - W S in place
-      h       bf16 [C, Hv, 128, 128]                       state entering each chunk
+      h       bf16 [C, Hv, 128 (V), 128 (K)]               state entering each chunk (transposed)
     No buffer needs zero-filling: each element a kernel reads was written earlier in the same call.
     """
     max_tokens: int
@@ -107,7 +107,7 @@ def workspace_for(max_tokens: int, max_seqs: int, num_k_heads: int, num_v_heads:
         qn=e((Tm, hk, HEAD_K), BF16), kn=e((Tm, hk, HEAD_K), BF16),
         g=e((Tm, hv), F32), beta=e((Tm, hv), F32),
         w=e((Tm, hv, HEAD_K), BF16), u=e((Tm, hv, HEAD_V), BF16),
-        h=e((C, hv, HEAD_K, HEAD_V), BF16),
+        h=e((C, hv, HEAD_V, HEAD_K), BF16),
         dummy_state=e((16,), F32), dummy_slot=e((4,), I32))
 
 
@@ -209,14 +209,15 @@ def chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, num_k_heads: i
     k_prep.launch((C, hk, 1), (qt.ptr, at.ptr, bt.ptr, alt.ptr, dtt.ptr, ws.cidx.ptr, ws.qn.ptr, ws.kn.ptr,
                                ws.g.ptr, ws.beta.ptr, sq, sa, sb, hk, hv), s)
     v_ptr = qt.ptr + 2 * hk * HEAD_K * 2  # v channels of qkv (bf16): 16-byte aligned as 2*hk*128*2 % 16 == 0
-    k_wy.launch((C, hv, 1), (ws.kn.ptr, v_ptr, ws.g.ptr, ws.beta.ptr, ws.cidx.ptr, ws.w.ptr, ws.u.ptr, sq, hk, hv),
+    fits_i32(op, grid=C * hv * max(1, HEAD_V // bv_o))
+    k_wy.launch((C * hv, 1, 1), (ws.kn.ptr, v_ptr, ws.g.ptr, ws.beta.ptr, ws.cidx.ptr, ws.w.ptr, ws.u.ptr, sq, hk, hv),
                 s)
     use_state = 1 if st is not None else 0
     k_dh.launch((N, hv, HEAD_V // bv_h),
                 (ws.kn.ptr, ws.w.ptr, ws.u.ptr, ws.g.ptr, ws.h.ptr,
                  st.ptr if st is not None else ws.dummy_state.ptr, sl.ptr if sl is not None else ws.dummy_slot.ptr,
                  ws.seqinfo.ptr, hk, hv, use_state), s)
-    k_o.launch((C, hv, HEAD_V // bv_o),
+    k_o.launch((C * hv * (HEAD_V // bv_o), 1, 1),
                (ws.qn.ptr, ws.kn.ptr, ws.u.ptr, ws.g.ptr, ws.h.ptr, ws.cidx.ptr, ot.ptr, hk, hv,
                 float(HEAD_K ** -0.5)), s)
     return res
