@@ -64,7 +64,7 @@ def test_rmsnorm_picks_block_and_variant(rec):
     N.rmsnorm(Dev((7, 5120)), Dev((5120,)), 1e-6, out=Dev((7, 5120)))
     N.rmsnorm(Dev((7, 5120), offset=1), Dev((5120,)), 1e-6, out=Dev((7, 5120)))  # misaligned -> .any
     N.rmsnorm(Dev((3, 1000)), Dev((1000,)), 1e-6, out=Dev((3, 1000)))  # stride 1000 % 16 != 0 -> .any
-    assert [c[0] for c in rec.calls] == ["norm.rmsnorm.b5120.a16", "norm.rmsnorm.b5120.any", "norm.rmsnorm.b1024.any"]
+    assert [c[0] for c in rec.calls] == ["norm.rmsnorm.b8192.a16", "norm.rmsnorm.b8192.any", "norm.rmsnorm.b1024.any"]
     assert rec.calls[0][1] == (7, 1, 1)
     assert rec.calls[0][2][-2:] == (5120, 1e-6)
 

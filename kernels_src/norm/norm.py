@@ -11,41 +11,31 @@ from kernels_src.common import floor16, silu_f32
 
 
 @triton.jit
-def _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr, TAIL: tl.constexpr):
-    # The row is covered by BLOCK lanes plus, when TAIL > 0, TAIL more lanes at BLOCK.. (so a row of
-    # 5120 = 4096 + 1024 wastes no registers on masked lanes, unlike a single 8192 block).
+def _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr):
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     # padded lanes are 0 and the mean divides by N, not BLOCK
-    ss = tl.sum(x * x, axis=0)
-    if TAIL > 0:
-        cols2 = BLOCK + tl.arange(0, TAIL)
-        mask2 = cols2 < N
-        x2 = tl.load(x_row + cols2, mask=mask2, other=0.0).to(tl.float32)
-        ss += tl.sum(x2 * x2, axis=0)
-    rstd = tl.rsqrt(ss / N + eps)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_row + cols, (x * rstd * (1.0 + w)).to(tl.bfloat16), mask=mask)
-    if TAIL > 0:
-        w2 = tl.load(w_ptr + cols2, mask=mask2, other=0.0).to(tl.float32)
-        tl.store(y_row + cols2, (x2 * rstd * (1.0 + w2)).to(tl.bfloat16), mask=mask2)
+    y = x * rstd * (1.0 + w)
+    tl.store(y_row + cols, y.to(tl.bfloat16), mask=mask)
 
 
 @triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr, TAIL: tl.constexpr):
-    """y[m, :N] = x * rsqrt(mean(x^2) + eps) * (1 + w); grid (M,), needs BLOCK + TAIL >= N."""
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr):
+    """y[m, :N] = x * rsqrt(mean(x^2) + eps) * (1 + w); grid (M,), needs BLOCK >= N."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
     if N % 16 == 0:
-        _rmsnorm_row(x_row, w_ptr, y_row, floor16(N), eps, BLOCK, TAIL)  # vectorizable masks
+        _rmsnorm_row(x_row, w_ptr, y_row, floor16(N), eps, BLOCK)  # vectorizable masks
     else:
-        _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK, TAIL)
+        _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK)
 
 
 @triton.jit
-def _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr, TAIL: tl.constexpr):
+def _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr):
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
@@ -53,36 +43,24 @@ def _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr, TA
     s = (x + r).to(tl.bfloat16)
     tl.store(r_row + cols, s, mask=mask)
     sf = s.to(tl.float32)  # the norm sees the bf16-rounded sum, as HF does
-    ss = tl.sum(sf * sf, axis=0)
-    if TAIL > 0:
-        cols2 = BLOCK + tl.arange(0, TAIL)
-        mask2 = cols2 < N
-        x2 = tl.load(x_row + cols2, mask=mask2, other=0.0).to(tl.float32)
-        r2 = tl.load(r_row + cols2, mask=mask2, other=0.0).to(tl.float32)
-        s2 = (x2 + r2).to(tl.bfloat16)
-        tl.store(r_row + cols2, s2, mask=mask2)
-        sf2 = s2.to(tl.float32)
-        ss += tl.sum(sf2 * sf2, axis=0)
-    rstd = tl.rsqrt(ss / N + eps)
+    rstd = tl.rsqrt(tl.sum(sf * sf, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_row + cols, (sf * rstd * (1.0 + w)).to(tl.bfloat16), mask=mask)
-    if TAIL > 0:
-        w2 = tl.load(w_ptr + cols2, mask=mask2, other=0.0).to(tl.float32)
-        tl.store(y_row + cols2, (sf2 * rstd * (1.0 + w2)).to(tl.bfloat16), mask=mask2)
+    y = sf * rstd * (1.0 + w)
+    tl.store(y_row + cols, y.to(tl.bfloat16), mask=mask)
 
 
 @triton.jit
 def add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, stride_x, stride_r, stride_y, N, eps,
-                       BLOCK: tl.constexpr, TAIL: tl.constexpr):
-    """res[m] <- bf16(x + res); y = norm(res[m]) * (1 + w); grid (M,), needs BLOCK + TAIL >= N."""
+                       BLOCK: tl.constexpr):
+    """res[m] <- bf16(x + res); y = norm(res[m]) * (1 + w); grid (M,), needs BLOCK >= N."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     r_row = res_ptr + row * stride_r
     y_row = y_ptr + row * stride_y
     if N % 16 == 0:
-        _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, floor16(N), eps, BLOCK, TAIL)
+        _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, floor16(N), eps, BLOCK)
     else:
-        _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK, TAIL)
+        _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK)
 
 
 @triton.jit

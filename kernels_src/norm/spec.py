@@ -63,23 +63,20 @@ _EMBEDDING = [
 # benchmarks/results/2026-11-30-norm-tune/): fewer threads per row, more rows in flight per SM. The same
 # choice is used on the build-verified archs (it compiles there without spills); sm_90a pins the measured
 # winners in tuning/sm_90a.json. BLOCK 16384 keeps 16 warps (4 would need > 255 registers).
-# Row capacity -> (BLOCK, TAIL, num_warps): a row is covered by a power-of-two BLOCK plus an optional
-# power-of-two TAIL, so 5120 (Qwen3.6-27B's hidden size) = 4096 + 1024 carries no masked lanes.
-_ROW_BLOCKS = {1024: (1024, 0, 4), 2048: (2048, 0, 4), 4096: (4096, 0, 4), 5120: (4096, 1024, 4),
-               8192: (8192, 0, 4), 16384: (16384, 0, 16)}
+# Hidden 5120 (Qwen3.6-27B) runs in the 8192 block: a split 4096 + 1024 block without masked lanes was
+# measured 4-5% slower on the H200 (benchmarks/results/2026-11-30-h200-session3/mid/norm.json) and removed.
+_ROW_BLOCKS = {1024: 4, 2048: 4, 4096: 4, 8192: 4, 16384: 16}  # BLOCK -> num_warps
 
 SPECS = []
 
 for _sfx, _al in _VARIANTS:
-    for _cap, (_block, _tail, _warps) in _ROW_BLOCKS.items():
+    for _block, _warps in _ROW_BLOCKS.items():
         SPECS.append(KernelSpec(
-            name=f"rmsnorm.b{_cap}.{_sfx}", source="norm.py", entry="rmsnorm_kernel",
-            args=_args(_RMSNORM, _al), constexprs={"BLOCK": _block, "TAIL": _tail}, num_warps=_warps,
-            num_stages=1))
+            name=f"rmsnorm.b{_block}.{_sfx}", source="norm.py", entry="rmsnorm_kernel",
+            args=_args(_RMSNORM, _al), constexprs={"BLOCK": _block}, num_warps=_warps, num_stages=1))
         SPECS.append(KernelSpec(
-            name=f"add_rmsnorm.b{_cap}.{_sfx}", source="norm.py", entry="add_rmsnorm_kernel",
-            args=_args(_ADD_RMSNORM, _al), constexprs={"BLOCK": _block, "TAIL": _tail}, num_warps=_warps,
-            num_stages=1))
+            name=f"add_rmsnorm.b{_block}.{_sfx}", source="norm.py", entry="add_rmsnorm_kernel",
+            args=_args(_ADD_RMSNORM, _al), constexprs={"BLOCK": _block}, num_warps=_warps, num_stages=1))
 
     # GDN output norm: 4 value heads of 128 per program, 2 warps (8 bf16 = 16 B per thread).
     SPECS.append(KernelSpec(
@@ -109,4 +106,4 @@ for _sfx, _al in _VARIANTS:
         name=f"embedding.{_sfx}", source="embedding.py", entry="embedding_kernel",
         args=_args(_EMBEDDING, _al), constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
 
-del _sfx, _al, _cap, _block, _tail, _warps, _d, _rot, _hpp
+del _sfx, _al, _block, _warps, _d, _rot, _hpp

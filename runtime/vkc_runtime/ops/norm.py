@@ -15,7 +15,7 @@ from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_
 __all__ = ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul", "sigmoid_mul", "embedding",
            "OpError", "ROW_BLOCKS"]
 
-ROW_BLOCKS = (1024, 2048, 4096, 5120, 8192, 16384)  # row capacities of the rmsnorm specializations
+ROW_BLOCKS = (1024, 2048, 4096, 8192, 16384)  # row capacities of the rmsnorm specializations
 _VARIANTS = ("a16", "any")
 BF16 = "bfloat16"
 
