@@ -226,6 +226,7 @@ def test_vs_hf_torch_chunk(G, hk, hv):
     assert e_vkc < TOL and e_x < 3 * TOL
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("hk,hv", HEADS)
 def test_vs_fla(G, hk, hv):
     fla = pytest.importorskip("fla.ops.gated_delta_rule")

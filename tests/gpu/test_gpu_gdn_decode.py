@@ -146,6 +146,7 @@ def test_decode_strided_inputs_and_graph(ops):
     assert torch.equal(o1, o2) and torch.equal(st_eager, st_graph)
 
 
+@pytest.mark.peer
 def test_decode_vs_fla(ops):
     fr = pytest.importorskip("fla.ops.gated_delta_rule")
     _, G = ops

@@ -4,9 +4,10 @@
 #   apart from the source tree, runs `vkc doctor`, the GPU tests and the benchmarks, and writes to $OUT:
 #   env.txt (device, import, doctor), build.log, gpu-tests.log and results.json (every benchmark's JSON,
 #   keyed by name; split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
-#   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|bench|tune] [pytest -k expression]
-#   A device call is limited to 10 minutes: the full GPU test suite (~6-8 min with FLA's cold JIT) and the
-#   benchmarks (~5 min) belong in separate calls (`tests`, then `bench`).
+#   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|bench|tune] [pytest -k expression]
+#   A device call is limited to 10 minutes: the GPU tests without peers (~5 min, most of it the GDN float64 and
+#   HF references), the peer comparisons (`peer-tests`: FLA's cold JIT) and the benchmarks (~4 min) belong in
+#   separate calls.
 set -uo pipefail
 WHAT=${1:-all}
 KEXPR=${2:-}
@@ -67,10 +68,13 @@ except Exception as e:
 PY
 python3 -m vkc.cli doctor 2>&1 | tee -a "$ENV_TXT"; echo "doctor rc=${PIPESTATUS[0]}" | tee -a "$ENV_TXT"
 
-if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
-  echo "== GPU tests"
-  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -v -rs -p no:cacheprovider tests/gpu \
-    ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
+if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
+  # `tests`/`all`: every GPU test but the peer comparisons (FLA JIT-compiles for minutes on first use);
+  # `peer-tests`: only those (pytest marker `peer`; carry .whl)
+  if [ "$WHAT" = peer-tests ]; then MEXPR="gpu and peer"; else MEXPR="gpu and not peer"; fi
+  echo "== GPU tests (-m '$MEXPR')"
+  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -v -rs -p no:cacheprovider \
+    --durations=20 -m "$MEXPR" tests/gpu ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
   merge > /dev/null

@@ -37,8 +37,8 @@ from .. import driver, memory, registry
 from ..launch import get_kernel, has_kernel
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
-__all__ = ["reshape_and_cache", "prefill", "prefill_uses_tma", "decode", "DecodeWorkspace", "decode_workspace", "num_splits_for",
-           "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
+__all__ = ["reshape_and_cache", "prefill", "prefill_uses_tma", "decode", "DecodeWorkspace", "decode_workspace",
+           "num_splits_for", "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
 
 HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode

@@ -209,7 +209,7 @@ def chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, num_k_heads: i
     k_prep.launch((C, hk, 1), (qt.ptr, at.ptr, bt.ptr, alt.ptr, dtt.ptr, ws.cidx.ptr, ws.qn.ptr, ws.kn.ptr,
                                ws.g.ptr, ws.beta.ptr, sq, sa, sb, hk, hv), s)
     v_ptr = qt.ptr + 2 * hk * HEAD_K * 2  # v channels of qkv (bf16): 16-byte aligned as 2*hk*128*2 % 16 == 0
-    fits_i32(op, grid=C * hv * max(1, HEAD_V // bv_o))
+    fits_i32(op, grid=C * hv * (HEAD_V // bv_o))
     k_wy.launch((C * hv, 1, 1), (ws.kn.ptr, v_ptr, ws.g.ptr, ws.beta.ptr, ws.cidx.ptr, ws.w.ptr, ws.u.ptr, sq, hk, hv),
                 s)
     use_state = 1 if st is not None else 0

@@ -1,0 +1,58 @@
+"""Driver-free stand-ins for the ops tests: a device tensor exposing ``__cuda_array_interface__`` and a
+``get_kernel`` replacement that records launches and checks each argument list against the committed sm_90a
+manifest (count, int/float kind, the divisibility promises of the .a16 variants)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MANIFEST = json.loads((Path(__file__).resolve().parents[1] / "manifests/sm_90a.json").read_text())
+
+
+class Dev:
+    """A device tensor stand-in exposing __cuda_array_interface__ (no driver needed)."""
+    _next = 1 << 32
+
+    def __init__(self, shape, typestr="<V2", strides=None, offset=0, device_ptr=None):
+        isz = int(typestr[2:]) if typestr[1] in "iuf" else 2
+        if device_ptr is None:
+            device_ptr = Dev._next
+            Dev._next += 1 << 28
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": typestr, "data": (device_ptr + offset * isz, False), "version": 3,
+            "strides": None if strides is None else tuple(s * isz for s in strides)}
+
+
+class Recorder:
+    def __init__(self, occupancy: int = 2):
+        self.calls = []
+        self.occupancy = occupancy
+
+    def __call__(self, base):
+        entry = MANIFEST["kernels"][base]  # KeyError = the op asked for a base that does not exist
+        entry_base = base
+        rec = self
+
+        class K:
+            constexprs = entry["inputs"]["constexprs"]
+            device = 0
+            base = entry_base
+
+            def max_active_blocks(self):
+                return rec.occupancy
+
+            def launch(self, grid, args, stream=0):
+                visible = [p for p in entry["params"] if not p.get("hidden")]
+                assert len(args) == len(visible), (base, len(args), [p["name"] for p in visible])
+                for p, v in zip(visible, args):
+                    if p["type"] == "fp32":
+                        assert isinstance(v, float), (base, p["name"], v)
+                    else:
+                        assert isinstance(v, int), (base, p["name"], v)
+                    if p.get("divisibility"):
+                        assert v % 16 == 0, (base, p["name"], v)  # the .a16 promise holds
+                rec.calls.append((base, tuple(grid), tuple(args)))
+        return K()
+
+    def has(self, base):
+        return base in MANIFEST["kernels"]

@@ -1,0 +1,108 @@
+"""The attention ops (driver-free, against the committed sm_90a manifest): which prefill kernel a cache gets
+(TMA vs gather), the refusals of use_tma, grids and argument lists, and decode's split count taken from the
+kernel's occupancy."""
+from __future__ import annotations
+
+import pytest
+
+from tests.ops_fakes import MANIFEST, Dev, Recorder
+from vkc_runtime.ops import attention as A
+from vkc_runtime.ops._check import OpError
+
+I32 = "<i4"
+
+
+@pytest.fixture()
+def rec(monkeypatch):
+    r = Recorder(occupancy=2)
+    monkeypatch.setattr(A, "get_kernel", r)
+    monkeypatch.setattr(A, "has_kernel", r.has)
+    monkeypatch.setattr(A, "_sm_count", lambda dev: 132)
+    return r
+
+
+def cache(nb, bs, hkv, d, interleaved=False):
+    if interleaved:  # k and v blocks alternate in one allocation: block stride 2 * bs * hkv * d
+        st = (2 * bs * hkv * d, hkv * d, d, 1)
+        base = Dev((nb * 2 * bs * hkv * d,))
+        ptr = base.__cuda_array_interface__["data"][0]
+        return (Dev((nb, bs, hkv, d), strides=st, device_ptr=ptr),
+                Dev((nb, bs, hkv, d), strides=st, device_ptr=ptr + bs * hkv * d * 2))
+    return Dev((nb, bs, hkv, d)), Dev((nb, bs, hkv, d))
+
+
+def prefill(T=300, Hq=24, Hkv=4, D=256, bs=64, nb=40, gate=False, **kw):
+    kc, vc = cache(nb, bs, Hkv, D, kw.pop("interleaved", False))
+    q = Dev((T, Hq, D))
+    g = Dev((T, Hq, D), strides=(Hq * 2 * D, 2 * D, 1), offset=D) if gate else None
+    A.prefill(q, kc, vc, Dev((2, 20), I32), Dev((3,), I32), Dev((2,), I32), D ** -0.5, gate=g,
+              out=Dev((T, Hq, D)), **kw)
+
+
+@pytest.mark.parametrize("D,bs,gate,interleaved,want", [
+    (256, 64, False, False, "attn.prefill.d256.nogate.tma"),
+    (256, 128, True, True, "attn.prefill.d256.gate.tma"),
+    (256, 16, False, False, "attn.prefill.d256.nogate"),   # block 16 < the 64-key TMA tile
+    (128, 64, False, False, "attn.prefill.d128.nogate"),   # D=128's TMA tile is 128 keys
+    (128, 128, True, False, "attn.prefill.d128.gate.tma"),
+])
+def test_prefill_kernel_choice(rec, D, bs, gate, interleaved, want):
+    prefill(D=D, bs=bs, gate=gate, interleaved=interleaved, max_seqlen_q=300)
+    base, grid, args = rec.calls[0]
+    assert base == want
+    bm = MANIFEST["kernels"][want]["inputs"]["constexprs"]["BLOCK_M"]
+    assert grid == (24 * min(-(-300 // bm) + 2, 2 * -(-300 // bm)), 1, 1)
+    assert args[8] == 256 ** -0.5 if D == 256 else args[8] == 128 ** -0.5
+
+
+def test_prefill_use_tma_false_forces_gather(rec):
+    prefill(bs=64, use_tma=False)
+    assert rec.calls[0][0] == "attn.prefill.d256.nogate"
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(bs=16, use_tma=True), "block_size 16 is not a multiple of 64"),
+    (dict(D=128, bs=64, use_tma=True), "block_size 64 is not a multiple of 128"),
+])
+def test_prefill_use_tma_true_refuses(rec, kw, msg):
+    with pytest.raises(OpError, match=msg):
+        prefill(**kw)
+    assert rec.calls == []
+
+
+def test_prefill_without_tma_artifacts(rec, monkeypatch):
+    """An arch without the .tma artifacts (everything but sm_90a/sm_100a) takes the gather kernel; asking for
+    TMA there is an error."""
+    monkeypatch.setattr(A, "has_kernel", lambda base: False)
+    prefill(bs=64)
+    assert rec.calls[0][0] == "attn.prefill.d256.nogate"
+    with pytest.raises(OpError, match="no attn.prefill.d256.nogate.tma artifact"):
+        prefill(bs=64, use_tma=True)
+
+
+def test_prefill_uses_tma(rec):
+    assert A.prefill_uses_tma(Dev((8, 64, 4, 256)))
+    assert not A.prefill_uses_tma(Dev((8, 16, 4, 256)))
+    assert A.prefill_uses_tma(Dev((8, 128, 2, 128)), gate=True)
+
+
+def test_decode_split_count_from_occupancy(rec):
+    """16 sequences x 4 kv heads at 32768 keys: 2 resident CTAs/SM x 132 SMs = 264 slots -> 4 splits (one full
+    wave); with 1 resident CTA/SM -> 2 splits."""
+    B, Hq, Hkv, D, bs = 16, 24, 4, 256, 16
+    kc, vc = cache(B * 2048, bs, Hkv, D)
+    ws = A.DecodeWorkspace(Dev((B * Hq * 64 * D,), "<f4"), Dev((B * Hq * 64,), "<f4"), B, Hq, D, 64)
+    ws.part_o.data_ptr = lambda: ws.part_o.__cuda_array_interface__["data"][0]
+    ws.part_lse.data_ptr = lambda: ws.part_lse.__cuda_array_interface__["data"][0]
+
+    def run():
+        A.decode(Dev((B, Hq, D)), kc, vc, Dev((B, 2048), I32), Dev((B,), I32), 0.0625, out=Dev((B, Hq, D)),
+                 workspace=ws, max_seq_len=32768)
+    run()
+    (b1, g1, a1), (b2, g2, _) = rec.calls
+    assert b1 == "attn.decode_split.d256" and g1 == (B * Hkv * 4, 1, 1) and a1[10] == 4  # num_splits
+    assert b2 == "attn.decode_combine.d256.nogate" and g2 == (B * Hq, 1, 1)
+    rec.calls.clear()
+    rec.occupancy = 1
+    run()
+    assert rec.calls[0][1] == (B * Hkv * 2, 1, 1)
