@@ -32,6 +32,7 @@ split count then depends only on host-side sizes, so replay with new lengths/tab
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .. import driver, memory, registry
 from ..launch import get_kernel, has_kernel
@@ -259,6 +260,7 @@ def decode_workspace(max_batch: int, num_q_heads: int, head_dim: int, max_splits
 _ws_cache: dict[tuple, DecodeWorkspace] = {}
 
 
+@lru_cache(maxsize=4096)  # a pure function of host ints, asked on every decode call
 def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, *,
                    max_splits: int = DEFAULT_MAX_SPLITS, min_keys: int = MIN_KEYS_PER_SPLIT,
                    ctas_per_sm: int = CTAS_PER_SM) -> int:
