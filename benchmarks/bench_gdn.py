@@ -92,6 +92,21 @@ def make(lens, hk, hv, seed=0):
     return qkv, a, b, A_log, dt, cu
 
 
+def vkc_case(lens, hk, hv, seed=0):
+    """One prefill call on fresh inputs with a workspace, output and zero-initialized slot states allocated
+    up front (graph-capturable): returns (call(stream=None), inputs, workspace)."""
+    T, N = int(sum(lens)), len(lens)
+    inputs = make(lens, hk, hv, seed)
+    ws = G.workspace_for(T, N, hk, hv)
+    out = torch.empty(T, hv, DV, device="cuda", dtype=torch.bfloat16)
+    state = torch.zeros(N, hv, DK, DV, device="cuda")
+    slot = torch.arange(N, dtype=torch.int32, device="cuda")
+
+    def call(stream=None):
+        G.chunk_gated_delta_rule(*inputs, hk, hv, state=state, slot_idx=slot, out=out, workspace=ws, stream=stream)
+    return call, inputs, ws
+
+
 def fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, state0):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
     T = qkv.shape[0]
@@ -133,15 +148,7 @@ def main(out_path):
     for hk, hv in ((16, 48), (16, 32)):
         for name, lens in cases:
             T, N = sum(lens), len(lens)
-            qkv, a, b, A_log, dt, cu = make(lens, hk, hv)
-            ws = G.workspace_for(T, N, hk, hv)
-            out = torch.empty(T, hv, DV, device="cuda", dtype=torch.bfloat16)
-            state = torch.zeros(N, hv, DK, DV, device="cuda")
-            slot = torch.arange(N, dtype=torch.int32, device="cuda")
-
-            def call(stream=None):
-                G.chunk_gated_delta_rule(qkv, a, b, A_log, dt, cu, hk, hv, state=state, slot_idx=slot, out=out,
-                                         workspace=ws, stream=stream)
+            call, (qkv, a, b, A_log, dt, cu), ws = vkc_case(lens, hk, hv)
             row = {"heads": f"{hk}/{hv}", "case": name, "tokens": T, "seqs": N,
                    "workspace_mb": ws.nbytes / 1e6}
             row["vkc_graph_ms"] = graph_ms(lambda i, st: call(st), vkc=True)
@@ -165,7 +172,7 @@ def main(out_path):
                     traceback.print_exc()
             rows.append(row)
             print(json.dumps(row), flush=True)
-            del ws, qkv, out, state
+            call = ws = qkv = None  # free this case before the next one
             torch.cuda.empty_cache()
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fla": fla_version,
            "vkc_arch": vkc_runtime.doctor.report()["selected_arch"],

@@ -12,10 +12,9 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from bench_gdn import DK, DV, make  # noqa: E402
+from bench_gdn import vkc_case  # noqa: E402
 from timing import graph_ms  # noqa: E402
 
-from vkc_runtime.ops import gdn as G  # noqa: E402
 
 CASES = [((16, 48), [8192]), ((16, 48), [32768]), ((16, 32), [8192]), ((16, 48), [1, 17, 500, 1000, 2093, 4581])]
 
@@ -25,19 +24,11 @@ def main() -> None:
     rows = []
     for (hk, hv), lens in CASES:
         T, N = sum(lens), len(lens)
-        qkv, a, b, A_log, dt, cu = make(lens, hk, hv)
-        ws = G.workspace_for(T, N, hk, hv)
-        out = torch.empty(T, hv, DV, device="cuda", dtype=torch.bfloat16)
-        state = torch.zeros(N, hv, DK, DV, device="cuda")
-        slot = torch.arange(N, dtype=torch.int32, device="cuda")
-
-        def call(stream=None):
-            G.chunk_gated_delta_rule(qkv, a, b, A_log, dt, cu, hk, hv, state=state, slot_idx=slot, out=out,
-                                     workspace=ws, stream=stream)
+        call, _, _ = vkc_case(lens, hk, hv)
         ms = graph_ms(lambda i, st: call(st), vkc=True)
         for spec in cand["specs"]:
             rows.append({"spec": spec, "case": f"{hk}/{hv} x{N} T={T}", "us": ms * 1e3})
-        del ws, qkv, out, state
+        call = None  # free this case before the next one
         torch.cuda.empty_cache()
     print(json.dumps(rows))
 

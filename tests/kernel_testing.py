@@ -1,7 +1,9 @@
 """Shared plumbing of the kernel-semantics tests (tests/test_*_interp.py): interpreter detection, the device
-the kernels run on, specs by name (through vkc.discover, the one spec loader) and float64 views."""
+the kernels run on, specs by name (through vkc.discover, the one spec loader), launching a spec the way the
+runtime does, and float64 views."""
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -34,6 +36,18 @@ def specs(family: str) -> dict:
     from vkc import discover
 
     return {s.name: s for s in discover.load_specs(ROOT, family)}
+
+
+def launch_spec(spec, grid, *args, arch: str | None = None, **override):
+    """Launch ``spec``'s kernel as the runtime would: positional runtime args (their count checked against the
+    spec), the spec's constexprs / num_warps / num_stages -- with ``arch``'s overrides applied when given --
+    and ``override`` constexprs on top (e.g. a smaller tile to spread a small case over several programs).
+    Returns the resolved spec (or the spec itself without ``arch``)."""
+    assert len(args) == len(spec.args), f"{spec.name}: {len(args)} args given, spec has {len(spec.args)}"
+    cfg = spec.for_arch(arch) if arch else spec
+    fn = getattr(importlib.import_module(f"kernels_src.{spec.family}.{spec.source[:-3]}"), spec.entry)
+    fn[grid](*args, **{**cfg.constexprs, **override}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return cfg
 
 
 def np64(t) -> np.ndarray:

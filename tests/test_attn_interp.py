@@ -18,7 +18,7 @@ triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from tests.kernel_testing import device, np64, specs  # noqa: E402
+from tests.kernel_testing import device, launch_spec, np64, specs  # noqa: E402
 from tests import refs_attn as R  # noqa: E402
 
 FAMILY_DIR = os.path.join(ROOT, "kernels_src", "attn")
@@ -45,9 +45,7 @@ def cfg(K, name, arch=None):
 
 
 def launch(K, name, grid, *args, arch=None):
-    s = K.specs[name]
-    assert len(args) == len(s.args), f"{name}: {len(args)} args given, spec has {len(s.args)}"
-    getattr(K.mods[s.source], s.entry)[grid](*args, **cfg(K, name, arch))
+    launch_spec(K.specs[name], grid, *args, arch=arch)
 
 
 def cdiv(a, b):

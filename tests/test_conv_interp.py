@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from tests.kernel_testing import device, interpreter_active, np64, specs  # noqa: E402
+from tests.kernel_testing import device, interpreter_active, launch_spec, np64, specs  # noqa: E402
 from tests import refs_gdn_decode as R  # noqa: E402
 from tests.refs import rel_err  # noqa: E402
 
@@ -41,10 +41,7 @@ def K():
 
 
 def launch(K, name, grid, *args, **override):
-    s = K.specs[name]
-    assert len(args) == len(s.args), f"{name}: {len(args)} args given, spec has {len(s.args)}"
-    getattr(K.mod, s.entry)[grid](*args, **{**s.constexprs, **override}, num_warps=s.num_warps,
-                                  num_stages=s.num_stages)
+    launch_spec(K.specs[name], grid, *args, **override)
 
 
 def rnd(g, *shape, scale=1.0):

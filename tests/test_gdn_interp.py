@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from tests.kernel_testing import device, interpreter_active, np64, specs  # noqa: E402
+from tests.kernel_testing import device, interpreter_active, launch_spec, np64, specs  # noqa: E402
 from tests import refs_gdn  # noqa: E402
 
 FAMILY_DIR = os.path.join(ROOT, "kernels_src", "gdn")
@@ -45,11 +45,7 @@ def K():
 
 
 def launch(K, name, grid, *args, arch="sm_90a"):
-    s = K.specs[name].for_arch(arch) if hasattr(K.specs[name], "for_arch") else K.specs[name]
-    spec = K.specs[name]
-    assert len(args) == len(spec.args), f"{name}: {len(args)} args given, spec has {len(spec.args)}"
-    getattr(K.mod, spec.entry)[grid](*args, **s.constexprs, num_warps=s.num_warps, num_stages=s.num_stages)
-    return s
+    return launch_spec(K.specs[name], grid, *args, arch=arch)
 
 
 def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=None, max_chunks=None,

@@ -24,7 +24,7 @@ triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from tests.kernel_testing import device, interpreter_active, np64, specs  # noqa: E402
+from tests.kernel_testing import device, interpreter_active, launch_spec, np64, specs  # noqa: E402
 from tests.kernel_testing import specs as load_norm_specs  # noqa: E402
 from tests import refs  # noqa: E402
 
@@ -53,12 +53,9 @@ def K():
 
 
 def launch(K, name, grid, *args):
-    """Launch spec `name` exactly as the runtime would: positional runtime args, constexprs from the spec."""
-    s = K.specs[name]
-    assert len(args) == len(s.args), f"{name}: {len(args)} args given, spec has {len(s.args)}"
-    fn = getattr(K.mods[s.source], s.entry)
-    # the interpreter drops num_warps/num_stages; the GPU JIT path uses the spec's values
-    fn[grid](*args, **s.constexprs, num_warps=s.num_warps, num_stages=s.num_stages)
+    """Launch spec `name` exactly as the runtime would (the interpreter ignores num_warps/num_stages; the GPU JIT
+    path uses the spec's values)."""
+    launch_spec(K.specs[name], grid, *args)
 
 
 # ----------------------------------------------------------------------------------------------- helpers

@@ -125,6 +125,17 @@ def _gate(op: str, gate, n: int, Hq: int, D: int, fallback):
     return gt.ptr, sgt, sgh
 
 
+def _q_out_gate(op: str, qt, ot, gate, n: int, Hq: int, D: int, r: str):
+    """Row/head strides of q and out ([n, Hq, D] views) and the gate's (pointer, strides), checked 16-byte
+    aligned and int32 (``r`` names the row axis in messages: "t" tokens, "b" batch)."""
+    sq, so = (_stride(qt, 0, Hq * D), _stride(qt, 1, D)), (_stride(ot, 0, Hq * D), _stride(ot, 1, D))
+    g = _gate(op, gate, n, Hq, D, qt)
+    st = {f"stride_q{r}": sq[0], "stride_qh": sq[1], f"stride_o{r}": so[0], "stride_oh": so[1]}
+    _a16(op, q_ptr=qt.ptr, out_ptr=ot.ptr, **st)
+    fits_i32(op, **{r.upper(): n}, **st)
+    return sq, so, g
+
+
 # --------------------------------------------------------------------------------------- reshape_and_cache
 
 def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
@@ -212,11 +223,7 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     same_device(op, qt, kc, vc, cu, sl, bt, ot)
     if T == 0 or N == 0:
         return res
-    sqt, sqh = _stride(qt, 0, Hq * D), _stride(qt, 1, D)
-    sot, soh = _stride(ot, 0, Hq * D), _stride(ot, 1, D)
-    gptr, sgt, sgh = _gate(op, gate, T, Hq, D, qt)
-    _a16(op, q_ptr=qt.ptr, out_ptr=ot.ptr, stride_qt=sqt, stride_qh=sqh, stride_ot=sot, stride_oh=soh)
-    fits_i32(op, T=T, stride_qt=sqt, stride_qh=sqh, stride_ot=sot, stride_oh=soh)
+    (sqt, sqh), (sot, soh), (gptr, sgt, sgh) = _q_out_gate(op, qt, ot, gate, T, Hq, D, "t")
     kern = _prefill_kernel(D, gate is not None, BS, NB, sb, ss, use_tma)
     bm = kern.constexprs["BLOCK_M"]
     n_mb = _cdiv(T, bm) + N
@@ -308,11 +315,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     same_device(op, qt, kc, vc, sl, bt, ot)
     if B == 0:
         return res
-    sqb, sqh = _stride(qt, 0, Hq * D), _stride(qt, 1, D)
-    sob, soh = _stride(ot, 0, Hq * D), _stride(ot, 1, D)
-    gptr, sgb, sgh = _gate(op, gate, B, Hq, D, qt)
-    _a16(op, q_ptr=qt.ptr, out_ptr=ot.ptr, stride_qb=sqb, stride_qh=sqh, stride_ob=sob, stride_oh=soh)
-    fits_i32(op, B=B, stride_qb=sqb, stride_qh=sqh, stride_ob=sob, stride_oh=soh)
+    (sqb, sqh), (sob, soh), (gptr, sgb, sgh) = _q_out_gate(op, qt, ot, gate, B, Hq, D, "b")
 
     ws = workspace
     if ws is None:
