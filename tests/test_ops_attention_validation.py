@@ -106,3 +106,18 @@ def test_decode_split_count_from_occupancy(rec):
     rec.occupancy = 1
     run()
     assert rec.calls[0][1] == (B * Hkv * 2, 1, 1)
+
+
+def test_decode_one_split_is_one_launch(rec):
+    """When the heuristic picks one split (64 x 4 items fill the 264 slots) the direct kernel writes the output:
+    no partials, no combine launch."""
+    B, Hq, Hkv, D, bs = 64, 24, 4, 256, 16
+    kc, vc = cache(B * 256, bs, Hkv, D)
+    ws = A.DecodeWorkspace(Dev((B * Hq * 64 * D,), "<f4"), Dev((B * Hq * 64,), "<f4"), B, Hq, D, 64)
+    gate = Dev((B, Hq, D), strides=(Hq * 2 * D, 2 * D, 1), offset=D)
+    A.decode(Dev((B, Hq, D)), kc, vc, Dev((B, 256), I32), Dev((B,), I32), 0.0625, gate=gate,
+             out=Dev((B, Hq, D)), workspace=ws, max_seq_len=4096)
+    assert len(rec.calls) == 1
+    base, grid, args = rec.calls[0]
+    assert base == "attn.decode_direct.d256.gate" and grid == (B * Hkv, 1, 1)
+    assert args[14:16] == (Hq * 2 * D, 2 * D)  # gate strides

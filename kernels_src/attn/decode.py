@@ -10,6 +10,9 @@ cut into num_splits ranges of kps = cdiv(cdiv(L, num_splits), BLOCK_N) * BLOCK_N
 writes lse = -inf only. Writes part_o[((b*Hq + h)*num_splits + s)*D + d] (fp32, normalized by its own
 softmax sum) and part_lse[(b*Hq + h)*num_splits + s] (fp32, log2 domain of scale * q.k).
 
+decode_direct_kernel, grid (B * Hkv,): the one-split case in one launch (the split kernel's loop over all
+keys, the output normalized, gated and stored as bf16 directly).
+
 decode_combine_kernel, grid (B * Hq,): o[b, h] = sum_s 2^(lse_s - M) part_o_s / sum_s 2^(lse_s - M)
 over splits with finite lse (the others are never read, so stale scratch is harmless), optionally
 times sigmoid(gate[b*stride_gb + h*stride_gh + d]).
@@ -19,6 +22,40 @@ import triton.language as tl
 
 from kernels_src.attn.common import kv_rows
 from kernels_src.common import sigmoid_f32
+
+
+@triton.jit
+def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_hi, scale,
+                  stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, max_blocks, num_blocks,
+                  D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
+    """Attention of the QB (padded) q rows hq of sequence b over its keys [n_lo, n_hi): (out normalized by
+    its own softmax sum, fp32 [QB, D]; lse in the log2 domain of scale * q.k, -inf for a row that saw
+    nothing)."""
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=rmask[:, None], other=0.0)
+    qk_scale = scale * 1.4426950408889634
+    m_i = tl.full([QB], float("-inf"), tl.float32)
+    l_i = tl.zeros([QB], tl.float32)
+    acc = tl.zeros([QB, D], tl.float32)
+    for n in range(n_lo, n_hi, BLOCK_N):
+        offs_n = n + tl.arange(0, BLOCK_N)
+        rows, ok = kv_rows(bt_row, offs_n, kvh, n_hi, block_size, max_blocks, num_blocks,
+                           stride_cb, stride_cs, stride_ch)
+        k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+        m_i = m_new
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    return out, lse
 
 
 @triton.jit
@@ -45,34 +82,44 @@ def decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
     prow = (b * num_q_heads + hq) * num_splits + split  # int64
     if n_lo < n_hi:
         d = tl.arange(0, D)
-        q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=rmask[:, None], other=0.0)
-        bt_row = bt_ptr + b * stride_bt
-        qk_scale = scale * 1.4426950408889634
-        m_i = tl.full([QB], float("-inf"), tl.float32)
-        l_i = tl.zeros([QB], tl.float32)
-        acc = tl.zeros([QB, D], tl.float32)
-        for n in range(n_lo, n_hi, BLOCK_N):
-            offs_n = n + tl.arange(0, BLOCK_N)
-            rows, ok = kv_rows(bt_row, offs_n, kvh, n_hi, block_size, max_blocks, num_blocks,
-                               stride_cb, stride_cs, stride_ch)
-            k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-            v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
-            m_i = m_new
-        seen = l_i > 0.0
-        out = acc / tl.where(seen, l_i, 1.0)[:, None]
-        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        out, lse = _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask,
+                                 n_lo, n_hi, scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
+                                 block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
         tl.store(part_o_ptr + prow[:, None] * D + d[None, :], out, mask=rmask[:, None])
         tl.store(part_lse_ptr + prow, lse, mask=rmask)
     else:
         tl.store(part_lse_ptr + prow, tl.full([QB], float("-inf"), tl.float32), mask=rmask)
+
+
+@triton.jit
+def decode_direct_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, o_ptr, gate_ptr,
+                         scale, num_kv_heads, group,
+                         stride_qb, stride_qh, stride_ob, stride_oh, stride_gb, stride_gh,
+                         stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
+                         D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr):
+    """One split: grid (B * Hkv,), program p takes (b, kv head) = divmod(p, Hkv), attends over all L keys
+    and writes o[b, h] (bf16, times sigmoid(gate) when HAS_GATE) directly: no partials, no combine launch.
+    L <= 0 writes zeros."""
+    pid = tl.program_id(0)
+    kvh = pid % num_kv_heads
+    b = (pid // num_kv_heads).to(tl.int64)
+    L = tl.minimum(tl.load(seqlen_ptr + b), max_blocks * block_size)
+    r = tl.arange(0, QB)
+    rmask = r < group
+    hq = kvh * group + r
+    d = tl.arange(0, D)
+    out = tl.zeros([QB, D], tl.float32)
+    lse = tl.full([QB], float("-inf"), tl.float32)
+    if L > 0:
+        out, lse = _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask,
+                                 0, L, scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
+                                 block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
+    if HAS_GATE:
+        g = tl.load(gate_ptr + b * stride_gb + hq[:, None] * stride_gh + d[None, :], mask=rmask[:, None],
+                    other=0.0).to(tl.float32)
+        out = out * sigmoid_f32(g)
+    tl.store(o_ptr + b * stride_ob + hq[:, None] * stride_oh + d[None, :], out.to(tl.bfloat16),
+             mask=rmask[:, None])
 
 
 @triton.jit

@@ -51,7 +51,8 @@ DEFAULT_MAX_SPLITS = 64
 registry.require(*[f"attn.reshape_and_cache.{v}" for v in ("a16", "any")])
 registry.require(*[f"attn.prefill.d{d}.{g}" for d in HEAD_DIMS for g in ("gate", "nogate")])
 registry.require(*[f"attn.decode_split.d{d}" for d in HEAD_DIMS])
-registry.require(*[f"attn.decode_combine.d{d}.{g}" for d in HEAD_DIMS for g in ("gate", "nogate")])
+registry.require(*[f"attn.decode_{k}.d{d}.{g}" for k in ("direct", "combine") for d in HEAD_DIMS
+                    for g in ("gate", "nogate")])
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -328,12 +329,18 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     if ws.max_batch < B or ws.num_q_heads != Hq or ws.head_dim != D:
         raise OpError(f"{op}: workspace sized for batch {ws.max_batch}, {ws.num_q_heads} heads, D {ws.head_dim}; "
                       f"this call needs batch {B}, {Hq} heads, D {D}")
+    g = "gate" if gate is not None else "nogate"
     split_k = get_kernel(f"attn.decode_split.d{D}")
-    comb_k = get_kernel(f"attn.decode_combine.d{D}.{'gate' if gate is not None else 'nogate'}")
     splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits,
                             ctas_per_sm=max(1, split_k.max_active_blocks()))
     fits_i32(op, grid=B * Hkv * splits, partials=B * Hq * splits * D)
     s = stream_of(stream)
+    if splits == 1:  # one launch: the direct kernel normalizes, gates and stores; no partials, no combine
+        get_kernel(f"attn.decode_direct.d{D}.{g}").launch(
+            (B * Hkv, 1, 1), (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ot.ptr, gptr, float(scale), Hkv, group,
+                              sqb, sqh, sob, soh, sgb, sgh, sb, ss, sh, sbt, BS, bt.shape[1], NB), s)
+        return res
+    comb_k = get_kernel(f"attn.decode_combine.d{D}.{g}")
     split_k.launch((B * Hkv * splits, 1, 1),
                    (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(), float(scale),
                     Hkv, group, splits, sqb, sqh, sb, ss, sh, sbt, BS, bt.shape[1], NB), s)
