@@ -7,7 +7,10 @@ prefill: causal, one sequence whose cache holds exactly its T tokens, Hq/Hkv in 
 decode:  B in {1, 16, 64, 256} x context {512, 4096, 32768}, 24/4 x 256 (combos above ~40 GB of KV are
          skipped); % of the HBM floor = K+V bytes / 4.26 TB/s / time. Eager (events around single calls,
          host cost included) and graph (10 calls in one CUDA graph: vkc_runtime.Graph / torch.cuda.CUDAGraph)
-         times for both.
+         times for both. At B*L <= 16*4096 also the host time per call (vkc_host_us / sdpa_host_us) and the
+         graph time of each forced split count (split_sweep_graph_ms: how good num_splits_for's choice is);
+         then a cProfile of the decode call's host path (printed).
+BENCH_ATTN="prefill decode" (default) selects the parts.
 CUDA events, warm-up, median of repeats. Usage: python benchmarks/bench_attn.py OUT.json
 """
 from __future__ import annotations
@@ -120,6 +123,13 @@ def bench_decode(rows):
             t = time_ms(lambda: dec(0, None))
             tg = timing.graph_ms(dec, vkc=True, inner=10)
             floor = kv_bytes / (HBM_TBS * 1e12) * 1e3
+            if B * L <= 16 * 4096:  # host-visible sizes: host time per call and the graph time of each split count
+                r["vkc_host_us"] = timing.host_us(dec, n=50)
+                r["split_sweep_graph_ms"] = {
+                    s: timing.graph_ms(lambda i, st, s=s: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws,
+                                                                    max_seq_len=L, num_splits=s, stream=st),
+                                       vkc=True, inner=10)
+                    for s in (1, 2, 4, 8, 16, 32) if s * 64 <= L}
             r.update(vkc_ms=t, vkc_graph_ms=tg, floor_ms=floor, vkc_pct_floor=100 * floor / min(t, tg),
                      splits=A.num_splits_for(B, Hkv, L, torch.cuda.get_device_properties(0).multi_processor_count,
                                              ctas_per_sm=get_kernel(f"attn.decode_split.d{D}").max_active_blocks()))
@@ -130,16 +140,45 @@ def bench_decode(rows):
                 tb = time_ms(fn)
                 tbg = timing.graph_ms(lambda i, st: fn(), vkc=False, inner=10)
                 r.update(sdpa_ms=tb, sdpa_graph_ms=tbg, x_sdpa=tb / t, x_sdpa_graph=tbg / tg)
+                if "vkc_host_us" in r:
+                    r["sdpa_host_us"] = timing.host_us(lambda i, st: fn(), n=50)
             rows.append(r)
             del kc, vc, k, v
             torch.cuda.empty_cache()
 
 
+def host_profile(B=1, L=512, n=2000):
+    """Where a decode call's host time goes (cProfile, top entries by own time; printed only)."""
+    import cProfile
+    import pstats
+    Hq, Hkv, D = 24, 4, 256
+    kc, vc, bt, _, _ = paged(B, L, Hkv, D, dense=False)
+    q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
+    sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    ws = A.decode_workspace(B, Hq, D, 64)
+    call = lambda: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        call()
+    pr.disable()
+    torch.cuda.synchronize()
+    print(f"== host profile of decode B={B} L={L} ({n} calls)")
+    pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(14)
+
+
 def main(path):
     torch.manual_seed(0)
     rows = []
-    bench_prefill(rows)
-    bench_decode(rows)
+    parts = os.environ.get("BENCH_ATTN", "prefill decode").split()  # e.g. BENCH_ATTN=decode
+    if "prefill" in parts:
+        bench_prefill(rows)
+    if "decode" in parts:
+        bench_decode(rows)
+        host_profile()
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "hbm_tbs": HBM_TBS, "decode_block_size": BS,
            "prefill_block_size": PREFILL_BS,
            "note": "torch SDPA gets GQA by repeat_interleave of K/V outside the timed region", "rows": rows}
@@ -160,7 +199,9 @@ def main(path):
             print(f"{'':<8}{r['B']:>5}{r['L']:>7}{r['splits']:>7}{r['vkc_ms']:>9.3f}{r['vkc_graph_ms']:>8.3f}"
                   f"{r['floor_ms']:>8.3f}{r['vkc_pct_floor']:>7.1f}"
                   f"{r.get('sdpa_ms', float('nan')):>9.3f}{r.get('sdpa_graph_ms', float('nan')):>8.3f}"
-                  f"{r.get('x_sdpa', float('nan')):>8.2f}{r.get('x_sdpa_graph', float('nan')):>8.2f}")
+                  f"{r.get('x_sdpa', float('nan')):>8.2f}{r.get('x_sdpa_graph', float('nan')):>8.2f}"
+                  f"  host us {r.get('vkc_host_us', float('nan')):.1f} / sdpa {r.get('sdpa_host_us', float('nan')):.1f}"
+                  f"  sweep {r.get('split_sweep_graph_ms', '')}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ small op from timing cache hits) issued on ``stream``: an int CUDA stream handle
 torch stream.
 
   events_ms  eager: host launch cost included (what a Python caller sees at small sizes)
+  host_us    host time only: wall clock around n back-to-back calls (no sync inside; the launch queue absorbs
+             them), in microseconds per call
   graph_ms   device time: ``inner`` calls captured in one CUDA graph on a side stream (vkc_runtime.Graph
              for vkc calls, torch.cuda.CUDAGraph for torch / peer calls), replays timed
 """
@@ -34,6 +36,19 @@ def events_ms(fn, *, n_sets: int = 1, inner: int = 5, reps: int = 30, warm: int 
         b.synchronize()
         times.append(a.elapsed_time(b) / inner)
     return statistics.median(times)
+
+
+def host_us(fn, *, n: int = 100, warm: int = 3) -> float:
+    import time
+    for i in range(warm):
+        fn(i, None)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        fn(i, None)
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt / n * 1e6
 
 
 def graph_ms(fn, *, vkc: bool, n_sets: int = 1, inner: int = 5, reps: int = 20) -> float:

@@ -86,14 +86,20 @@ def test_prefill_uses_tma(rec):
     assert A.prefill_uses_tma(Dev((8, 128, 2, 128)), gate=True)
 
 
+def workspace(B, Hq, D, max_splits=64):
+    ws = A.DecodeWorkspace(Dev((B * Hq * max_splits * D,), "<f4"), Dev((B * Hq * max_splits,), "<f4"), B, Hq, D,
+                           max_splits)
+    ws.part_o.data_ptr = lambda: ws.part_o.__cuda_array_interface__["data"][0]
+    ws.part_lse.data_ptr = lambda: ws.part_lse.__cuda_array_interface__["data"][0]
+    return ws
+
+
 def test_decode_split_count_from_occupancy(rec):
     """16 sequences x 4 kv heads at 32768 keys: 2 resident CTAs/SM x 132 SMs = 264 slots -> 4 splits (one full
     wave); with 1 resident CTA/SM -> 2 splits."""
     B, Hq, Hkv, D, bs = 16, 24, 4, 256, 16
     kc, vc = cache(B * 2048, bs, Hkv, D)
-    ws = A.DecodeWorkspace(Dev((B * Hq * 64 * D,), "<f4"), Dev((B * Hq * 64,), "<f4"), B, Hq, D, 64)
-    ws.part_o.data_ptr = lambda: ws.part_o.__cuda_array_interface__["data"][0]
-    ws.part_lse.data_ptr = lambda: ws.part_lse.__cuda_array_interface__["data"][0]
+    ws = workspace(B, Hq, D)
 
     def run():
         A.decode(Dev((B, Hq, D)), kc, vc, Dev((B, 2048), I32), Dev((B,), I32), 0.0625, out=Dev((B, Hq, D)),
@@ -113,7 +119,7 @@ def test_decode_one_split_is_one_launch(rec):
     no partials, no combine launch."""
     B, Hq, Hkv, D, bs = 64, 24, 4, 256, 16
     kc, vc = cache(B * 256, bs, Hkv, D)
-    ws = A.DecodeWorkspace(Dev((B * Hq * 64 * D,), "<f4"), Dev((B * Hq * 64,), "<f4"), B, Hq, D, 64)
+    ws = workspace(B, Hq, D)
     gate = Dev((B, Hq, D), strides=(Hq * 2 * D, 2 * D, 1), offset=D)
     A.decode(Dev((B, Hq, D)), kc, vc, Dev((B, 256), I32), Dev((B,), I32), 0.0625, gate=gate,
              out=Dev((B, Hq, D)), workspace=ws, max_seq_len=4096)
@@ -121,3 +127,26 @@ def test_decode_one_split_is_one_launch(rec):
     base, grid, args = rec.calls[0]
     assert base == "attn.decode_direct.d256.gate" and grid == (B * Hkv, 1, 1)
     assert args[14:16] == (Hq * 2 * D, 2 * D)  # gate strides
+
+
+@pytest.mark.parametrize("forced,want", [(1, 1), (3, 3), (64, 64), (0, None), (65, None)])
+def test_decode_forced_num_splits(rec, forced, want):
+    """num_splits= overrides the heuristic within 1..workspace.max_splits (one split: the direct kernel)."""
+    B, Hq, Hkv, D, bs = 1, 24, 4, 256, 16
+    kc, vc = cache(64, bs, Hkv, D)
+
+    def run():
+        A.decode(Dev((B, Hq, D)), kc, vc, Dev((B, 32), I32), Dev((B,), I32), 0.0625, out=Dev((B, Hq, D)),
+                 workspace=workspace(B, Hq, D), max_seq_len=512, num_splits=forced)
+    if want is None:
+        with pytest.raises(OpError, match="num_splits"):
+            run()
+        assert not rec.calls
+        return
+    run()
+    if want == 1:
+        assert [(c[0], c[1]) for c in rec.calls] == [("attn.decode_direct.d256.nogate", (B * Hkv, 1, 1))]
+    else:
+        (b1, g1, a1), (b2, _, _) = rec.calls
+        assert b1 == "attn.decode_split.d256" and g1 == (B * Hkv * want, 1, 1) and a1[10] == want
+        assert b2 == "attn.decode_combine.d256.nogate"

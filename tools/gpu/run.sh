@@ -4,7 +4,11 @@
 #   apart from the source tree, runs `vkc doctor`, the GPU tests and the benchmarks, and writes to $OUT:
 #   env.txt (device, import, doctor), build.log, gpu-tests.log and results.json (every benchmark's JSON,
 #   keyed by name; split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
-#   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|bench|tune] [pytest -k expression]
+#   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|bench|tune|ncu] [pytest -k expression]
+#   ncu: Nsight Compute on the cases in $NCU_CASES (';'-separated argument lists of benchmarks/ncu_case.py,
+#   default the 27B GDN prefill at 32k), sections in ncu-<n>.txt (speed of light, occupancy, warp stalls,
+#   source-level stall counters)
+#   VKC_REUSE_BUILD=1: skip the wheel build when an earlier step of the same device call installed it
 #   A device call is limited to 10 minutes: the GPU tests without peers (~5 min, most of it the GDN float64 and
 #   HF references), the peer comparisons (`peer-tests`: FLA's cold JIT) and the benchmarks (~4 min) belong in
 #   separate calls.
@@ -38,13 +42,17 @@ PY
 echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$ENV_TXT"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$ENV_TXT"
 
-echo "== build the sm_90a wheel (no network: --no-build-isolation)"
-rm -rf /tmp/vkc-dist "$SITE"
-if ! VKC_ARCHES=sm_90a python3 -m pip wheel -q --no-build-isolation --no-deps -w /tmp/vkc-dist . > "$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"; echo "wheel build FAILED"; exit 1
+if [ "${VKC_REUSE_BUILD:-0}" = 1 ] && [ -d "$SITE/vkc_runtime" ]; then  # a second step of the same device call
+  echo "== reusing the wheel installed in $SITE"
+else
+  echo "== build the sm_90a wheel (no network: --no-build-isolation)"
+  rm -rf /tmp/vkc-dist "$SITE"
+  if ! VKC_ARCHES=sm_90a python3 -m pip wheel -q --no-build-isolation --no-deps -w /tmp/vkc-dist . > "$OUT/build.log" 2>&1; then
+    tail -40 "$OUT/build.log"; echo "wheel build FAILED"; exit 1
+  fi
+  ls -l /tmp/vkc-dist | tee -a "$OUT/build.log"
+  python3 -m pip install -q --no-deps --no-index --target "$SITE" /tmp/vkc-dist/vkc-*.whl || exit 1
 fi
-ls -l /tmp/vkc-dist | tee -a "$OUT/build.log"
-python3 -m pip install -q --no-deps --no-index --target "$SITE" /tmp/vkc-dist/vkc-*.whl || exit 1
 export PYTHONPATH="$SITE:$REPO"      # vkc_runtime from the wheel; $REPO only for tests/ and benchmarks/
 if ls .whl/*.whl >/dev/null 2>&1; then  # peer packages carried as wheels (e.g. fla-core for GDN comparisons)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer-site .whl/*.whl && \
@@ -97,6 +105,20 @@ if [ "$WHAT" = tune ]; then
     echo "== vkc tune run: $name ($fam)"
     python3 -m vkc.cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$WORK/tune_$name.json" 2>&1 | tail -20 || rc=1
     merge > /dev/null
+  done
+fi
+if [ "$WHAT" = ncu ]; then
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  n=0
+  IFS=';' read -ra cases <<< "${NCU_CASES:-gdn 32768 16 48}"
+  for c in "${cases[@]}"; do
+    n=$((n + 1)); echo "== ncu: $c"
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-240}" "$NCU" --profile-from-start off --target-processes all \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --section SourceCounters ${NCU_ARGS:-} python3 benchmarks/ncu_case.py $c > "$OUT/ncu-$n.txt" 2>&1 || rc=1
+    grep -E "^  [a-z_]+.*\(|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall" "$OUT/ncu-$n.txt" | head -60
   done
 fi
 merge

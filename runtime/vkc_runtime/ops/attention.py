@@ -288,13 +288,15 @@ def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int
 
 
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out=None, workspace=None,
-           max_seq_len=None, stream=None):
+           max_seq_len=None, num_splits=None, stream=None):
     """One query token per sequence: q [B, Hq, D] at position seq_lens[b] - 1 attends to keys 0..L-1 of the
     paged caches (append the token's K/V with :func:`reshape_and_cache` first). Returns out [B, Hq, D] bf16.
 
     ``max_seq_len``: host-side upper bound of seq_lens, used by the split heuristic (default: the block
     table's capacity, block_tables.shape[1] * block_size). ``workspace``: a :class:`DecodeWorkspace` with
-    max_batch >= B (required inside graph capture; otherwise one is allocated and cached per shape)."""
+    max_batch >= B (required inside graph capture; otherwise one is allocated and cached per shape).
+    ``num_splits``: force the KV split count (1..workspace.max_splits; benchmarks and tuning), default
+    :func:`num_splits_for`."""
     op = "decode"
     kc, vc, NB, BS, Hkv, D, sb, ss, sh = _cache_pair(op, k_cache, v_cache)
     qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
@@ -331,8 +333,13 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
                       f"this call needs batch {B}, {Hq} heads, D {D}")
     g = "gate" if gate is not None else "nogate"
     split_k = get_kernel(f"attn.decode_split.d{D}")
-    splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits,
-                            ctas_per_sm=max(1, split_k.max_active_blocks()))
+    if num_splits is None:
+        splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits,
+                                ctas_per_sm=max(1, split_k.max_active_blocks()))
+    else:
+        splits = int(num_splits)
+        if not 1 <= splits <= ws.max_splits:
+            raise OpError(f"{op}: num_splits={num_splits} is outside 1..{ws.max_splits} (the workspace's max_splits)")
     fits_i32(op, grid=B * Hkv * splits, partials=B * Hq * splits * D)
     s = stream_of(stream)
     if splits == 1:  # one launch: the direct kernel normalizes, gates and stores; no partials, no combine
