@@ -317,6 +317,11 @@ def test_split_heuristic():
     # leave a second wave 21% full)
     assert A.num_splits_for(64, 4, 4096, 132, max_splits=64) == 1
     assert A.num_splits_for(16, 4, 32768, 132, max_splits=64) == 4
+    # small work: down to one 64-key tile per split (the H200 sweep's best: 8 splits at 1 x 512, the full
+    # wave of 4 at 16 x 512)
+    assert A.num_splits_for(1, 4, 512, 132, max_splits=64) == 8
+    assert A.num_splits_for(16, 4, 512, 132, max_splits=64) == 4
+    assert A.num_splits_for(1, 4, 4096, 132, max_splits=64) >= 32
     for B, L in [(1, 4096), (16, 32768), (3, 20000), (7, 9000)]:
         s = A.num_splits_for(B, 4, L, 132)
         waves = -(-(B * 4 * s) // 264)

@@ -44,13 +44,14 @@ def K():
     return SimpleNamespace(mod=mod, specs=specs("gdn"))
 
 
-def launch(K, name, grid, *args, arch="sm_90a"):
-    return launch_spec(K.specs[name], grid, *args, arch=arch)
+def launch(K, name, grid, *args, arch="sm_90a", **override):
+    return launch_spec(K.specs[name], grid, *args, arch=arch, **override)
 
 
 def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=None, max_chunks=None,
-                arch="sm_90a"):
-    """The op's launch sequence (runtime/vkc_runtime/ops/gdn.py) on torch tensors. Returns (o, scratch dict)."""
+                arch="sm_90a", delta_h=None):
+    """The op's launch sequence (runtime/vkc_runtime/ops/gdn.py) on torch tensors. Returns (o, scratch dict).
+    ``delta_h``: constexprs overriding the delta_h spec's (e.g. the other state orientation)."""
     T = qkv.shape[0]
     N = cu.shape[0] - 1
     mc = max_chunks if max_chunks is not None else T // BT + N
@@ -78,9 +79,9 @@ def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=N
     v = qkv[:, 2 * hk * DK:]
     launch(K, "kkt_wy", (mc * hv,), ws["kn"], v, ws["g"], ws["beta"], ws["cidx"], ws["w"], ws["u"], sq, hk, hv,
            arch=arch)
-    bv = K.specs["delta_h"].for_arch(arch).constexprs["BV"]
-    launch(K, "delta_h", (N, hv, DV // bv), ws["kn"], ws["w"], ws["u"], ws["g"], ws["h"], st, sl, ws["seqinfo"],
-           hk, hv, use_state, arch=arch)
+    dh = {**K.specs["delta_h"].for_arch(arch).constexprs, **(delta_h or {})}
+    launch(K, "delta_h", (N, hv, DV // dh["BV"]), ws["kn"], ws["w"], ws["u"], ws["g"], ws["h"], st, sl,
+           ws["seqinfo"], hk, hv, use_state, arch=arch, **(delta_h or {}))
     bvo = K.specs["chunk_o"].for_arch(arch).constexprs["BV"]
     launch(K, "chunk_o", (mc * hv * (DV // bvo),), ws["qn"], ws["kn"], ws["u"], ws["g"], ws["h"], ws["cidx"], o,
            hk, hv, DK ** -0.5, arch=arch)
@@ -161,10 +162,12 @@ def test_prep(K):
 
 
 LENS = [1, 5, 63, 64, 65, 130]
+DH_WG = bool(specs("gdn")["delta_h"].for_arch("sm_90a").constexprs["WG"])
 
 
-@pytest.mark.parametrize("with_state", [False, True])
-def test_chunked_prefill_varlen_grouped(K, with_state):
+@pytest.mark.parametrize("with_state,delta_h", [(False, None), (True, None), (True, {"WG": not DH_WG})])
+def test_chunked_prefill_varlen_grouped(K, with_state, delta_h):
+    """delta_h: both state orientations (the spec's and the other one, BV 16) against the recurrence."""
     hk, hv = 2, 4
     qkv, a, b, A_log, dt, cu = make_inputs(7 + with_state, LENS, hk, hv)
     state = slot = None
@@ -173,7 +176,9 @@ def test_chunked_prefill_varlen_grouped(K, with_state):
         state = (torch.randn(8, hv, DK, DV, generator=g) * 0.1).to(DEV)
         slot = torch.tensor([5, -1, 0, 7, 2, 3], dtype=torch.int32, device=DEV)
         state0 = state.clone()
-    o, ws = run_chunked(K, qkv, a, b, A_log, dt, cu, hk, hv, state, slot)
+    if delta_h:
+        delta_h = {**delta_h, "BV": 16}
+    o, ws = run_chunked(K, qkv, a, b, A_log, dt, cu, hk, hv, state, slot, delta_h=delta_h)
     args = [np64(x) for x in (qkv, a, b, A_log, dt)]
     ro, rs = refs_gdn.recurrent(*args, cu.cpu().numpy(), hk, hv,
                                 None if state is None else np64(state0), None if slot is None else slot.cpu().numpy())

@@ -44,7 +44,7 @@ __all__ = ["reshape_and_cache", "prefill", "prefill_uses_tma", "decode", "Decode
 HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode
 BF16 = "bfloat16"
-MIN_KEYS_PER_SPLIT = 256
+MIN_KEYS_PER_SPLIT = 64  # one BLOCK_N tile of the decode kernels (H200 sweep: shorter splits win at small B)
 CTAS_PER_SM = 2  # default resident CTAs per SM (decode asks the driver for the loaded kernel's occupancy)
 DEFAULT_MAX_SPLITS = 64
 
@@ -277,8 +277,11 @@ def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int
     the time is ~ waves(s) / s (in units of one unsplit item). Pick the smallest s whose cost is within 5% of
     the best s in [1, min(max_splits, L // min_keys)]: full waves without the tail of a partial one (e.g.
     16 x 4 items on 264 slots: s = 4 is one full wave, s = 5 would be 1.2 waves), and no split shorter than
-    ``min_keys`` keys (below that the per-split fixed cost -- q load, partial write, combine read -- outweighs
-    the parallelism). Depends only on host-side sizes, so it is graph-stable."""
+    ``min_keys`` keys, one key tile of the kernel. A CTA streams its keys at a per-SM rate far below 1/132 of
+    HBM, so a small batch wants as many SMs as the wave allows even for one tile each (H200, 24/4 x 256,
+    graph-timed sweep: B = 1 x 512 takes 29 / 17 / 11 / 9.5 us at 1 / 2 / 4 / 8 splits, B = 1 x 4096
+    18.4 / 14.5 us at 16 / 32; B = 16 x 512 is fastest at 4, the full wave). Depends only on host-side sizes,
+    so it is graph-stable."""
     work = max(1, batch * num_kv_heads)
     slots = max(1, ctas_per_sm * max(1, num_sms))
     hi = int(max(1, min(max_splits, max_seq_len // max(1, min_keys))))
