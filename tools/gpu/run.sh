@@ -7,7 +7,8 @@
 #   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|bench|tune|ncu] [pytest -k expression]
 #   ncu: Nsight Compute on the cases in $NCU_CASES (';'-separated argument lists of benchmarks/ncu_case.py,
 #   default the 27B GDN prefill at 32k), sections in ncu-<n>.txt (speed of light, occupancy, warp stalls,
-#   source-level stall counters)
+#   source-level stall counters); NCU_SOURCE='regex' adds a full-set report of those kernels: every metric
+#   (ncu-<n>-details.txt) and per-SASS-instruction counters and stall samples (ncu-<n>-sass.csv)
 #   VKC_REUSE_BUILD=1: skip the wheel build when an earlier step of the same device call installed it
 #   A device call is limited to 10 minutes: the GPU tests without peers (~5 min, most of it the GDN float64 and
 #   HF references), the peer comparisons (`peer-tests`: FLA's cold JIT) and the benchmarks (~4 min) belong in
@@ -119,6 +120,14 @@ if [ "$WHAT" = ncu ]; then
       --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       --section SourceCounters ${NCU_ARGS:-} python3 benchmarks/ncu_case.py $c > "$OUT/ncu-$n.txt" 2>&1 || rc=1
     grep -E "^  [a-z_]+.*\(|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall" "$OUT/ncu-$n.txt" | head -60
+    if [ -n "${NCU_SOURCE:-}" ]; then  # kernels (regex) to profile in full: every stall reason, per-SASS-line counters
+      # shellcheck disable=SC2086
+      timeout "${BENCH_TIMEOUT:-240}" "$NCU" --profile-from-start off --target-processes all --set full \
+        --kernel-name "regex:$NCU_SOURCE" -o "/tmp/ncu-rep-$n" -f python3 benchmarks/ncu_case.py $c > /dev/null 2>&1 || rc=1
+      "$NCU" -i "/tmp/ncu-rep-$n.ncu-rep" --page details --print-details all > "$OUT/ncu-$n-details.txt" 2>&1
+      "$NCU" -i "/tmp/ncu-rep-$n.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-$n-sass.csv" 2>&1
+      ls -l "$OUT"/ncu-$n-*
+    fi
   done
 fi
 merge
