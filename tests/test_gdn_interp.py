@@ -162,12 +162,16 @@ def test_prep(K):
 
 
 LENS = [1, 5, 63, 64, 65, 130]
-DH_WG = bool(specs("gdn")["delta_h"].for_arch("sm_90a").constexprs["WG"])
 
 
-@pytest.mark.parametrize("with_state,delta_h", [(False, None), (True, None), (True, {"WG": not DH_WG})])
+@pytest.mark.parametrize("with_state,delta_h", [
+    (False, None), (True, None),
+    (True, {"WG": False, "TMA": False, "BV": 16}),   # S^T in registers, mma.sync
+    (True, {"WG": True, "TMA": False, "BV": 16}),    # S [K, BV], warpgroup MMAs, pointer loads
+    (True, {"WG": True, "TMA": True, "BV": 16}),     # ... through per-sequence tensor descriptors
+])
 def test_chunked_prefill_varlen_grouped(K, with_state, delta_h):
-    """delta_h: both state orientations (the spec's and the other one, BV 16) against the recurrence."""
+    """delta_h: the spec's variant and each state orientation / load path (BV 16) against the recurrence."""
     hk, hv = 2, 4
     qkv, a, b, A_log, dt, cu = make_inputs(7 + with_state, LENS, hk, hv)
     state = slot = None
@@ -176,8 +180,6 @@ def test_chunked_prefill_varlen_grouped(K, with_state, delta_h):
         state = (torch.randn(8, hv, DK, DV, generator=g) * 0.1).to(DEV)
         slot = torch.tensor([5, -1, 0, 7, 2, 3], dtype=torch.int32, device=DEV)
         state0 = state.clone()
-    if delta_h:
-        delta_h = {**delta_h, "BV": 16}
     o, ws = run_chunked(K, qkv, a, b, A_log, dt, cu, hk, hv, state, slot, delta_h=delta_h)
     args = [np64(x) for x in (qkv, a, b, A_log, dt)]
     ro, rs = refs_gdn.recurrent(*args, cu.cpu().numpy(), hk, hv,

@@ -181,7 +181,7 @@ def gdn_kkt_wy_kernel(kn_ptr, v_ptr, g_ptr, beta_ptr, cidx_ptr, w_ptr, u_ptr, st
 @triton.jit
 def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, seqinfo_ptr, HK, HV, use_state,
                        BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                       WG: tl.constexpr):
+                       WG: tl.constexpr, TMA: tl.constexpr):
     """Grid (N, Hv, V // BV). u_ptr holds U on entry and V' = U - W S on exit (in place). h is stored
     transposed: h [max_chunks, Hv, V, K] bf16 (what chunk_o reads).
 
@@ -189,7 +189,10 @@ def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, 
     operand on the left (V'^T = U^T - S^T W^T and S^T <- exp(g_last) S^T + V'^T_decayed K): the state never
     goes through shared memory, the products are mma.sync (M = BV rows).
     WG = True: S [K, BV] with the chunk's rows on M (V' = U - W S: M = 64; S <- exp(g_last) S + K^T V'_decayed:
-    M = 128), Hopper warpgroup MMAs whose B operands (S, V'_decayed, bf16) go through shared memory."""
+    M = 128), Hopper warpgroup MMAs whose B operands (S, V'_decayed, bf16) go through shared memory.
+    TMA = True (with WG): W, K, U tiles are loaded and V', h stored through tensor descriptors built once per
+    program over the sequence's rows [bos, eos) -- rows past eos read as zeros and are never written, so no
+    per-element address or mask arithmetic is left in the loop."""
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     iv = tl.program_id(2)
@@ -203,7 +206,10 @@ def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, 
     slot = tl.full((), -1, tl.int64)
     if use_state != 0:
         slot = tl.load(slot_ptr + n).to(tl.int64)
-    if WG:
+    if TMA:
+        _delta_h_tma(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos, eos, coff, nc, ck, cv,
+                     HK, HV, BT, K, V, BV)
+    elif WG:
         _delta_h_wg(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos, eos, coff, nc, ck, cv,
                     HK, HV, BT, K, V, BV)
     else:
@@ -287,6 +293,49 @@ def _delta_h_wg(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos
         k = tl.load(kn_ptr + r64[:, None] * (HK * K) + hk * K + ck[None, :], mask=m[:, None], other=0.0)
         vp = u.to(tl.float32) - tl.dot(w, sb)
         tl.store(u_ptr + r64[:, None] * (HV * V) + hv * V + cv[None, :], vp.to(tl.bfloat16), mask=m[:, None])
+        decay = tl.where(m, tl.exp(tl.where(m, g_last - g, 0.0)), 0.0)
+        vd = (vp * decay[:, None]).to(tl.bfloat16)
+        S = tl.dot(tl.trans(k), vd, S * tl.exp(g_last))
+    if slot >= 0:
+        tl.store(state_ptr + s_off, S)
+
+
+@triton.jit
+def _delta_h_tma(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos, eos, coff, nc, ck, cv,
+                 HK, HV, BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    s_off = (slot * HV + hv) * (K * V) + ck[:, None] * V + cv[None, :]  # state cache [slots, Hv, K, V]
+    S = tl.zeros((K, BV), dtype=tl.float32)
+    if slot >= 0:
+        S = tl.load(state_ptr + s_off)
+    nrows = eos - bos
+    b64 = bos.to(tl.int64)
+    v0 = tl.program_id(2) * BV  # first value column of this block
+    w_desc = tl.make_tensor_descriptor(w_ptr + b64 * (HV * K) + hv * K, [nrows, K], [HV * K, 1], [BT, K])
+    k_desc = tl.make_tensor_descriptor(kn_ptr + b64 * (HK * K) + hk * K, [nrows, K], [HK * K, 1], [BT, K])
+    u_desc = tl.make_tensor_descriptor(u_ptr + b64 * (HV * V) + hv * V + v0, [nrows, BV], [HV * V, 1], [BT, BV])
+    # h [max_chunks, Hv, V, K]: this program's chunks as a [nc, BV, K] box array
+    h_desc = tl.make_tensor_descriptor(h_ptr + (coff * HV + hv) * (V * K) + v0 * K, [nc, BV, K],
+                                       [HV * V * K, K, 1], [1, BV, K])
+    rows = bos + tl.arange(0, BT)
+    m = rows < eos
+    g_nx = tl.load(g_ptr + rows.to(tl.int64) * HV + hv, mask=m, other=0.0)
+    gl_nx = tl.load(g_ptr + (tl.minimum(bos + BT, eos) - 1).to(tl.int64) * HV + hv, mask=nc > 0, other=0.0)
+    for c in range(0, nc):
+        t0 = bos + c * BT
+        m = rows < eos
+        g = g_nx
+        g_last = gl_nx
+        rows = rows + BT  # chunk c + 1
+        g_nx = tl.load(g_ptr + rows.to(tl.int64) * HV + hv, mask=rows < eos, other=0.0)
+        gl_nx = tl.load(g_ptr + (tl.minimum(t0 + 2 * BT, eos) - 1).to(tl.int64) * HV + hv, mask=t0 + BT < eos,
+                        other=0.0)
+        sb = S.to(tl.bfloat16)
+        h_desc.store([c, 0, 0], tl.reshape(tl.trans(sb), [1, BV, K]))
+        w = w_desc.load([c * BT, 0])
+        k = k_desc.load([c * BT, 0])
+        u = u_desc.load([c * BT, 0])
+        vp = u.to(tl.float32) - tl.dot(w, sb)
+        u_desc.store([c * BT, 0], vp.to(tl.bfloat16))
         decay = tl.where(m, tl.exp(tl.where(m, g_last - g, 0.0)), 0.0)
         vd = (vp * decay[:, None]).to(tl.bfloat16)
         S = tl.dot(tl.trans(k), vd, S * tl.exp(g_last))
