@@ -99,27 +99,23 @@ def _mm(a, b):
 
 
 @triton.jit
-def _diag_inverse(k, g, beta, m, BT: tl.constexpr, BC: tl.constexpr, K: tl.constexpr):
-    """D^-1 = blockdiag((I + A_bb)^-1) (BT x BT, fp32) for the BT / BC diagonal BC x BC blocks of
-    A = strict-tril(beta_i exp(g_i - g_j) k_i.k_j), all blocks at once as [NB, BC, BC] batches. A block is
-    nilpotent (a^BC = 0), so (I + a)^-1 = (I - a)(I + a^2)(I + a^4)(I + a^8) for BC = 16: six batched fp32 dots
-    instead of BC - 1 dependent row steps (each a cross-warp reduction). Powers of a grow for nearly parallel
-    keys without decay (|a^8| ~ 3e3), which costs ~4e-4 of max|T| in fp32 -- below the bf16 rounding Tm gets."""
+def _diag_inverse(a, BT: tl.constexpr, BC: tl.constexpr):
+    """D^-1 = blockdiag((I + A_bb)^-1) (BT x BT, fp32) for the BT / BC diagonal BC x BC blocks of the strictly
+    lower triangular A, all blocks at once as [NB, BC, BC] batches cut out of A. A block is nilpotent
+    (a^BC = 0), so (I + a)^-1 = (I - a)(I + a^2)(I + a^4)(I + a^8) for BC = 16: six batched fp32 dots instead of
+    BC - 1 dependent row steps (each a cross-warp reduction). Powers of a grow for nearly parallel keys without
+    decay (|a^8| ~ 3e3), which costs ~4e-4 of max|T| in fp32 -- below the bf16 rounding Tm gets."""
     tl.static_assert(BC == 16)
     NB: tl.constexpr = BT // BC
-    k3 = tl.reshape(k, (NB, BC, K))
-    kk = tl.dot(k3, tl.permute(k3, (0, 2, 1)))
-    g3 = tl.reshape(g, (NB, BC))
-    b3 = tl.reshape(beta, (NB, BC))
-    m3 = tl.reshape(m, (NB, BC))
+    r = tl.arange(0, BT)
+    same = (r[:, None] // BC) == (r[None, :] // BC)
+    # [row block, BC, col block, BC] with only the diagonal col block non-zero: summing it out cuts the blocks
+    ad = tl.sum(tl.reshape(tl.where(same, a, 0.0), (NB, BC, NB, BC)), 2)
     i3 = tl.arange(0, BC)[None, :, None]
     j3 = tl.arange(0, BC)[None, None, :]
-    keep = (i3 > j3) & m3[:, :, None]
-    d = tl.where(keep, g3[:, :, None] - g3[:, None, :], 0.0)
-    a = tl.where(keep, b3[:, :, None] * tl.exp(d) * kk, 0.0)
     eye = tl.where(i3 == j3, 1.0, 0.0) + tl.zeros((NB, BC, BC), tl.float32)
-    t = eye - a
-    p = a
+    t = eye - ad
+    p = ad
     for _ in tl.static_range(3):  # BC = 16 = 2^4: factors (I + a^2), (I + a^4), (I + a^8)
         p = tl.dot(p, p, input_precision="ieee")
         t = t + tl.dot(t, p, input_precision="ieee")
@@ -159,11 +155,11 @@ def gdn_kkt_wy_kernel(kn_ptr, v_ptr, g_ptr, beta_ptr, cidx_ptr, w_ptr, u_ptr, st
         d = g[:, None] - g[None, :]
         keep = (tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]) & m[:, None]
         a = tl.where(keep, beta[:, None] * tl.exp(tl.where(keep, d, 0.0)) * kk, 0.0)
-        dinv = _diag_inverse(k, g, beta, m, BT, BC, K)
         rb = tl.arange(0, BT)[:, None]
         cb = tl.arange(0, BT)[None, :]
-        eye = tl.where(rb == cb, 1.0, 0.0)
         lo = tl.where(rb // BC > cb // BC, a, 0.0)
+        dinv = _diag_inverse(a, BT, BC)
+        eye = tl.where(rb == cb, 1.0, 0.0)
         nn = _mm(dinv, lo)
         n2 = _mm(nn, nn)
         x = _mm(_mm(eye - nn, eye + n2), dinv)
