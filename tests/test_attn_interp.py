@@ -238,6 +238,17 @@ def run_decode(K, D, q, kc, vc, bt, sl, scale, num_splits, gate=None, arch=None)
     return o
 
 
+def decode_inputs(seed, D, Hq, Hkv, gate):
+    """Six sequences (lengths 1, 15, 16, 17, 0, 130) in a shuffled block-16 cache, q and an optional strided
+    gate: (lens, kc, vc, bt, q, seq_lens, gate)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [1, 15, 16, 17, 0, 130]
+    kc, vc, bt = make_paged(g, lens, Hkv, D, 16)
+    q = rnd(g, len(lens), Hq, D)
+    gt = rnd(g, len(lens), Hq, 2, D)[:, :, 1] if gate else None
+    return lens, kc, vc, bt, q, torch.tensor(lens, dtype=torch.int32), gt
+
+
 @pytest.mark.parametrize("D,Hq,Hkv,splits,gate,arch", [
     (256, 6, 1, 1, False, None),
     (256, 6, 1, 3, True, None),
@@ -246,13 +257,7 @@ def run_decode(K, D, q, kc, vc, bt, sl, scale, num_splits, gate=None, arch=None)
     (128, 8, 1, 20, False, None),  # more splits than key tiles: empty splits
 ])
 def test_decode(K, D, Hq, Hkv, splits, gate, arch):
-    g = torch.Generator().manual_seed(D + splits + Hq)
-    lens = [1, 15, 16, 17, 0, 130]
-    kc, vc, bt = make_paged(g, lens, Hkv, D, 16)
-    B = len(lens)
-    q = rnd(g, B, Hq, D)
-    sl = torch.tensor(lens, dtype=torch.int32)
-    gt = rnd(g, B, Hq, 2, D)[:, :, 1] if gate else None
+    lens, kc, vc, bt, q, sl, gt = decode_inputs(D + splits + Hq, D, Hq, Hkv, gate)
     o = run_decode(K, D, q, kc, vc, bt, sl, D ** -0.5, splits, gt, arch)
     ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, D ** -0.5, None if gt is None else np64(gt))
     check(o, ref, f"decode D={D} {Hq}/{Hkv} splits={splits}")
@@ -266,13 +271,8 @@ def test_decode(K, D, Hq, Hkv, splits, gate, arch):
 ])
 def test_decode_direct(K, D, Hq, Hkv, gate, arch):
     """The one-split kernel: whole sequences, output normalized, gated and stored directly."""
-    g = torch.Generator().manual_seed(50 + D + Hq)
-    lens = [1, 15, 16, 17, 0, 130]
-    kc, vc, bt = make_paged(g, lens, Hkv, D, 16)
+    lens, kc, vc, bt, q, sl, gt = decode_inputs(50 + D + Hq, D, Hq, Hkv, gate)
     B = len(lens)
-    q = rnd(g, B, Hq, D)
-    sl = torch.tensor(lens, dtype=torch.int32)
-    gt = rnd(g, B, Hq, 2, D)[:, :, 1] if gate else None
     o = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
     gp, sgb, sgh = (gt, gt.stride(0), gt.stride(1)) if gate else (q, 0, 0)
     launch(K, f"decode_direct.d{D}.{'gate' if gate else 'nogate'}", (B * Hkv,), q, kc, vc, bt, sl, o, gp,

@@ -177,18 +177,19 @@ def gdn_kkt_wy_kernel(kn_ptr, v_ptr, g_ptr, beta_ptr, cidx_ptr, w_ptr, u_ptr, st
 @triton.jit
 def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, seqinfo_ptr, HK, HV, use_state,
                        BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                       WG: tl.constexpr, TMA: tl.constexpr):
+                       TMA: tl.constexpr):
     """Grid (N, Hv, V // BV). u_ptr holds U on entry and V' = U - W S on exit (in place). h is stored
     transposed: h [max_chunks, Hv, V, K] bf16 (what chunk_o reads).
 
-    WG = False: the state block is kept transposed, S^T [BV, K] fp32, so both products take their register
+    TMA = False: the state block is kept transposed, S^T [BV, K] fp32, so both products take their register
     operand on the left (V'^T = U^T - S^T W^T and S^T <- exp(g_last) S^T + V'^T_decayed K): the state never
-    goes through shared memory, the products are mma.sync (M = BV rows).
-    WG = True: S [K, BV] with the chunk's rows on M (V' = U - W S: M = 64; S <- exp(g_last) S + K^T V'_decayed:
-    M = 128), Hopper warpgroup MMAs whose B operands (S, V'_decayed, bf16) go through shared memory.
-    TMA = True (with WG): W, K, U tiles are loaded and V', h stored through tensor descriptors built once per
-    program over the sequence's rows [bos, eos) -- rows past eos read as zeros and are never written, so no
-    per-element address or mask arithmetic is left in the loop."""
+    goes through shared memory; the products are mma.sync (M = BV rows). Any arch.
+    TMA = True (Hopper+): S [K, BV] with the chunk's rows on M (V' = U - W S: M = 64; S <- exp(g_last) S +
+    K^T V'_decayed: M = 128), warpgroup MMAs whose B operands (S, V'_decayed, bf16) go through shared memory;
+    W, K, U tiles are loaded and V', h stored through tensor descriptors built once per program over the
+    sequence's rows [bos, eos) -- rows past eos read as zeros and are never written, so no per-element address
+    or mask arithmetic is left in the loop (H200: the same orientation with pointer loads was 7% slower at
+    27B 32k, BENCHMARKS.md session 4)."""
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     iv = tl.program_id(2)
@@ -205,9 +206,6 @@ def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, 
     if TMA:
         _delta_h_tma(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos, eos, coff, nc, ck, cv,
                      HK, HV, BT, K, V, BV)
-    elif WG:
-        _delta_h_wg(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos, eos, coff, nc, ck, cv,
-                    HK, HV, BT, K, V, BV)
     else:
         _delta_h_t(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos, eos, coff, nc, ck, cv,
                    HK, HV, BT, K, V, BV)
@@ -253,47 +251,6 @@ def _delta_h_t(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos,
         ST = ST * tl.exp(g_last) + tl.dot(vst, k)
     if slot >= 0:
         tl.store(state_ptr + s_off, ST)
-
-
-@triton.jit
-def _delta_h_wg(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos, eos, coff, nc, ck, cv,
-                HK, HV, BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    s_off = (slot * HV + hv) * (K * V) + ck[:, None] * V + cv[None, :]  # state cache [slots, Hv, K, V]
-    S = tl.zeros((K, BV), dtype=tl.float32)
-    if slot >= 0:
-        S = tl.load(state_ptr + s_off)
-    h_base = h_ptr + hv.to(tl.int64) * (V * K) + cv[None, :] * K + ck[:, None]
-    rows = bos + tl.arange(0, BT)
-    m = rows < eos
-    r64 = rows.to(tl.int64)
-    g_nx = tl.load(g_ptr + r64 * HV + hv, mask=m, other=0.0)
-    gl_nx = tl.load(g_ptr + (tl.minimum(bos + BT, eos) - 1).to(tl.int64) * HV + hv, mask=nc > 0, other=0.0)
-    u_nx = tl.load(u_ptr + r64[:, None] * (HV * V) + hv * V + cv[None, :], mask=m[:, None], other=0.0)
-    for c in range(0, nc):
-        t0 = bos + c * BT
-        m = rows < eos
-        r64 = rows.to(tl.int64)
-        g = g_nx
-        g_last = gl_nx
-        u = u_nx
-        rows = rows + BT  # chunk c + 1
-        m1 = rows < eos
-        r1 = rows.to(tl.int64)
-        g_nx = tl.load(g_ptr + r1 * HV + hv, mask=m1, other=0.0)
-        gl_nx = tl.load(g_ptr + (tl.minimum(t0 + 2 * BT, eos) - 1).to(tl.int64) * HV + hv, mask=t0 + BT < eos,
-                        other=0.0)
-        u_nx = tl.load(u_ptr + r1[:, None] * (HV * V) + hv * V + cv[None, :], mask=m1[:, None], other=0.0)
-        sb = S.to(tl.bfloat16)
-        tl.store(h_base + (coff + c) * (HV * V * K), sb)
-        w = tl.load(w_ptr + r64[:, None] * (HV * K) + hv * K + ck[None, :], mask=m[:, None], other=0.0)
-        k = tl.load(kn_ptr + r64[:, None] * (HK * K) + hk * K + ck[None, :], mask=m[:, None], other=0.0)
-        vp = u.to(tl.float32) - tl.dot(w, sb)
-        tl.store(u_ptr + r64[:, None] * (HV * V) + hv * V + cv[None, :], vp.to(tl.bfloat16), mask=m[:, None])
-        decay = tl.where(m, tl.exp(tl.where(m, g_last - g, 0.0)), 0.0)
-        vd = (vp * decay[:, None]).to(tl.bfloat16)
-        S = tl.dot(tl.trans(k), vd, S * tl.exp(g_last))
-    if slot >= 0:
-        tl.store(state_ptr + s_off, S)
 
 
 @triton.jit

@@ -47,7 +47,7 @@ SPECS = [
               Arg("g_ptr", "*fp32", div=16), Arg("h_ptr", "*bf16", div=16), Arg("state_ptr", "*fp32", div=16),
               Arg("slot_ptr", "*i32"), Arg("seqinfo_ptr", "*i32", div=16),
               Arg("HK", "i32"), Arg("HV", "i32"), Arg("use_state", "i32")],
-        constexprs={**_PV, "BV": 32, "WG": False, "TMA": False}, num_warps=4, num_stages=2),
+        constexprs={**_PV, "BV": 32, "TMA": False}, num_warps=4, num_stages=2),
     KernelSpec(
         name="chunk_o", source="chunk.py", entry="gdn_chunk_o_kernel",
         args=[Arg("qn_ptr", "*bf16", div=16), Arg("kn_ptr", "*bf16", div=16), Arg("vp_ptr", "*bf16", div=16),
