@@ -10,6 +10,8 @@
 #   source-level stall counters); NCU_SOURCE='regex' adds a full-set report of those kernels: every metric
 #   (ncu-<n>-details.txt) and per-SASS-instruction counters and stall samples (ncu-<n>-sass.csv)
 #   VKC_REUSE_BUILD=1: skip the wheel build when an earlier step of the same device call installed it
+#   peer-tests writes $OUT/triton-cache.tgz (FLA's compiled + autotuned kernels); copy it to .triton-cache.tgz
+#   and carry it so the next call skips FLA's JIT
 #   A device call is limited to 10 minutes: the GPU tests without peers (~5 min, most of it the GDN float64 and
 #   HF references), the peer comparisons (`peer-tests`: FLA's cold JIT) and the benchmarks (~4 min) belong in
 #   separate calls.
@@ -80,12 +82,24 @@ python3 -m vkc.cli doctor 2>&1 | tee -a "$ENV_TXT"; echo "doctor rc=${PIPESTATUS
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
   # `tests`/`all`: every GPU test but the peer comparisons (FLA JIT-compiles for minutes on first use);
   # `peer-tests`: only those (pytest marker `peer`; carry .whl)
-  if [ "$WHAT" = peer-tests ]; then MEXPR="gpu and peer"; else MEXPR="gpu and not peer"; fi
+  if [ "$WHAT" = peer-tests ]; then
+    MEXPR="gpu and peer"
+    # FLA JIT-compiles and autotunes its kernels on first use (minutes): a Triton cache carried from an earlier
+    # call (.triton-cache.tgz, git-ignored) is unpacked first, and the cache is packed back into $OUT after
+    export TRITON_CACHE_DIR=/tmp/vkc-triton-cache
+    mkdir -p "$TRITON_CACHE_DIR"
+    [ -f .triton-cache.tgz ] && tar -xzf .triton-cache.tgz -C "$TRITON_CACHE_DIR" && echo "Triton cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked"
+  else
+    MEXPR="gpu and not peer"
+  fi
   echo "== GPU tests (-m '$MEXPR')"
   VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -v -rs -p no:cacheprovider \
     --durations=20 -m "$MEXPR" tests/gpu ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
+  if [ "$WHAT" = peer-tests ]; then
+    tar -czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . && ls -l "$OUT/triton-cache.tgz"
+  fi
   merge > /dev/null
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
