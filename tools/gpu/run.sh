@@ -84,6 +84,8 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
   # `peer-tests`: only those (pytest marker `peer`; carry .whl)
   if [ "$WHAT" = peer-tests ]; then
     MEXPR="gpu and peer"
+    # a per-test limit (pytest-timeout) dumps every thread's stack if one peer call hangs, and lets the next run
+    PEER_ARGS="--timeout=${PEER_TEST_TIMEOUT:-240}"
     # FLA JIT-compiles and autotunes its kernels on first use (minutes): a Triton cache carried from an earlier
     # call (.triton-cache.tgz, git-ignored) is unpacked first, and the cache is packed back into $OUT after
     export TRITON_CACHE_DIR=/tmp/vkc-triton-cache
@@ -94,7 +96,7 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
   fi
   echo "== GPU tests (-m '$MEXPR')"
   VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -v -rs -p no:cacheprovider \
-    --durations=20 -m "$MEXPR" tests/gpu ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
+    --durations=20 ${PEER_ARGS:-} -m "$MEXPR" tests/gpu ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
   if [ "$WHAT" = peer-tests ]; then
