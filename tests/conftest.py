@@ -48,3 +48,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_setup(item):
+    if "peer" in item.keywords and os.environ.get("TRITON_INTERPRET") == "1" and gpu_available()[0]:
+        # the peer (FLA) would run in Triton's interpreter: hours, and not the peer users run
+        pytest.fail("TRITON_INTERPRET=1 would run the peer library in Triton's interpreter; "
+                    "run GPU peer tests with TRITON_INTERPRET=0 (tools/gpu/run.sh does)", pytrace=False)

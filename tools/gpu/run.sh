@@ -10,8 +10,8 @@
 #   source-level stall counters); NCU_SOURCE='regex' adds a full-set report of those kernels: every metric
 #   (ncu-<n>-details.txt) and per-SASS-instruction counters and stall samples (ncu-<n>-sass.csv)
 #   VKC_REUSE_BUILD=1: skip the wheel build when an earlier step of the same device call installed it
-#   peer-tests writes $OUT/triton-cache.tgz (FLA's compiled + autotuned kernels); copy it to .triton-cache.tgz
-#   and carry it so the next call skips FLA's JIT
+#   peer-tests/bench write $OUT/triton-cache.tgz (FLA's compiled + autotuned kernels); copy it to
+#   .triton-cache.tgz and carry it so the next call skips FLA's JIT
 #   A device call is limited to 10 minutes: the GPU tests without peers (~5 min, most of it the GDN float64 and
 #   HF references), the peer comparisons (`peer-tests`: FLA's cold JIT) and the benchmarks (~4 min) belong in
 #   separate calls.
@@ -22,6 +22,16 @@ OUT=${OUT:-/tmp/vkc-gpu-out}
 WORK=/tmp/vkc-work
 mkdir -p "$OUT"; rm -rf "$WORK"; mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# kernels compile for the GPU here: tests/conftest.py defaults TRITON_INTERPRET=1 for the CPU suite, which would
+# run every Triton peer (FLA) in the interpreter
+export TRITON_INTERPRET=0
+# one Triton cache for the whole call (peers' JIT + autotune results); one carried from an earlier call
+# (.triton-cache.tgz, git-ignored) is unpacked first, and peer-tests/bench pack it back into $OUT
+export TRITON_CACHE_DIR=/tmp/vkc-triton-cache
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -f .triton-cache.tgz ] && [ "${VKC_REUSE_BUILD:-0}" != 1 ]; then
+  tar -xzf .triton-cache.tgz -C "$TRITON_CACHE_DIR" && echo "Triton cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked"
+fi
 REPO=$(pwd)
 SITE=/tmp/vkc-site
 ENV_TXT="$OUT/env.txt"
@@ -86,11 +96,6 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
     MEXPR="gpu and peer"
     # a per-test limit (pytest-timeout) dumps every thread's stack if one peer call hangs, and lets the next run
     PEER_ARGS="--timeout=${PEER_TEST_TIMEOUT:-240}"
-    # FLA JIT-compiles and autotunes its kernels on first use (minutes): a Triton cache carried from an earlier
-    # call (.triton-cache.tgz, git-ignored) is unpacked first, and the cache is packed back into $OUT after
-    export TRITON_CACHE_DIR=/tmp/vkc-triton-cache
-    mkdir -p "$TRITON_CACHE_DIR"
-    [ -f .triton-cache.tgz ] && tar -xzf .triton-cache.tgz -C "$TRITON_CACHE_DIR" && echo "Triton cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked"
   else
     MEXPR="gpu and not peer"
   fi
@@ -99,9 +104,6 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
     --durations=20 ${PEER_ARGS:-} -m "$MEXPR" tests/gpu ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
-  if [ "$WHAT" = peer-tests ]; then
-    tar -czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . && ls -l "$OUT/triton-cache.tgz"
-  fi
   merge > /dev/null
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
@@ -112,6 +114,9 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
     timeout "${BENCH_TIMEOUT:-240}" python3 "benchmarks/bench_$b.py" "$WORK/$b.json" 2>&1 | tail -45 || rc=1
     merge > /dev/null
   done
+fi
+if [ "$WHAT" = peer-tests ] || [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then  # FLA's JIT + autotune, for the next call
+  tar -czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . && ls -l "$OUT/triton-cache.tgz"
 fi
 if [ "$WHAT" = tune ]; then
   # candidates come from `vkc tune build ... --out build/tune/<name>` on the CPU box (carry build/tune); the
