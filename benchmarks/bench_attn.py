@@ -8,7 +8,8 @@ decode:  B in {1, 16, 64, 256} x context {512, 4096, 32768}, 24/4 x 256 (combos 
          skipped); % of the HBM floor = K+V bytes / 4.26 TB/s / time. Eager (events around single calls,
          host cost included) and graph (10 calls in one CUDA graph: vkc_runtime.Graph / torch.cuda.CUDAGraph)
          times for both. At B*L <= 16*4096 also the host time per call (vkc_host_us / sdpa_host_us) and the
-         graph time of each forced split count (split_sweep_graph_ms: how good num_splits_for's choice is);
+         graph time of each forced split count (split_sweep_graph_ms: how good num_splits_for's choice is;
+         split_sweep_unfused_graph_ms: with a separate combine launch instead of decode_fused);
          then a cProfile of the decode call's host path (printed).
 BENCH_ATTN="prefill decode" (default) selects the parts.
 CUDA events, warm-up, median of repeats. Usage: python benchmarks/bench_attn.py OUT.json
@@ -131,6 +132,12 @@ def bench_decode(rows):
                                                                     max_seq_len=L, num_splits=s, stream=st),
                                        vkc=True, inner=10)
                     for s in (1, 2, 4, 8, 16, 32) if s * 64 <= L}
+                r["split_sweep_unfused_graph_ms"] = {  # the same with a separate combine launch
+                    s: timing.graph_ms(lambda i, st, s=s: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws,
+                                                                    max_seq_len=L, num_splits=s, fused=False,
+                                                                    stream=st),
+                                       vkc=True, inner=10)
+                    for s in (2, 4, 8, 16, 32) if s * 64 <= L}
             r.update(vkc_ms=t, vkc_graph_ms=tg, floor_ms=floor, vkc_pct_floor=100 * floor / min(t, tg),
                      splits=A.num_splits_for(B, Hkv, L, torch.cuda.get_device_properties(0).multi_processor_count,
                                              ctas_per_sm=get_kernel(f"attn.decode_split.d{D}").max_active_blocks()))

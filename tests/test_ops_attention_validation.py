@@ -87,10 +87,10 @@ def test_prefill_uses_tma(rec):
 
 
 def workspace(B, Hq, D, max_splits=64):
-    ws = A.DecodeWorkspace(Dev((B * Hq * max_splits * D,), "<f4"), Dev((B * Hq * max_splits,), "<f4"), B, Hq, D,
-                           max_splits)
-    ws.part_o.data_ptr = lambda: ws.part_o.__cuda_array_interface__["data"][0]
-    ws.part_lse.data_ptr = lambda: ws.part_lse.__cuda_array_interface__["data"][0]
+    ws = A.DecodeWorkspace(Dev((B * Hq * max_splits * D,), "<f4"), Dev((B * Hq * max_splits,), "<f4"),
+                           Dev((B * Hq,), "<i4"), B, Hq, D, max_splits)
+    for a in (ws.part_o, ws.part_lse, ws.counters):
+        a.data_ptr = lambda a=a: a.__cuda_array_interface__["data"][0]
     return ws
 
 
@@ -101,10 +101,15 @@ def test_decode_split_count_from_occupancy(rec):
     kc, vc = cache(B * 2048, bs, Hkv, D)
     ws = workspace(B, Hq, D)
 
-    def run():
+    def run(**kw):
         A.decode(Dev((B, Hq, D)), kc, vc, Dev((B, 2048), I32), Dev((B,), I32), 0.0625, out=Dev((B, Hq, D)),
-                 workspace=ws, max_seq_len=32768)
+                 workspace=ws, max_seq_len=32768, **kw)
     run()
+    ((b1, g1, a1),) = rec.calls  # one launch: the last split of each group combines
+    assert b1 == "attn.decode_fused.d256.nogate" and g1 == (B * Hkv * 4, 1, 1) and a1[13] == 4  # num_splits
+    assert a1[7] == ws.counters.data_ptr()
+    rec.calls.clear()
+    run(fused=False)  # split + combine launches
     (b1, g1, a1), (b2, g2, _) = rec.calls
     assert b1 == "attn.decode_split.d256" and g1 == (B * Hkv * 4, 1, 1) and a1[10] == 4  # num_splits
     assert b2 == "attn.decode_combine.d256.nogate" and g2 == (B * Hq, 1, 1)
@@ -147,6 +152,5 @@ def test_decode_forced_num_splits(rec, forced, want):
     if want == 1:
         assert [(c[0], c[1]) for c in rec.calls] == [("attn.decode_direct.d256.nogate", (B * Hkv, 1, 1))]
     else:
-        (b1, g1, a1), (b2, _, _) = rec.calls
-        assert b1 == "attn.decode_split.d256" and g1 == (B * Hkv * want, 1, 1) and a1[10] == want
-        assert b2 == "attn.decode_combine.d256.nogate"
+        ((b1, g1, a1),) = rec.calls
+        assert b1 == "attn.decode_fused.d256.nogate" and g1 == (B * Hkv * want, 1, 1) and a1[13] == want

@@ -47,11 +47,12 @@ BF16 = "bfloat16"
 MIN_KEYS_PER_SPLIT = 64  # one BLOCK_N tile of the decode kernels (H200 sweep: shorter splits win at small B)
 CTAS_PER_SM = 2  # default resident CTAs per SM (decode asks the driver for the loaded kernel's occupancy)
 DEFAULT_MAX_SPLITS = 64
+FUSED_MAX_SPLITS = 64  # up to this many splits the last split of a group combines (decode_fused: one launch)
 
 registry.require(*[f"attn.reshape_and_cache.{v}" for v in ("a16", "any")])
 registry.require(*[f"attn.prefill.d{d}.{g}" for d in HEAD_DIMS for g in ("gate", "nogate")])
 registry.require(*[f"attn.decode_split.d{d}" for d in HEAD_DIMS])
-registry.require(*[f"attn.decode_{k}.d{d}.{g}" for k in ("direct", "combine") for d in HEAD_DIMS
+registry.require(*[f"attn.decode_{k}.d{d}.{g}" for k in ("direct", "fused", "combine") for d in HEAD_DIMS
                     for g in ("gate", "nogate")])
 
 
@@ -242,11 +243,13 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
 
 @dataclass
 class DecodeWorkspace:
-    """fp32 scratch of split-KV decode: partial outputs [max_batch, Hq, max_splits, D] and their
-    log-sum-exps [max_batch, Hq, max_splits]. Every byte the combine reads is written by the split kernel
-    of the same call first, so no zero-fill is needed (any stale content is fine)."""
+    """Scratch of split-KV decode: fp32 partial outputs [max_batch, Hq, max_splits, D] and their
+    log-sum-exps [max_batch, Hq, max_splits] -- every byte a combine reads is written by a split of the same
+    call first, so stale content is fine -- and int32 tickets [max_batch * Hq] of the one-launch path
+    (decode_fused), zeroed at allocation and left zero by every launch."""
     part_o: memory.DeviceArray
     part_lse: memory.DeviceArray
+    counters: memory.DeviceArray
     max_batch: int
     num_q_heads: int
     head_dim: int
@@ -262,7 +265,8 @@ def decode_workspace(max_batch: int, num_q_heads: int, head_dim: int, max_splits
         raise OpError("decode_workspace: all sizes must be positive")
     po = memory.DeviceArray.empty((max_batch * num_q_heads * max_splits * head_dim,), "float32", device=device)
     pl = memory.DeviceArray.empty((max_batch * num_q_heads * max_splits,), "float32", device=device)
-    return DecodeWorkspace(po, pl, int(max_batch), int(num_q_heads), int(head_dim), int(max_splits))
+    cnt = memory.DeviceArray.zeros((max_batch * num_q_heads,), "int32", device=device)
+    return DecodeWorkspace(po, pl, cnt, int(max_batch), int(num_q_heads), int(head_dim), int(max_splits))
 
 
 _ws_cache: dict[tuple, DecodeWorkspace] = {}
@@ -291,7 +295,7 @@ def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int
 
 
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out=None, workspace=None,
-           max_seq_len=None, num_splits=None, stream=None):
+           max_seq_len=None, num_splits=None, fused=None, stream=None):
     """One query token per sequence: q [B, Hq, D] at position seq_lens[b] - 1 attends to keys 0..L-1 of the
     paged caches (append the token's K/V with :func:`reshape_and_cache` first). Returns out [B, Hq, D] bf16.
 
@@ -299,7 +303,9 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     table's capacity, block_tables.shape[1] * block_size). ``workspace``: a :class:`DecodeWorkspace` with
     max_batch >= B (required inside graph capture; otherwise one is allocated and cached per shape).
     ``num_splits``: force the KV split count (1..workspace.max_splits; benchmarks and tuning), default
-    :func:`num_splits_for`."""
+    :func:`num_splits_for`. ``fused``: with more than one split, combine in the split launch (the last split
+    of each group merges; one launch) or in a separate combine launch; default: fused up to
+    ``FUSED_MAX_SPLITS`` splits."""
     op = "decode"
     kc, vc, NB, BS, Hkv, D, sb, ss, sh = _cache_pair(op, k_cache, v_cache)
     qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
@@ -349,6 +355,13 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
         get_kernel(f"attn.decode_direct.d{D}.{g}").launch(
             (B * Hkv, 1, 1), (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ot.ptr, gptr, float(scale), Hkv, group,
                               sqb, sqh, sob, soh, sgb, sgh, sb, ss, sh, sbt, BS, bt.shape[1], NB), s)
+        return res
+    if fused if fused is not None else splits <= FUSED_MAX_SPLITS:  # one launch: the last split combines
+        get_kernel(f"attn.decode_fused.d{D}.{g}").launch(
+            (B * Hkv * splits, 1, 1),
+            (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(),
+             ws.counters.data_ptr(), ot.ptr, gptr, float(scale), Hkv, group, splits, sqb, sqh, sob, soh, sgb, sgh,
+             sb, ss, sh, sbt, BS, bt.shape[1], NB), s)
         return res
     comb_k = get_kernel(f"attn.decode_combine.d{D}.{g}")
     split_k.launch((B * Hkv * splits, 1, 1),
