@@ -98,7 +98,9 @@ def test_spec_args_match_kernel_signatures(K):
 
 
 def test_spec_count_is_reasonable(K):
-    assert len(K.specs) <= 20
+    # 2 cache + 8 prefill (4 TMA) + per D: split, 2 direct, 2 fused, 2 combine; drop split/combine once
+    # decode_fused is measured to win at every split count
+    assert len(K.specs) <= 24
 
 
 # ------------------------------------------------------------------------------------ reshape_and_cache
