@@ -154,3 +154,34 @@ def test_decode_forced_num_splits(rec, forced, want):
     else:
         ((b1, g1, a1),) = rec.calls
         assert b1 == "attn.decode_fused.d256.nogate" and g1 == (B * Hkv * want, 1, 1) and a1[13] == want
+
+
+def test_decode_plan_launches_what_decode_launches(rec):
+    """A plan checked once and run per layer launches exactly what decode() launches for the same tensors;
+    a layer whose caches or q do not fit the plan is refused before any launch."""
+    B, Hq, Hkv, D, bs = 3, 24, 4, 256, 16
+    bt, sl = Dev((B, 32), I32), Dev((B,), I32)
+    ws = workspace(B, Hq, D)
+    layers = [cache(B * 32, bs, Hkv, D) for _ in range(2)]
+    q, out = Dev((B, Hq, D)), Dev((B, Hq, D))
+    gate = Dev((B, Hq, D), strides=(Hq * 2 * D, 2 * D, 1), offset=D)
+    for g in (None, gate):
+        for kc, vc in layers:
+            A.decode(q, kc, vc, bt, sl, 0.0625, gate=g, out=out, workspace=ws, max_seq_len=512)
+    want = list(rec.calls)
+    rec.calls.clear()
+    plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws,
+                        max_seq_len=512)
+    assert plan.num_splits == 8 and len(want) == 4
+    for g in (None, gate):
+        for kc, vc in layers:
+            plan.run(q, kc, vc, 0.0625, gate=g, out=out)
+    assert rec.calls == want
+    rec.calls.clear()
+    with pytest.raises(OpError, match="plan was made for"):
+        plan.run(q, *cache(B * 32, 64, Hkv, D), 0.0625, out=out)  # block size 64
+    with pytest.raises(OpError, match="q has shape"):
+        plan.run(Dev((B + 1, Hq, D)), *layers[0], 0.0625, out=out)
+    with pytest.raises(OpError, match="kv heads"):
+        A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=5, head_dim=D, block_size=bs, workspace=ws)
+    assert not rec.calls
