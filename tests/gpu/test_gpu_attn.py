@@ -223,6 +223,45 @@ def test_decode_fused_graph_replays(A):
     assert not ws.counters.to_numpy().any()
 
 
+def test_decode_plan_matches_decode(A):
+    """A DecodePlan made once and run for two layers (own caches, q, gate) gives decode()'s bytes, eagerly
+    and replayed from a CUDA graph."""
+    import vkc_runtime
+    Hq, Hkv, D, bs = 24, 4, 256, 16
+    lens = [17, 300, 4097, 1, 0]
+    B = len(lens)
+    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    layers = [(kc, vc), (torch.randn_like(kc), torch.randn_like(vc))]  # two layers, one block table
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ws = A.decode_workspace(B, Hq, D, 64)
+    plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws)
+    qs = [rnd(B, Hq, D) for _ in layers]
+    gts = [rnd(B, Hq, 2, D)[:, :, 1] for _ in layers]
+    want = [A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=g, workspace=ws)
+            for q, (kc, vc), g in zip(qs, layers, gts)]
+    want = [w if isinstance(w, torch.Tensor) else torch.from_dlpack(w) for w in want]
+    outs = [torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in layers]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
+        plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
+    s.synchronize()
+    for w, o in zip(want, outs):
+        assert torch.equal(w, o)
+    graph = vkc_runtime.Graph()
+    with graph.capture(s.cuda_stream):
+        for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
+            plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
+    for o in outs:
+        o.fill_(float("nan"))
+    torch.cuda.synchronize()
+    graph.replay(s.cuda_stream)
+    s.synchronize()
+    for w, o in zip(want, outs):
+        assert torch.equal(w, o)
+
+
 def test_reshape_and_cache(A):
     T, Hkv, D, bs, nb = 37, 4, 256, 16, 9
     k, v = rnd(T, Hkv, D), rnd(T, Hkv, D)
