@@ -8,7 +8,9 @@ decode:  B in {1, 16, 64, 256} x context {512, 4096, 32768}, 24/4 x 256 (combos 
          skipped); % of the HBM floor = K+V bytes / 4.26 TB/s / time. Eager (events around single calls,
          host cost included) and graph (10 calls in one CUDA graph: vkc_runtime.Graph / torch.cuda.CUDAGraph)
          times for both. At B*L <= 16*4096 also the host time per call (vkc_host_us / sdpa_host_us) and the
-         graph time of each forced split count (split_sweep_graph_ms: how good num_splits_for's choice is);
+         graph time of each forced split count (split_sweep_graph_ms: how good num_splits_for's choice is;
+         vkc_plan_ms / vkc_plan_host_us: the same call through a DecodePlan made once, as engines do per step;
+         split_sweep_unfused_graph_ms: with a separate combine launch instead of decode_fused);
          then a cProfile of the decode call's host path (printed).
 BENCH_ATTN="prefill decode" (default) selects the parts.
 CUDA events, warm-up, median of repeats. Usage: python benchmarks/bench_attn.py OUT.json
@@ -128,15 +130,25 @@ def bench_decode(rows):
             def dec(i, st):
                 A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L, stream=st)
             t = time_ms(lambda: dec(0, None))
+            plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=BS, workspace=ws,
+                                max_seq_len=L)
+            r["vkc_plan_ms"] = time_ms(lambda: plan.run(q, kc, vc, D ** -0.5, out=out))
             tg = timing.graph_ms(dec, vkc=True, inner=10)
             floor = kv_bytes / (HBM_TBS * 1e12) * 1e3
             if B * L <= 16 * 4096:  # host-visible sizes: host time per call and the graph time of each split count
                 r["vkc_host_us"] = timing.host_us(dec, n=50)
+                r["vkc_plan_host_us"] = timing.host_us(lambda i, st: plan.run(q, kc, vc, D ** -0.5, out=out), n=50)
                 r["split_sweep_graph_ms"] = {
                     s: timing.graph_ms(lambda i, st, s=s: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws,
                                                                     max_seq_len=L, num_splits=s, stream=st),
                                        vkc=True, inner=10)
                     for s in (1, 2, 4, 8, 16, 32) if s * 64 <= L}
+                r["split_sweep_unfused_graph_ms"] = {  # the same with a separate combine launch
+                    s: timing.graph_ms(lambda i, st, s=s: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws,
+                                                                    max_seq_len=L, num_splits=s, fused=False,
+                                                                    stream=st),
+                                       vkc=True, inner=10)
+                    for s in (2, 4, 8, 16, 32) if s * 64 <= L}
             r.update(vkc_ms=t, vkc_graph_ms=tg, floor_ms=floor, vkc_pct_floor=100 * floor / min(t, tg),
                      splits=A.num_splits_for(B, Hkv, L, torch.cuda.get_device_properties(0).multi_processor_count,
                                              ctas_per_sm=get_kernel(f"attn.decode_split.d{D}").max_active_blocks()))
@@ -146,7 +158,8 @@ def bench_decode(rows):
             else:
                 tb = time_ms(fn)
                 tbg = timing.graph_ms(lambda i, st: fn(), vkc=False, inner=10)
-                r.update(sdpa_ms=tb, sdpa_graph_ms=tbg, x_sdpa=tb / t, x_sdpa_graph=tbg / tg)
+                r.update(sdpa_ms=tb, sdpa_graph_ms=tbg, x_sdpa=tb / t, x_sdpa_graph=tbg / tg,
+                         x_sdpa_plan=tb / r["vkc_plan_ms"])
                 if "vkc_host_us" in r:
                     r["sdpa_host_us"] = timing.host_us(lambda i, st: fn(), n=50)
             rows.append(r)
@@ -240,7 +253,9 @@ def main(path):
                   f"{r['floor_ms']:>8.3f}{r['vkc_pct_floor']:>7.1f}"
                   f"{r.get('sdpa_ms', float('nan')):>9.3f}{r.get('sdpa_graph_ms', float('nan')):>8.3f}"
                   f"{r.get('x_sdpa', float('nan')):>8.2f}{r.get('x_sdpa_graph', float('nan')):>8.2f}"
-                  f"  host us {r.get('vkc_host_us', float('nan')):.1f} / sdpa {r.get('sdpa_host_us', float('nan')):.1f}"
+                  f"  plan {r['vkc_plan_ms']:.3f} ({r.get('x_sdpa_plan', float('nan')):.2f}x)"
+                  f"  host us {r.get('vkc_host_us', float('nan')):.1f} / plan {r.get('vkc_plan_host_us', float('nan')):.1f}"
+                  f" / sdpa {r.get('sdpa_host_us', float('nan')):.1f}"
                   f"  sweep {r.get('split_sweep_graph_ms', '')}")
 
 

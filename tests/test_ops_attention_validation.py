@@ -87,10 +87,10 @@ def test_prefill_uses_tma(rec):
 
 
 def workspace(B, Hq, D, max_splits=64):
-    ws = A.DecodeWorkspace(Dev((B * Hq * max_splits * D,), "<f4"), Dev((B * Hq * max_splits,), "<f4"), B, Hq, D,
-                           max_splits)
-    ws.part_o.data_ptr = lambda: ws.part_o.__cuda_array_interface__["data"][0]
-    ws.part_lse.data_ptr = lambda: ws.part_lse.__cuda_array_interface__["data"][0]
+    ws = A.DecodeWorkspace(Dev((B * Hq * max_splits * D,), "<f4"), Dev((B * Hq * max_splits,), "<f4"),
+                           Dev((B * Hq,), "<i4"), B, Hq, D, max_splits)
+    for a in (ws.part_o, ws.part_lse, ws.counters):
+        a.data_ptr = lambda a=a: a.__cuda_array_interface__["data"][0]
     return ws
 
 
@@ -101,10 +101,15 @@ def test_decode_split_count_from_occupancy(rec):
     kc, vc = cache(B * 2048, bs, Hkv, D)
     ws = workspace(B, Hq, D)
 
-    def run():
+    def run(**kw):
         A.decode(Dev((B, Hq, D)), kc, vc, Dev((B, 2048), I32), Dev((B,), I32), 0.0625, out=Dev((B, Hq, D)),
-                 workspace=ws, max_seq_len=32768)
+                 workspace=ws, max_seq_len=32768, **kw)
     run()
+    ((b1, g1, a1),) = rec.calls  # one launch: the last split of each group combines
+    assert b1 == "attn.decode_fused.d256.nogate" and g1 == (B * Hkv * 4, 1, 1) and a1[13] == 4  # num_splits
+    assert a1[7] == ws.counters.data_ptr()
+    rec.calls.clear()
+    run(fused=False)  # split + combine launches
     (b1, g1, a1), (b2, g2, _) = rec.calls
     assert b1 == "attn.decode_split.d256" and g1 == (B * Hkv * 4, 1, 1) and a1[10] == 4  # num_splits
     assert b2 == "attn.decode_combine.d256.nogate" and g2 == (B * Hq, 1, 1)
@@ -147,6 +152,36 @@ def test_decode_forced_num_splits(rec, forced, want):
     if want == 1:
         assert [(c[0], c[1]) for c in rec.calls] == [("attn.decode_direct.d256.nogate", (B * Hkv, 1, 1))]
     else:
-        (b1, g1, a1), (b2, _, _) = rec.calls
-        assert b1 == "attn.decode_split.d256" and g1 == (B * Hkv * want, 1, 1) and a1[10] == want
-        assert b2 == "attn.decode_combine.d256.nogate"
+        ((b1, g1, a1),) = rec.calls
+        assert b1 == "attn.decode_fused.d256.nogate" and g1 == (B * Hkv * want, 1, 1) and a1[13] == want
+
+
+def test_decode_plan_launches_what_decode_launches(rec):
+    """A plan checked once and run per layer launches exactly what decode() launches for the same tensors;
+    a layer whose caches or q do not fit the plan is refused before any launch."""
+    B, Hq, Hkv, D, bs = 3, 24, 4, 256, 16
+    bt, sl = Dev((B, 32), I32), Dev((B,), I32)
+    ws = workspace(B, Hq, D)
+    layers = [cache(B * 32, bs, Hkv, D) for _ in range(2)]
+    q, out = Dev((B, Hq, D)), Dev((B, Hq, D))
+    gate = Dev((B, Hq, D), strides=(Hq * 2 * D, 2 * D, 1), offset=D)
+    for g in (None, gate):
+        for kc, vc in layers:
+            A.decode(q, kc, vc, bt, sl, 0.0625, gate=g, out=out, workspace=ws, max_seq_len=512)
+    want = list(rec.calls)
+    rec.calls.clear()
+    plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws,
+                        max_seq_len=512)
+    assert plan.num_splits == 8 and len(want) == 4
+    for g in (None, gate):
+        for kc, vc in layers:
+            plan.run(q, kc, vc, 0.0625, gate=g, out=out)
+    assert rec.calls == want
+    rec.calls.clear()
+    with pytest.raises(OpError, match="plan was made for"):
+        plan.run(q, *cache(B * 32, 64, Hkv, D), 0.0625, out=out)  # block size 64
+    with pytest.raises(OpError, match="q has shape"):
+        plan.run(Dev((B + 1, Hq, D)), *layers[0], 0.0625, out=out)
+    with pytest.raises(OpError, match="kv heads"):
+        A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=5, head_dim=D, block_size=bs, workspace=ws)
+    assert not rec.calls

@@ -13,6 +13,12 @@ softmax sum) and part_lse[(b*Hq + h)*num_splits + s] (fp32, log2 domain of scale
 decode_direct_kernel, grid (B * Hkv,): the one-split case in one launch (the split kernel's loop over all
 keys, the output normalized, gated and stored as bf16 directly).
 
+decode_fused_kernel, grid (B * Hkv * num_splits,): decode_split_kernel's work, then the last split of each
+(b, kv head) to finish -- a ticket from an atomic counter per (b, kv head), taken after the program's
+partials are stored (barrier, then an acq_rel atomic at GPU scope) -- merges the num_splits partials of its
+group, writes o (times sigmoid(gate)) and resets the counter to 0: one launch, no combine kernel. The
+counters (int32, one per (b, kv head)) must be zero before the first launch; every launch leaves them zero.
+
 decode_combine_kernel, grid (B * Hq,): o[b, h] = sum_s 2^(lse_s - M) part_o_s / sum_s 2^(lse_s - M)
 over splits with finite lse (the others are never read, so stale scratch is harmless), optionally
 times sigmoid(gate[b*stride_gb + h*stride_gh + d]).
@@ -71,10 +77,7 @@ def decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
     b = (bh // num_kv_heads).to(tl.int64)
     num_q_heads = num_kv_heads * group
 
-    L = tl.minimum(tl.load(seqlen_ptr + b), max_blocks * block_size)
-    kps = ((L + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    n_lo = split * kps
-    n_hi = tl.minimum(n_lo + kps, L)
+    n_lo, n_hi = _split_range(seqlen_ptr, b, split, num_splits, max_blocks, block_size, BLOCK_N)
 
     r = tl.arange(0, QB)
     rmask = r < group
@@ -89,6 +92,70 @@ def decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
         tl.store(part_lse_ptr + prow, lse, mask=rmask)
     else:
         tl.store(part_lse_ptr + prow, tl.full([QB], float("-inf"), tl.float32), mask=rmask)
+
+
+@triton.jit
+def _split_range(seqlen_ptr, b, split, num_splits, max_blocks, block_size, BLOCK_N: tl.constexpr):
+    """Sequence b's clamped length and split `split`'s key range [n_lo, n_hi) (empty past the end)."""
+    L = tl.minimum(tl.load(seqlen_ptr + b), max_blocks * block_size)
+    kps = ((L + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    n_lo = split * kps
+    return n_lo, tl.minimum(n_lo + kps, L)
+
+
+@triton.jit
+def decode_fused_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr, count_ptr,
+                        o_ptr, gate_ptr, scale, num_kv_heads, group, num_splits,
+                        stride_qb, stride_qh, stride_ob, stride_oh, stride_gb, stride_gh,
+                        stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
+                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr):
+    pid = tl.program_id(0)
+    split = pid % num_splits
+    bh = pid // num_splits
+    kvh = bh % num_kv_heads
+    b = (bh // num_kv_heads).to(tl.int64)
+    num_q_heads = num_kv_heads * group
+    n_lo, n_hi = _split_range(seqlen_ptr, b, split, num_splits, max_blocks, block_size, BLOCK_N)
+    r = tl.arange(0, QB)
+    rmask = r < group
+    hq = kvh * group + r
+    d = tl.arange(0, D)
+    prow0 = (b * num_q_heads + hq) * num_splits  # int64, split 0 of each q row
+    if n_lo < n_hi:
+        out, lse = _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask,
+                                 n_lo, n_hi, scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
+                                 block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
+        tl.store(part_o_ptr + (prow0 + split)[:, None] * D + d[None, :], out, mask=rmask[:, None])
+        tl.store(part_lse_ptr + prow0 + split, lse, mask=rmask)
+    else:
+        tl.store(part_lse_ptr + prow0 + split, tl.full([QB], float("-inf"), tl.float32), mask=rmask)
+    tl.debug_barrier()  # every thread's partials are written before the ticket is taken (release below)
+    ticket = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
+    if ticket == num_splits - 1:  # the other splits of this (b, kv head) have published their partials
+        m_run = tl.full([QB], float("-inf"), tl.float32)
+        l_run = tl.zeros([QB], tl.float32)
+        acc = tl.zeros([QB, D], tl.float32)
+        for s in range(0, num_splits):
+            # .cg: read at L2, where the other programs' partials are (never cached in this SM's L1 before)
+            lse = tl.load(part_lse_ptr + prow0 + s, mask=rmask, other=float("-inf"), cache_modifier=".cg")
+            live = lse > float("-inf")
+            m_new = tl.maximum(m_run, lse)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_run - m_use)
+            w = tl.where(live, tl.exp2(lse - m_use), 0.0)
+            po = tl.load(part_o_ptr + (prow0 + s)[:, None] * D + d[None, :], mask=live[:, None], other=0.0,
+                         cache_modifier=".cg")
+            acc = acc * alpha[:, None] + w[:, None] * po
+            l_run = l_run * alpha + w
+            m_run = m_new
+        res = acc / tl.where(l_run > 0.0, l_run, 1.0)[:, None]
+        if HAS_GATE:
+            g = tl.load(gate_ptr + b * stride_gb + hq[:, None] * stride_gh + d[None, :], mask=rmask[:, None],
+                        other=0.0).to(tl.float32)
+            res = res * sigmoid_f32(g)
+        tl.store(o_ptr + b * stride_ob + hq[:, None] * stride_oh + d[None, :], res.to(tl.bfloat16),
+                 mask=rmask[:, None])
+        tl.atomic_xchg(count_ptr + bh, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit

@@ -9,6 +9,7 @@ Grids (all on axis x, so no product ever meets the 65535 limit of axes y/z):
   prefill.d{D}.{gate,nogate}[.tma]  (Hq * n_mblocks,)  n_mblocks = min(cdiv(T, BLOCK_M) + N, N * cdiv(max_q, BLOCK_M))
   decode_split.d{D}              (B * Hkv * num_splits,)
   decode_direct.d{D}.{gate,nogate}   (B * Hkv,)   one split: output written directly, no combine
+  decode_fused.d{D}.{gate,nogate}    (B * Hkv * splits,)  split + the last split of each group combines
   decode_combine.d{D}.{gate,nogate}  (B * Hq,)
 
 prefill.*.tma (sm_90a, sm_100a): K/V tiles come in by TMA, one box of BLOCK_N slots of one cache block per
@@ -62,6 +63,19 @@ _DECODE_SPLIT = [
     ("part_o_ptr", "*fp32", True), ("part_lse_ptr", "*fp32", True),
     ("scale", "fp32", False), ("num_kv_heads", "i32", False), ("group", "i32", False), ("num_splits", "i32", False),
     ("stride_qb", "i32", True), ("stride_qh", "i32", True),
+    ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
+    ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
+    ("num_blocks", "i32", False),
+]
+
+_DECODE_FUSED = [
+    ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
+    ("bt_ptr", "*i32", False), ("seqlen_ptr", "*i32", False),
+    ("part_o_ptr", "*fp32", True), ("part_lse_ptr", "*fp32", True), ("count_ptr", "*i32", True),
+    ("o_ptr", "*bf16", True), ("gate_ptr", "*bf16", True),
+    ("scale", "fp32", False), ("num_kv_heads", "i32", False), ("group", "i32", False), ("num_splits", "i32", False),
+    ("stride_qb", "i32", True), ("stride_qh", "i32", True), ("stride_ob", "i32", True), ("stride_oh", "i32", True),
+    ("stride_gb", "i32", True), ("stride_gh", "i32", True),
     ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
     ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
     ("num_blocks", "i32", False),
@@ -157,6 +171,15 @@ for _d in (256, 128):
             entry="decode_direct_kernel", args=_args(_DECODE_DIRECT),
             constexprs={"D": _d, "QB": 16, "HAS_GATE": _gate, **_base["constexprs"]},
             num_warps=_base["num_warps"], num_stages=_base["num_stages"], overrides=_ov))
+        SPECS.append(KernelSpec(
+            name=f"decode_fused.d{_d}.{'gate' if _gate else 'nogate'}", source="decode.py",
+            entry="decode_fused_kernel", args=_args(_DECODE_FUSED),
+            constexprs={"D": _d, "QB": 16, "HAS_GATE": _gate, **_base["constexprs"]},
+            num_warps=_base["num_warps"], num_stages=_base["num_stages"], overrides=_ov,
+            scratch=(ScratchContract("part_o_ptr", "poison_ok", "each split writes its partial before its ticket"),
+                     ScratchContract("part_lse_ptr", "poison_ok", "every split writes its lse (-inf if empty)"),
+                     ScratchContract("count_ptr", "zero_filled",
+                                     "tickets per (b, kv head); the last split resets its counter to 0"))))
         SPECS.append(KernelSpec(
             name=f"decode_combine.d{_d}.{'gate' if _gate else 'nogate'}", source="decode.py",
             entry="decode_combine_kernel", args=_args(_DECODE_COMBINE),

@@ -134,14 +134,14 @@ def test_prefill_tma_refuses_what_it_cannot_read(A):
                   torch.tensor([3], dtype=torch.int32, device="cuda"), 0.1, use_tma=True)
 
 
-def decode_case(A, lens, Hq, Hkv, D, bs, gate, workspace=None, max_seq_len=None):
+def decode_case(A, lens, Hq, Hkv, D, bs, gate, workspace=None, max_seq_len=None, **kw):
     kc, vc, bt = make_paged(lens, Hkv, D, bs)
     B = len(lens)
     q = rnd(B, Hq, D)
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
     gt = rnd(B, Hq, 2, D)[:, :, 1] if gate else None
     out = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda")
-    A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gt, out=out, workspace=workspace, max_seq_len=max_seq_len)
+    A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gt, out=out, workspace=workspace, max_seq_len=max_seq_len, **kw)
     torch.cuda.synchronize()
     ref = torch.zeros(B, Hq, D, device="cuda")
     for b, L in enumerate(lens):
@@ -172,6 +172,94 @@ def test_decode_sizes(A, B, L):
     err, _ = decode_case(A, lens, 24, 4, 256, 16, True)
     print(f"decode B={B} L={L}: rel err {err:.2e}")
     assert err < TOL
+
+
+@pytest.mark.parametrize("splits", [2, 7, 64])
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_forced_splits(A, splits, fused):
+    """Every split count, combined in the split launch (decode_fused: tickets per group) or by the combine
+    kernel, on NaN-poisoned partials; the fused path leaves every ticket counter at zero."""
+    lens = [1, 15, 16, 17, 4097, 64, 65, 0, 1000, 2048]
+    ws = A.decode_workspace(16, 24, 256, 64)
+    ws.part_o.fill_bytes(0xFF)
+    ws.part_lse.fill_bytes(0xFF)
+    torch.cuda.synchronize()
+    err, out = decode_case(A, lens, 24, 4, 256, 16, True, workspace=ws, num_splits=splits, fused=fused)
+    print(f"decode splits={splits} fused={fused}: rel err {err:.2e}")
+    assert err < TOL
+    assert torch.all(out[7] == 0)
+    assert not ws.counters.to_numpy().any()
+
+
+def test_decode_fused_graph_replays(A):
+    """Replaying a captured fused decode: each launch must find its counters at zero (the last split of
+    each group resets them), so every replay reproduces the eager result."""
+    import vkc_runtime
+    Hq, Hkv, D, bs = 24, 4, 256, 16
+    lens = [17, 300, 4097, 1]
+    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    B = len(lens)
+    q, gt = rnd(B, Hq, D), rnd(B, Hq, 2, D)[:, :, 1]
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ws = A.decode_workspace(B, Hq, D, 32)
+    eager = torch.empty(B, Hq, D, dtype=torch.bfloat16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gt, out=eager, workspace=ws, num_splits=13, fused=True,
+                 stream=s.cuda_stream)
+    s.synchronize()
+    g = vkc_runtime.Graph()
+    graph_out = torch.full_like(eager, float("nan"))
+    with g.capture(s.cuda_stream):
+        A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gt, out=graph_out, workspace=ws, num_splits=13, fused=True,
+                 stream=s.cuda_stream)
+    for _ in range(3):
+        graph_out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        g.replay(s.cuda_stream)
+        s.synchronize()
+        assert torch.equal(eager, graph_out)
+    assert not ws.counters.to_numpy().any()
+
+
+def test_decode_plan_matches_decode(A):
+    """A DecodePlan made once and run for two layers (own caches, q, gate) gives decode()'s bytes, eagerly
+    and replayed from a CUDA graph."""
+    import vkc_runtime
+    Hq, Hkv, D, bs = 24, 4, 256, 16
+    lens = [17, 300, 4097, 1, 0]
+    B = len(lens)
+    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    layers = [(kc, vc), (torch.randn_like(kc), torch.randn_like(vc))]  # two layers, one block table
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ws = A.decode_workspace(B, Hq, D, 64)
+    plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws)
+    qs = [rnd(B, Hq, D) for _ in layers]
+    gts = [rnd(B, Hq, 2, D)[:, :, 1] for _ in layers]
+    want = [A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=g, workspace=ws)
+            for q, (kc, vc), g in zip(qs, layers, gts)]
+    want = [w if isinstance(w, torch.Tensor) else torch.from_dlpack(w) for w in want]
+    outs = [torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in layers]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
+        plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
+    s.synchronize()
+    for w, o in zip(want, outs):
+        assert torch.equal(w, o)
+    graph = vkc_runtime.Graph()
+    with graph.capture(s.cuda_stream):
+        for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
+            plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
+    for o in outs:
+        o.fill_(float("nan"))
+    torch.cuda.synchronize()
+    graph.replay(s.cuda_stream)
+    s.synchronize()
+    for w, o in zip(want, outs):
+        assert torch.equal(w, o)
 
 
 def test_reshape_and_cache(A):

@@ -38,7 +38,8 @@ from .. import driver, memory, registry
 from ..launch import get_kernel, has_kernel
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
-__all__ = ["reshape_and_cache", "prefill", "prefill_uses_tma", "decode", "DecodeWorkspace", "decode_workspace",
+__all__ = ["reshape_and_cache", "prefill", "prefill_uses_tma", "decode", "DecodePlan", "DecodeWorkspace",
+           "decode_workspace",
            "num_splits_for", "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
 
 HEAD_DIMS = (128, 256)
@@ -47,11 +48,12 @@ BF16 = "bfloat16"
 MIN_KEYS_PER_SPLIT = 64  # one BLOCK_N tile of the decode kernels (H200 sweep: shorter splits win at small B)
 CTAS_PER_SM = 2  # default resident CTAs per SM (decode asks the driver for the loaded kernel's occupancy)
 DEFAULT_MAX_SPLITS = 64
+FUSED_MAX_SPLITS = 64  # up to this many splits the last split of a group combines (decode_fused: one launch)
 
 registry.require(*[f"attn.reshape_and_cache.{v}" for v in ("a16", "any")])
 registry.require(*[f"attn.prefill.d{d}.{g}" for d in HEAD_DIMS for g in ("gate", "nogate")])
 registry.require(*[f"attn.decode_split.d{d}" for d in HEAD_DIMS])
-registry.require(*[f"attn.decode_{k}.d{d}.{g}" for k in ("direct", "combine") for d in HEAD_DIMS
+registry.require(*[f"attn.decode_{k}.d{d}.{g}" for k in ("direct", "fused", "combine") for d in HEAD_DIMS
                     for g in ("gate", "nogate")])
 
 
@@ -242,11 +244,13 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
 
 @dataclass
 class DecodeWorkspace:
-    """fp32 scratch of split-KV decode: partial outputs [max_batch, Hq, max_splits, D] and their
-    log-sum-exps [max_batch, Hq, max_splits]. Every byte the combine reads is written by the split kernel
-    of the same call first, so no zero-fill is needed (any stale content is fine)."""
+    """Scratch of split-KV decode: fp32 partial outputs [max_batch, Hq, max_splits, D] and their
+    log-sum-exps [max_batch, Hq, max_splits] -- every byte a combine reads is written by a split of the same
+    call first, so stale content is fine -- and int32 tickets [max_batch * Hq] of the one-launch path
+    (decode_fused), zeroed at allocation and left zero by every launch."""
     part_o: memory.DeviceArray
     part_lse: memory.DeviceArray
+    counters: memory.DeviceArray
     max_batch: int
     num_q_heads: int
     head_dim: int
@@ -262,7 +266,8 @@ def decode_workspace(max_batch: int, num_q_heads: int, head_dim: int, max_splits
         raise OpError("decode_workspace: all sizes must be positive")
     po = memory.DeviceArray.empty((max_batch * num_q_heads * max_splits * head_dim,), "float32", device=device)
     pl = memory.DeviceArray.empty((max_batch * num_q_heads * max_splits,), "float32", device=device)
-    return DecodeWorkspace(po, pl, int(max_batch), int(num_q_heads), int(head_dim), int(max_splits))
+    cnt = memory.DeviceArray.zeros((max_batch * num_q_heads,), "int32", device=device)
+    return DecodeWorkspace(po, pl, cnt, int(max_batch), int(num_q_heads), int(head_dim), int(max_splits))
 
 
 _ws_cache: dict[tuple, DecodeWorkspace] = {}
@@ -291,7 +296,7 @@ def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int
 
 
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out=None, workspace=None,
-           max_seq_len=None, num_splits=None, stream=None):
+           max_seq_len=None, num_splits=None, fused=None, stream=None):
     """One query token per sequence: q [B, Hq, D] at position seq_lens[b] - 1 attends to keys 0..L-1 of the
     paged caches (append the token's K/V with :func:`reshape_and_cache` first). Returns out [B, Hq, D] bf16.
 
@@ -299,11 +304,85 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     table's capacity, block_tables.shape[1] * block_size). ``workspace``: a :class:`DecodeWorkspace` with
     max_batch >= B (required inside graph capture; otherwise one is allocated and cached per shape).
     ``num_splits``: force the KV split count (1..workspace.max_splits; benchmarks and tuning), default
-    :func:`num_splits_for`."""
+    :func:`num_splits_for`. ``fused``: with more than one split, combine in the split launch (the last split
+    of each group merges; one launch) or in a separate combine launch; default: fused up to
+    ``FUSED_MAX_SPLITS`` splits. Several layers decoding the same batch: :class:`DecodePlan` checks the
+    batch once and each layer's call only its own tensors."""
     op = "decode"
-    kc, vc, NB, BS, Hkv, D, sb, ss, sh = _cache_pair(op, k_cache, v_cache)
+    cache = _cache_pair(op, k_cache, v_cache)
+    _, _, _, BS, Hkv, D = cache[:6]
     qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
     B, Hq, _ = qt.shape
+    batch = _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, workspace, num_splits, fused,
+                          qt.device)
+    res = out if out is not None else memory.DeviceArray.empty((B, Hq, D), BF16, device=qt.device)
+    ot = tensor(op, "out", res, BF16, ndim=3, shape=(B, Hq, D))
+    same_device(op, qt, cache[0], cache[1], ot, batch.bt, batch.sl)
+    if B:
+        _decode_launch(op, batch, qt, cache, ot, gate, scale, stream)
+    return res
+
+
+class DecodePlan:
+    """Decode of one batch layout for several layers (plan once per step, run per layer): the block tables,
+    sequence lengths, workspace, split count and kernels are checked / chosen once; :meth:`run` checks only
+    that layer's q, caches, out and gate, and launches. Results are identical to :func:`decode` with the
+    same arguments. The plan keeps references to ``block_tables``, ``seq_lens`` and the workspace: update
+    their contents in place between steps as you like (they are device data), but build a new plan when
+    the batch size, the block-table width or ``max_seq_len`` changes."""
+
+    def __init__(self, block_tables, seq_lens, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 block_size: int, workspace=None, max_seq_len=None, num_splits=None, fused=None):
+        op = "DecodePlan"
+        if head_dim not in HEAD_DIMS:
+            raise OpError(f"{op}: head dim must be one of {HEAD_DIMS}, got {head_dim}")
+        if min(num_q_heads, num_kv_heads, block_size) < 1:
+            raise OpError(f"{op}: num_q_heads, num_kv_heads and block_size must be positive")
+        sl = tensor(op, "seq_lens", seq_lens, "int32", ndim=1)
+        self._keep = (block_tables, seq_lens, workspace)
+        self.batch = _decode_batch(op, block_tables, seq_lens, sl.shape[0], int(num_q_heads), int(num_kv_heads),
+                                   int(head_dim), int(block_size), max_seq_len, workspace, num_splits, fused,
+                                   sl.device)
+
+    @property
+    def num_splits(self) -> int:
+        return self.batch.splits
+
+    def run(self, q, k_cache, v_cache, scale, *, out, gate=None, stream=None):
+        """out [B, Hq, D] bf16 (required: a plan is meant for graph capture and per-layer reuse)."""
+        op = "DecodePlan.run"
+        p = self.batch
+        cache = _cache_pair(op, k_cache, v_cache)
+        if cache[3:6] != (p.BS, p.Hkv, p.D):
+            raise OpError(f"{op}: caches have block size / kv heads / head dim {cache[3:6]}, the plan was made for "
+                          f"{(p.BS, p.Hkv, p.D)}")
+        qt = tensor(op, "q", q, BF16, ndim=3, shape=(p.B, p.Hq, p.D))
+        ot = tensor(op, "out", out, BF16, ndim=3, shape=(p.B, p.Hq, p.D))
+        same_device(op, qt, cache[0], cache[1], ot, p.bt, p.sl)
+        if p.B:
+            _decode_launch(op, p, qt, cache, ot, gate, scale, stream)
+        return out
+
+
+@dataclass(frozen=True)
+class _DecodeBatch:
+    """What a decode launch takes from the batch layout alone (see _decode_batch)."""
+    B: int
+    Hq: int
+    Hkv: int
+    group: int
+    D: int
+    BS: int
+    bt: object
+    sbt: int
+    sl: object
+    ws: DecodeWorkspace | None  # None: empty batch
+    splits: int
+    fused: bool
+
+
+def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, workspace, num_splits, fused,
+                  device) -> _DecodeBatch:
     group = _heads(op, Hq, Hkv)
     sl = tensor(op, "seq_lens", seq_lens, "int32", ndim=1, shape=(B,))
     if B > 1 and sl.strides[0] != 1:
@@ -316,27 +395,21 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     if max_seq_len > cap:
         raise OpError(f"{op}: max_seq_len {max_seq_len} exceeds the block table capacity "
                       f"{bt.shape[1]} blocks x {BS} = {cap}")
-    res = out if out is not None else memory.DeviceArray.empty((B, Hq, D), BF16, device=qt.device)
-    ot = tensor(op, "out", res, BF16, ndim=3, shape=(B, Hq, D))
-    same_device(op, qt, kc, vc, sl, bt, ot)
-    if B == 0:
-        return res
-    (sqb, sqh), (sob, soh), (gptr, sgb, sgh) = _q_out_gate(op, qt, ot, gate, B, Hq, D, "b")
-
+    if B == 0:  # nothing to launch
+        return _DecodeBatch(B, Hq, Hkv, group, D, BS, bt, sbt, sl, None, 0, False)
     ws = workspace
     if ws is None:
-        key = (qt.device, B, Hq, D)
+        key = (device, B, Hq, D)
         ws = _ws_cache.get(key)
         if ws is None:
-            ws = _ws_cache.setdefault(key, decode_workspace(B, Hq, D, device=qt.device if qt.device >= 0 else None))
+            ws = _ws_cache.setdefault(key, decode_workspace(B, Hq, D, device=device if device >= 0 else None))
     if not isinstance(ws, DecodeWorkspace):
         raise OpError(f"{op}: workspace must be a DecodeWorkspace (see decode_workspace)")
     if ws.max_batch < B or ws.num_q_heads != Hq or ws.head_dim != D:
         raise OpError(f"{op}: workspace sized for batch {ws.max_batch}, {ws.num_q_heads} heads, D {ws.head_dim}; "
                       f"this call needs batch {B}, {Hq} heads, D {D}")
-    g = "gate" if gate is not None else "nogate"
-    split_k = get_kernel(f"attn.decode_split.d{D}")
     if num_splits is None:
+        split_k = get_kernel(f"attn.decode_split.d{D}")
         splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits,
                                 ctas_per_sm=max(1, split_k.max_active_blocks()))
     else:
@@ -344,19 +417,34 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
         if not 1 <= splits <= ws.max_splits:
             raise OpError(f"{op}: num_splits={num_splits} is outside 1..{ws.max_splits} (the workspace's max_splits)")
     fits_i32(op, grid=B * Hkv * splits, partials=B * Hq * splits * D)
+    return _DecodeBatch(B, Hq, Hkv, group, D, BS, bt, sbt, sl, ws, splits,
+                        bool(fused) if fused is not None else splits <= FUSED_MAX_SPLITS)
+
+
+def _decode_launch(op, p: _DecodeBatch, qt, cache, ot, gate, scale, stream) -> None:
+    kc, vc, NB, BS, Hkv, D, sb, ss, sh = cache
+    B, Hq, group, splits, bt, sl, ws = p.B, p.Hq, p.group, p.splits, p.bt, p.sl, p.ws
+    (sqb, sqh), (sob, soh), (gptr, sgb, sgh) = _q_out_gate(op, qt, ot, gate, B, Hq, D, "b")
+    g = "gate" if gate is not None else "nogate"
     s = stream_of(stream)
     if splits == 1:  # one launch: the direct kernel normalizes, gates and stores; no partials, no combine
         get_kernel(f"attn.decode_direct.d{D}.{g}").launch(
             (B * Hkv, 1, 1), (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ot.ptr, gptr, float(scale), Hkv, group,
-                              sqb, sqh, sob, soh, sgb, sgh, sb, ss, sh, sbt, BS, bt.shape[1], NB), s)
-        return res
-    comb_k = get_kernel(f"attn.decode_combine.d{D}.{g}")
-    split_k.launch((B * Hkv * splits, 1, 1),
-                   (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(), float(scale),
-                    Hkv, group, splits, sqb, sqh, sb, ss, sh, sbt, BS, bt.shape[1], NB), s)
-    comb_k.launch((B * Hq, 1, 1),
-                  (ws.part_o.data_ptr(), ws.part_lse.data_ptr(), ot.ptr, gptr, Hq, splits, sob, soh, sgb, sgh), s)
-    return res
+                              sqb, sqh, sob, soh, sgb, sgh, sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
+    elif p.fused:  # one launch: the last split of each group combines
+        get_kernel(f"attn.decode_fused.d{D}.{g}").launch(
+            (B * Hkv * splits, 1, 1),
+            (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(),
+             ws.counters.data_ptr(), ot.ptr, gptr, float(scale), Hkv, group, splits, sqb, sqh, sob, soh, sgb, sgh,
+             sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
+    else:
+        get_kernel(f"attn.decode_split.d{D}").launch(
+            (B * Hkv * splits, 1, 1),
+            (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(), float(scale),
+             Hkv, group, splits, sqb, sqh, sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
+        get_kernel(f"attn.decode_combine.d{D}.{g}").launch(
+            (B * Hq, 1, 1),
+            (ws.part_o.data_ptr(), ws.part_lse.data_ptr(), ot.ptr, gptr, Hq, splits, sob, soh, sgb, sgh), s)
 
 
 _sms: dict[int, int] = {}
