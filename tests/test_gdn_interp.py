@@ -190,6 +190,25 @@ def test_chunked_prefill_varlen_grouped(K, with_state, delta_h):
         assert torch.equal(state[untouched], state0[untouched]), "slots not in slot_idx were modified"
 
 
+@pytest.mark.parametrize("delta_h", [{"TMA": False, "BV": 16}, {"TMA": True, "BV": 16}])
+def test_empty_sequences_in_batch(K, delta_h):
+    """Zero-length sequences between others (delta_h's descriptors then span zero rows / chunks): their
+    states come back unchanged, the others match the recurrence."""
+    hk, hv = 2, 4
+    lens = [5, 0, 70, 0]
+    qkv, a, b, A_log, dt, cu = make_inputs(5, lens, hk, hv)
+    g = torch.Generator().manual_seed(9)
+    state = (torch.randn(4, hv, DK, DV, generator=g) * 0.1).to(DEV)
+    state0 = state.clone()
+    slot = torch.tensor([2, 0, 3, 1], dtype=torch.int32, device=DEV)
+    o, _ = run_chunked(K, qkv, a, b, A_log, dt, cu, hk, hv, state, slot, delta_h=delta_h)
+    args = [np64(x) for x in (qkv, a, b, A_log, dt)]
+    ro, rs = refs_gdn.recurrent(*args, cu.cpu().numpy(), hk, hv, np64(state0), slot.cpu().numpy())
+    check(o, ro, 1e-2, "o")
+    check(state, rs, 1e-2, "state")
+    assert torch.equal(state[0], state0[0]) and torch.equal(state[1], state0[1]), "an empty sequence's state moved"
+
+
 def test_extreme_gates_and_tail_chunks(K):
     hk, hv = 1, 6  # 6 value heads per key head: prep takes them in two groups of GP = 4 (one partly masked)
     lens = [64, 3, 129]
