@@ -55,6 +55,15 @@ def paged(B, L, Hkv, D, bs=BS, dense=True):
     return kc, vc, bt, k, v
 
 
+def decode_inputs(B, L, Hq=24, Hkv=4, D=256, dense=True):
+    """A decode batch of B sequences of L tokens: (kc, vc, bt, k, v, q, seq_lens, out); k, v are the de-paged
+    copies (None when dense=False)."""
+    kc, vc, bt, k, v = paged(B, L, Hkv, D, dense=dense)
+    q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
+    sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    return kc, vc, bt, k, v, q, sl, torch.empty_like(q)
+
+
 def sdpa(backend, q, k, v, causal, Hq, Hkv):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -113,10 +122,7 @@ def bench_decode(rows):
             kv_bytes = 2 * B * L * Hkv * D * 2
             if kv_bytes * 2 > 40e9:  # paged + de-paged copies
                 continue
-            kc, vc, bt, k, v = paged(B, L, Hkv, D)
-            q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
-            sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
-            out = torch.empty_like(q)
+            kc, vc, bt, k, v, q, sl, out = decode_inputs(B, L, Hq, Hkv, D)
             ws = A.decode_workspace(B, Hq, D, 64)
             r = {"kind": "decode", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "kv_bytes": kv_bytes}
             def dec(i, st):
@@ -151,10 +157,7 @@ def bench_decode(rows):
 def warm_host(n=3000):
     """Bring the host path to steady state before the first timed row (first-row eager/host times read ~2x
     high otherwise: clocks, caches, lazy loads)."""
-    kc, vc, bt, _, _ = paged(1, 512, 4, 256, dense=False)
-    q = torch.randn(1, 24, 256, device="cuda", dtype=torch.bfloat16)
-    sl = torch.full((1,), 512, dtype=torch.int32, device="cuda")
-    out = torch.empty_like(q)
+    kc, vc, bt, _, _, q, sl, out = decode_inputs(1, 512, dense=False)
     for i in range(n):
         A.decode(q, kc, vc, bt, sl, 256 ** -0.5, out=out, max_seq_len=512)
         if i % 256 == 255:
@@ -170,10 +173,7 @@ def host_profile(B=1, L=512):
     import pstats
     from vkc_runtime import memory
     Hq, Hkv, D = 24, 4, 256
-    kc, vc, bt, _, _ = paged(B, L, Hkv, D, dense=False)
-    q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
-    sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
-    out = torch.empty_like(q)
+    kc, vc, bt, _, _, q, sl, out = decode_inputs(B, L, Hq, Hkv, D, dense=False)
     ws = A.decode_workspace(B, Hq, D, 64)
     call = lambda i, st: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L)  # noqa: E731
     res = {"B": B, "L": L, "decode_us": timing.host_us(call)}

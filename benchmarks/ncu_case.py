@@ -24,10 +24,7 @@ def main(argv):
         import bench_attn
         from vkc_runtime.ops import attention as A
         B, L = int(argv[1]), int(argv[2])
-        kc, vc, bt, _, _ = bench_attn.paged(B, L, 4, 256, dense=False)
-        q = torch.randn(B, 24, 256, device="cuda", dtype=torch.bfloat16)
-        sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
-        out = torch.empty_like(q)
+        kc, vc, bt, _, _, q, sl, out = bench_attn.decode_inputs(B, L, dense=False)
 
         def call():
             A.decode(q, kc, vc, bt, sl, 256 ** -0.5, out=out, max_seq_len=L)

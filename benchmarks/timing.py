@@ -14,6 +14,7 @@ torch stream.
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -39,7 +40,6 @@ def events_ms(fn, *, n_sets: int = 1, inner: int = 5, reps: int = 30, warm: int 
 
 
 def host_us(fn, *, n: int = 100, warm: int = 3) -> float:
-    import time
     for i in range(warm):
         fn(i, None)
     torch.cuda.synchronize()
