@@ -151,9 +151,18 @@ def test_decode_forced_num_splits(rec, forced, want):
     run()
     if want == 1:
         assert [(c[0], c[1]) for c in rec.calls] == [("attn.decode_direct.d256.nogate", (B * Hkv, 1, 1))]
-    else:
-        ((b1, g1, a1),) = rec.calls
-        assert b1 == "attn.decode_fused.d256.nogate" and g1 == (B * Hkv * want, 1, 1) and a1[13] == want
+    else:  # 512 keys over 3 or 64 splits: too short for the fused merge's tail -> split + combine
+        (b1, g1, a1), (b2, g2, a2) = rec.calls
+        assert b1 == "attn.decode_split.d256" and g1 == (B * Hkv * want, 1, 1) and a1[10] == want
+        assert b2 == "attn.decode_combine.d256.nogate" and g2 == (B * Hq, 1, 1) and a2[5] == want
+
+
+@pytest.mark.parametrize("splits,L,fused", [(1, 32768, False), (2, 512, True), (2, 511, False), (4, 4096, True),
+                                             (4, 512, False), (8, 4096, False), (8, 8192, True),
+                                             (61, 32768, False), (64, 524288, True), (65, 10**7, False)])
+def test_fused_combine_rule(splits, L, fused):
+    """The fused merge's tail grows with the split count: fused iff L >= 128 * splits^2 (and 2..64 splits)."""
+    assert A.use_fused_combine(splits, L) is fused
 
 
 def test_decode_plan_launches_what_decode_launches(rec):

@@ -40,7 +40,7 @@ from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
 __all__ = ["reshape_and_cache", "prefill", "prefill_uses_tma", "decode", "DecodePlan", "DecodeWorkspace",
            "decode_workspace",
-           "num_splits_for", "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
+           "num_splits_for", "use_fused_combine", "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
 
 HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode
@@ -48,7 +48,7 @@ BF16 = "bfloat16"
 MIN_KEYS_PER_SPLIT = 64  # one BLOCK_N tile of the decode kernels (H200 sweep: shorter splits win at small B)
 CTAS_PER_SM = 2  # default resident CTAs per SM (decode asks the driver for the loaded kernel's occupancy)
 DEFAULT_MAX_SPLITS = 64
-FUSED_MAX_SPLITS = 64  # up to this many splits the last split of a group combines (decode_fused: one launch)
+FUSED_KEYS_PER_SPLIT2 = 128  # fused combine when keys per split >= this x splits (see use_fused_combine)
 
 registry.require(*[f"attn.reshape_and_cache.{v}" for v in ("a16", "any")])
 registry.require(*[f"attn.prefill.d{d}.{g}" for d in HEAD_DIMS for g in ("gate", "nogate")])
@@ -295,6 +295,17 @@ def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int
     return next(s for s in range(1, hi + 1) if cost[s] <= best * 1.05)
 
 
+def use_fused_combine(splits: int, max_seq_len: int, *, factor: int = FUSED_KEYS_PER_SPLIT2) -> bool:
+    """Whether decode combines the splits' partials inside the split launch (decode_fused: the last split of each
+    (sequence, kv head) merges the group's partials; one launch) rather than in a separate combine launch.
+    The fused merge saves a launch and the partials' round trip, but one CTA merges all `splits` partials
+    serially after its own split, a tail ~ splits that pays off only when each split's own work (~ L / splits
+    keys) is larger: fused iff L / splits >= factor * splits and splits <= 64. H200, 24/4 x 256, graph-timed,
+    fused / separate us: 16 x 4096 at 4 splits 75.6 / 81.4, 16 x 512 at 2 18 / 19, 1 x 32768 at 8 182 / 202
+    (fused); 1 x 4096 at 8 31.6 / 28.8, 1 x 32768 at 61 75 / 55, 16 x 512 at 4 16.8 / 15.9 (separate)."""
+    return 1 < splits <= 64 and max_seq_len >= factor * splits * splits
+
+
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out=None, workspace=None,
            max_seq_len=None, num_splits=None, fused=None, stream=None):
     """One query token per sequence: q [B, Hq, D] at position seq_lens[b] - 1 attends to keys 0..L-1 of the
@@ -305,8 +316,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     max_batch >= B (required inside graph capture; otherwise one is allocated and cached per shape).
     ``num_splits``: force the KV split count (1..workspace.max_splits; benchmarks and tuning), default
     :func:`num_splits_for`. ``fused``: with more than one split, combine in the split launch (the last split
-    of each group merges; one launch) or in a separate combine launch; default: fused up to
-    ``FUSED_MAX_SPLITS`` splits. Several layers decoding the same batch: :class:`DecodePlan` checks the
+    of each group merges; one launch) or in a separate combine launch; default :func:`use_fused_combine`. Several layers decoding the same batch: :class:`DecodePlan` checks the
     batch once and each layer's call only its own tensors."""
     op = "decode"
     cache = _cache_pair(op, k_cache, v_cache)
@@ -418,7 +428,7 @@ def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, wo
             raise OpError(f"{op}: num_splits={num_splits} is outside 1..{ws.max_splits} (the workspace's max_splits)")
     fits_i32(op, grid=B * Hkv * splits, partials=B * Hq * splits * D)
     return _DecodeBatch(B, Hq, Hkv, group, D, BS, bt, sbt, sl, ws, splits,
-                        bool(fused) if fused is not None else splits <= FUSED_MAX_SPLITS)
+                        bool(fused) if fused is not None else use_fused_combine(splits, max_seq_len))
 
 
 def _decode_launch(op, p: _DecodeBatch, qt, cache, ot, gate, scale, stream) -> None:
