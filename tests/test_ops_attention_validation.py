@@ -181,7 +181,7 @@ def test_decode_plan_launches_what_decode_launches(rec):
     rec.calls.clear()
     plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws,
                         max_seq_len=512)
-    assert plan.num_splits == 8 and len(want) == 4
+    assert plan.num_splits == 8 and len(want) == 8  # 2 gates x 2 layers x (split + combine): 512 keys, 8 splits
     for g in (None, gate):
         for kc, vc in layers:
             plan.run(q, kc, vc, 0.0625, gate=g, out=out)

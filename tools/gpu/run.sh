@@ -100,7 +100,7 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
     MEXPR="gpu and not peer"
   fi
   echo "== GPU tests (-m '$MEXPR')"
-  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -v -rs -p no:cacheprovider \
+  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" VKC_GDN_ERR_JSON="$WORK/gdn_errors.json" timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -v -rs -p no:cacheprovider \
     --durations=20 ${PEER_ARGS:-} -m "$MEXPR" tests/gpu ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
