@@ -60,6 +60,7 @@ def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=N
     ws = dict(
         seqinfo=torch.full((N, 4), -7, dtype=torch.int32, **f),
         cidx=torch.full((mc, 2), -7, dtype=torch.int32, **f),
+        qn=torch.full((T, hk, DK), nan, dtype=torch.bfloat16, **f),
         kn=torch.full((T, hk, DK), nan, dtype=torch.bfloat16, **f),
         g=torch.full((T, hv), nan, dtype=torch.float32, **f),
         beta=torch.full((T, hv), nan, dtype=torch.float32, **f),
@@ -73,7 +74,7 @@ def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=N
     sl = slot_idx if slot_idx is not None else torch.empty(1, dtype=torch.int32, **f)
     sq = qkv.stride(0)
     launch(K, "chunk_index", (1,), cu, ws["seqinfo"], ws["cidx"], N, T, mc, arch=arch)
-    launch(K, "prep", (mc, hk), qkv, a, b, A_log, dt_bias, ws["cidx"], ws["kn"], ws["g"], ws["beta"],
+    launch(K, "prep", (mc, hk), qkv, a, b, A_log, dt_bias, ws["cidx"], ws["qn"], ws["kn"], ws["g"], ws["beta"],
            sq, a.stride(0), b.stride(0), hk, hv, arch=arch)
     v = qkv[:, 2 * hk * DK:]
     launch(K, "kkt_wy", (mc * hv,), ws["kn"], v, ws["g"], ws["beta"], ws["cidx"], ws["w"], ws["u"], sq, hk, hv,
@@ -82,8 +83,8 @@ def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=N
     launch(K, "delta_h", (N, hv, DV // dh["BV"]), ws["kn"], ws["w"], ws["u"], ws["g"], ws["h"], st, sl,
            ws["seqinfo"], hk, hv, use_state, arch=arch, **(delta_h or {}))
     bvo = K.specs["chunk_o"].for_arch(arch).constexprs["BV"]
-    launch(K, "chunk_o", (mc * hv * (DV // bvo),), qkv, ws["kn"], ws["u"], ws["g"], ws["h"], ws["cidx"], o,
-           sq, hk, hv, DK ** -0.5, arch=arch)
+    launch(K, "chunk_o", (mc * hv * (DV // bvo),), ws["qn"], ws["kn"], ws["u"], ws["g"], ws["h"], ws["cidx"], o,
+           hk, hv, DK ** -0.5, arch=arch)
     return o, ws
 
 
@@ -152,7 +153,8 @@ def test_prep(K):
     hk, hv = 2, 4
     qkv, a, b, A_log, dt, cu = make_inputs(1, [5, 70], hk, hv)
     _, ws = run_chunked(K, qkv, a, b, A_log, dt, cu, hk, hv)
-    _, k, _, g, beta = refs_gdn.prep(np64(qkv), np64(a), np64(b), np64(A_log), np64(dt), hk, hv)
+    q, k, v, g, beta = refs_gdn.prep(np64(qkv), np64(a), np64(b), np64(A_log), np64(dt), hk, hv)
+    check(ws["qn"], q, 5e-3, "q")
     check(ws["kn"], k, 5e-3, "k")
     assert np.allclose(np64(ws["beta"]), beta, rtol=1e-5, atol=1e-6)
     gc = np.concatenate([np.cumsum(g[s:e], 0) for s, e in ((0, 5), (5, 69), (69, 75))])
@@ -262,7 +264,7 @@ def test_runtime_op_launch_plan(K, monkeypatch):
     def ws_fake(Tm, S):
         C = G.max_chunks(Tm, S)
         return G.GdnWorkspace(Tm, S, hk, hv, 0, arr((S, 4), "int32"), arr((C, 2), "int32"),
-                              arr((Tm, hk, 128), "bfloat16"),
+                              arr((Tm, hk, 128), "bfloat16"), arr((Tm, hk, 128), "bfloat16"),
                               arr((Tm, hv), "float32"), arr((Tm, hv), "float32"),
                               arr((Tm, hv, 128), "bfloat16"), arr((Tm, hv, 128), "bfloat16"),
                               arr((C, hv, 128, 128), "bfloat16"), arr((16,), "float32"), arr((4,), "int32"))

@@ -6,8 +6,7 @@ buffer needs zero-filling):
 1. ``gdn_chunk_index_kernel``  grid (1,): sanitised per-sequence table ``seqinfo [N, 4]`` = (bos, eos,
    first global chunk, number of chunks) and per global chunk ``cidx [max_chunks, 2]`` = (first token, eos of
    its sequence); unused tail entries get (-1, -1). Built on the device: no host sync.
-2. ``gdn_prep_kernel``         grid (max_chunks, Hk): L2-normalised k (bf16 [T, Hk, K]; q is normalised where it
-   is used, in chunk_o, which saves writing and re-reading a normalised copy); for the Hv/Hk value
+2. ``gdn_prep_kernel``         grid (max_chunks, Hk): L2-normalised q, k (bf16 [T, Hk, K]); for the Hv/Hk value
    heads of the key head: chunk-local cumsum of g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b)
    (fp32 [T, Hv]).
 3. ``gdn_kkt_wy_kernel``       grid (max_chunks * Hv,), value head fastest: A = strict-tril(beta_i exp(g_i - g_j)
@@ -57,21 +56,15 @@ def gdn_chunk_index_kernel(cu_ptr, seqinfo_ptr, cidx_ptr, N, T, max_chunks, BT: 
 
 # ------------------------------------------------------------------------------------------------ 2. prep
 @triton.jit
-def _l2norm_rows(x):
-    """Rows of x (bf16 [R, K]) divided by their L2 norm (eps 1e-6 under the root), rounded to bf16."""
-    xf = x.to(tl.float32)
-    return (xf / tl.sqrt(tl.sum(xf * xf, axis=1) + 1e-6)[:, None]).to(tl.bfloat16)
-
-
-@triton.jit
 def _l2norm_store(src_ptr, dst_ptr, rows64, m, stride_src, stride_dst, K: tl.constexpr):
     cols = tl.arange(0, K)
-    x = tl.load(src_ptr + rows64[:, None] * stride_src + cols[None, :], mask=m[:, None], other=0.0)
-    tl.store(dst_ptr + rows64[:, None] * stride_dst + cols[None, :], _l2norm_rows(x), mask=m[:, None])
+    x = tl.load(src_ptr + rows64[:, None] * stride_src + cols[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    x = x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+    tl.store(dst_ptr + rows64[:, None] * stride_dst + cols[None, :], x.to(tl.bfloat16), mask=m[:, None])
 
 
 @triton.jit
-def gdn_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cidx_ptr, kn_ptr, g_ptr, beta_ptr,
+def gdn_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cidx_ptr, qn_ptr, kn_ptr, g_ptr, beta_ptr,
                     stride_qkv, stride_a, stride_b, HK, HV, BT: tl.constexpr, K: tl.constexpr, GP: tl.constexpr):
     ic = tl.program_id(0)
     hk = tl.program_id(1)
@@ -81,6 +74,7 @@ def gdn_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cidx_ptr, kn_ptr, 
         rows = t0 + tl.arange(0, BT)
         m = rows < eos
         rows64 = rows.to(tl.int64)
+        _l2norm_store(qkv_ptr + hk * K, qn_ptr + hk * K, rows64, m, stride_qkv, HK * K, K)
         _l2norm_store(qkv_ptr + (HK + hk) * K, kn_ptr + hk * K, rows64, m, stride_qkv, HK * K, K)
         G = HV // HK
         for j0 in range(0, G, GP):  # the value heads of this key head, GP columns of [T, Hv] at a time
@@ -304,10 +298,10 @@ def _delta_h_tma(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bo
 
 # -------------------------------------------------------------------------------------------- 5. chunk_o
 @triton.jit
-def gdn_chunk_o_kernel(q_ptr, kn_ptr, vp_ptr, g_ptr, h_ptr, cidx_ptr, o_ptr, stride_q, HK, HV, scale,
+def gdn_chunk_o_kernel(qn_ptr, kn_ptr, vp_ptr, g_ptr, h_ptr, cidx_ptr, o_ptr, HK, HV, scale,
                        BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
     """Grid (max_chunks * (V // BV) * Hv,), value head fastest, then the V block, then the chunk (the heads
-    sharing q, k read them from L2). q_ptr: the q channels of qkv (row stride stride_q). o [T, Hv, V] bf16."""
+    sharing q, k read them from L2). o [T, Hv, V] bf16."""
     pid = tl.program_id(0)
     hv = pid % HV
     rest = pid // HV
@@ -322,8 +316,7 @@ def gdn_chunk_o_kernel(q_ptr, kn_ptr, vp_ptr, g_ptr, h_ptr, cidx_ptr, o_ptr, str
         r64 = rows.to(tl.int64)
         ck = tl.arange(0, K)
         cv = iv * BV + tl.arange(0, BV)
-        q = tl.load(q_ptr + r64[:, None] * stride_q + hk * K + ck[None, :], mask=m[:, None], other=0.0)
-        q = _l2norm_rows(q)  # the q channels of qkv, normalised here (prep writes no copy)
+        q = tl.load(qn_ptr + r64[:, None] * (HK * K) + hk * K + ck[None, :], mask=m[:, None], other=0.0)
         k = tl.load(kn_ptr + r64[:, None] * (HK * K) + hk * K + ck[None, :], mask=m[:, None], other=0.0)
         g = tl.load(g_ptr + r64 * HV + hv, mask=m, other=0.0)
         h = tl.load(h_ptr + (ic * HV + hv) * (V * K) + cv[None, :] * K + ck[:, None])  # h [.., V, K]

@@ -29,7 +29,7 @@ SPECS = [
         name="prep", source="chunk.py", entry="gdn_prep_kernel",
         args=[Arg("qkv_ptr", "*bf16", div=16), Arg("a_ptr", "*bf16"), Arg("b_ptr", "*bf16"),
               Arg("alog_ptr", "*fp32"), Arg("dtb_ptr", "*fp32"), Arg("cidx_ptr", "*i32", div=16),
-              Arg("kn_ptr", "*bf16", div=16),
+              Arg("qn_ptr", "*bf16", div=16), Arg("kn_ptr", "*bf16", div=16),
               Arg("g_ptr", "*fp32", div=16), Arg("beta_ptr", "*fp32", div=16),
               Arg("stride_qkv", "i32", div=16), Arg("stride_a", "i32"), Arg("stride_b", "i32"),
               Arg("HK", "i32"), Arg("HV", "i32")],
@@ -50,10 +50,9 @@ SPECS = [
         constexprs={**_PV, "BV": 32, "TMA": False}, num_warps=4, num_stages=2),
     KernelSpec(
         name="chunk_o", source="chunk.py", entry="gdn_chunk_o_kernel",
-        args=[Arg("q_ptr", "*bf16", div=16), Arg("kn_ptr", "*bf16", div=16), Arg("vp_ptr", "*bf16", div=16),
+        args=[Arg("qn_ptr", "*bf16", div=16), Arg("kn_ptr", "*bf16", div=16), Arg("vp_ptr", "*bf16", div=16),
               Arg("g_ptr", "*fp32", div=16), Arg("h_ptr", "*bf16", div=16), Arg("cidx_ptr", "*i32", div=16),
-              Arg("o_ptr", "*bf16", div=16), Arg("stride_q", "i32", div=16), Arg("HK", "i32"), Arg("HV", "i32"),
-              Arg("scale", "fp32")],
+              Arg("o_ptr", "*bf16", div=16), Arg("HK", "i32"), Arg("HV", "i32"), Arg("scale", "fp32")],
         constexprs={**_PV, "BV": 128}, num_warps=8, num_stages=1,
         overrides={a: {"constexprs": {"BV": 64}, "num_warps": 4} for a in ("sm_86", "sm_89", "sm_120a", "sm_121a")}),
 ]

@@ -62,7 +62,7 @@ def make(lens, hk, hv, seed, gate="normal"):
 
 
 def poison_ws(ws):
-    for arr in (ws.seqinfo, ws.cidx, ws.kn, ws.g, ws.beta, ws.w, ws.u, ws.h):
+    for arr in (ws.seqinfo, ws.cidx, ws.qn, ws.kn, ws.g, ws.beta, ws.w, ws.u, ws.h):
         arr.fill_bytes(0xFF)  # NaN for bf16 / fp32, -1 for int32
 
 

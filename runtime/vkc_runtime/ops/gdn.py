@@ -46,7 +46,7 @@ class GdnWorkspace:
 
     Sizes (bf16 = 2 B, fp32/i32 = 4 B), Tm = max_tokens, C = Tm // 64 + max_seqs:
       seqinfo i32 [max_seqs, 4], cidx i32 [C, 2]           chunk tables (built on the device)
-      kn      bf16 [Tm, Hk, 128]                           L2-normalised k (chunk_o normalises q itself)
+      qn, kn  bf16 [Tm, Hk, 128]                           L2-normalised q, k
       g, beta fp32 [Tm, Hv]                                chunk-local cumsum of the log gate, sigmoid(b)
       w, u    bf16 [Tm, Hv, 128]                           WY factors; u becomes V' = U - W S in place
       h       bf16 [C, Hv, 128 (V), 128 (K)]               state entering each chunk (transposed)
@@ -59,6 +59,7 @@ class GdnWorkspace:
     device: int
     seqinfo: memory.DeviceArray
     cidx: memory.DeviceArray
+    qn: memory.DeviceArray
     kn: memory.DeviceArray
     g: memory.DeviceArray
     beta: memory.DeviceArray
@@ -74,14 +75,14 @@ class GdnWorkspace:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.seqinfo, self.cidx, self.kn, self.g, self.beta, self.w, self.u,
+        return sum(a.nbytes for a in (self.seqinfo, self.cidx, self.qn, self.kn, self.g, self.beta, self.w, self.u,
                                       self.h, self.dummy_state, self.dummy_slot))
 
     @staticmethod
     def bytes_needed(max_tokens: int, max_seqs: int, num_k_heads: int, num_v_heads: int) -> int:
         C = max_chunks(max_tokens, max_seqs)
         Tm, hk, hv = max_tokens, num_k_heads, num_v_heads
-        return (16 * max_seqs + 8 * C + 2 * Tm * hk * HEAD_K + 2 * 4 * Tm * hv
+        return (16 * max_seqs + 8 * C + 2 * 2 * Tm * hk * HEAD_K + 2 * 4 * Tm * hv
                 + 2 * 2 * Tm * hv * HEAD_K + 2 * C * hv * HEAD_K * HEAD_V + 64 + 16)
 
 
@@ -103,7 +104,7 @@ def workspace_for(max_tokens: int, max_seqs: int, num_k_heads: int, num_v_heads:
     return GdnWorkspace(
         max_tokens=Tm, max_seqs=S, num_k_heads=hk, num_v_heads=hv, device=-1 if device is None else int(device),
         seqinfo=e((S, 4), I32), cidx=e((C, 2), I32),
-        kn=e((Tm, hk, HEAD_K), BF16),
+        qn=e((Tm, hk, HEAD_K), BF16), kn=e((Tm, hk, HEAD_K), BF16),
         g=e((Tm, hv), F32), beta=e((Tm, hv), F32),
         w=e((Tm, hv, HEAD_K), BF16), u=e((Tm, hv, HEAD_V), BF16),
         h=e((C, hv, HEAD_V, HEAD_K), BF16),
@@ -205,7 +206,7 @@ def chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, num_k_heads: i
         raise OpError(f"{op}: too many sequences/chunks for the grid")
 
     k_idx.launch((1, 1, 1), (cut.ptr, ws.seqinfo.ptr, ws.cidx.ptr, N, T, C), s)
-    k_prep.launch((C, hk, 1), (qt.ptr, at.ptr, bt.ptr, alt.ptr, dtt.ptr, ws.cidx.ptr, ws.kn.ptr,
+    k_prep.launch((C, hk, 1), (qt.ptr, at.ptr, bt.ptr, alt.ptr, dtt.ptr, ws.cidx.ptr, ws.qn.ptr, ws.kn.ptr,
                                ws.g.ptr, ws.beta.ptr, sq, sa, sb, hk, hv), s)
     v_ptr = qt.ptr + 2 * hk * HEAD_K * 2  # v channels of qkv (bf16): 16-byte aligned as 2*hk*128*2 % 16 == 0
     fits_i32(op, grid=C * hv * (HEAD_V // bv_o))
@@ -217,6 +218,6 @@ def chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, num_k_heads: i
                  st.ptr if st is not None else ws.dummy_state.ptr, sl.ptr if sl is not None else ws.dummy_slot.ptr,
                  ws.seqinfo.ptr, hk, hv, use_state), s)
     k_o.launch((C * hv * (HEAD_V // bv_o), 1, 1),
-               (qt.ptr, ws.kn.ptr, ws.u.ptr, ws.g.ptr, ws.h.ptr, ws.cidx.ptr, ot.ptr, sq, hk, hv,
+               (ws.qn.ptr, ws.kn.ptr, ws.u.ptr, ws.g.ptr, ws.h.ptr, ws.cidx.ptr, ot.ptr, hk, hv,
                 float(HEAD_K ** -0.5)), s)
     return res
