@@ -364,24 +364,31 @@ def test_scratch_nbytes_rule():
 
 
 def test_scratch_pool_sizing_growth_and_capture():
-    allocs, frees, syncs = [], [], []
+    allocs, ptrs, queries = [], [], []
     capturing = {"on": False}
     nxt = [0x10000]
 
     def alloc(n):
         allocs.append(n)
         nxt[0] += 0x100000
-        return nxt[0] + 0x100  # 256-aligned, not 512-aligned
+        ptrs.append(nxt[0] + 0x100)  # 256-aligned, not 512-aligned
+        return ptrs[-1]
 
-    pool = launch.ScratchPool(1, alloc=alloc, free=frees.append, is_capturing=lambda s: capturing["on"],
-                              sync=syncs.append)
+    def is_capturing(s):
+        queries.append(s)
+        return capturing["on"]
+
+    pool = launch.ScratchPool(1, alloc=alloc, is_capturing=is_capturing)
     p = pool.get(1000, 128, stream=5)
     assert allocs == [1000] and p % 128 == 0
-    assert pool.get(800, 128, stream=5) == p and allocs == [1000]  # fits: reused
-    pool.get(3000, 128, stream=5)  # grows to max(need, 2*old)
-    assert allocs == [1000, 3000] and frees == [p] and syncs == [5]
+    n_q = len(queries)
+    assert pool.get(800, 128, stream=5) == p and allocs == [1000]  # fits: reused ...
+    assert len(queries) == n_q  # ... without a driver query on the launch path
+    pool.get(3000, 128, stream=5)  # grows to max(need, 2*old); the old buffer is retired, not freed
+    assert allocs == [1000, 3000] and pool.retired == [(ptrs[0], 1000)]
     pool.get(3100, 128, stream=5)
-    assert allocs[-1] == 6000  # doubling
+    assert allocs[-1] == 6000 and [n for _, n in pool.retired] == [1000, 3000]  # doubling
+    assert sum(n for _, n in pool.retired) < pool.size(5)  # geometric: the retired stay below the live one
     pool.get(100, 128, stream=9)  # other streams get their own buffer
     assert allocs[-1] == 100 and pool.size(9) == 100 and pool.size(5) == 6000
     # alignment above cuMemAlloc's 256 B: over-allocate and round up
@@ -394,11 +401,7 @@ def test_scratch_pool_sizing_growth_and_capture():
         pool.get(10**6, 128, stream=5)
     with pytest.raises(LaunchError, match="the pool has 0"):
         pool.get(16, 128, stream=77)
-    # a buffer handed out during capture is retired, never freed, when it later grows
-    capturing["on"] = False
-    n_frees = len(frees)
-    pool.get(10**6, 128, stream=5)
-    assert len(frees) == n_frees and pool.retired and pool.retired[-1][1] == 6000
+    assert pool.size(5) == 6000 and pool.size(77) == 0  # nothing changed by the refused growth
 
 
 def test_kernel_with_global_scratch_uses_pool(tmp_path, fake_cu, clean_env):

@@ -342,20 +342,21 @@ def scratch_nbytes(gx: int, gy: int, gz: int, num_ctas: int, size: int) -> int:
 class ScratchPool:
     """Global-scratch buffers of one context, one per stream, grown only outside stream capture.
 
-    A buffer that was handed out while its stream was capturing is baked into a CUDA graph, so it is
-    never freed (when it must grow, the old one is retired, not freed). Otherwise growth synchronises
-    the stream, frees the old buffer and allocates ``max(need, 2 * old)`` bytes.
+    The launch path is one dict lookup: a buffer that fits is handed out without asking the driver whether
+    the stream is capturing (that query cost ~2-3 us of host time per launch). Since any buffer handed out
+    may therefore be baked into a CUDA graph, a buffer that must grow is retired (kept alive for the
+    context's lifetime), never freed; growth is geometric (``max(need, 2 * old)``), so the retired buffers
+    together stay below the live one. Growth during capture is refused (the graph would bake a pointer the
+    eager path later replaces): run the same launches once eagerly first.
     Launches on *different* streams never share a buffer; a graph replayed on a stream other than the
     one it was captured on shares the capture stream's buffer (do not run both concurrently).
     """
 
-    def __init__(self, ctx: int = 0, *, alloc=None, free=None, is_capturing=None, sync=None):
+    def __init__(self, ctx: int = 0, *, alloc=None, is_capturing=None):
         self.ctx = ctx
         self._alloc = alloc or _mem_alloc
-        self._free = free or _mem_free
         self._is_capturing = is_capturing or _stream_is_capturing
-        self._sync = sync or _stream_sync
-        self._bufs: dict[int, list] = {}  # stream -> [ptr, nbytes, used_in_capture]
+        self._bufs: dict[int, tuple[int, int]] = {}  # stream -> (ptr, nbytes)
         self.retired: list[tuple[int, int]] = []
         self._lock = threading.Lock()
 
@@ -364,30 +365,22 @@ class ScratchPool:
             return 0
         align = max(1, int(align))
         need = nbytes + (align - 1 if align > 256 else 0)  # cuMemAlloc is 256-byte aligned
-        with self._lock:
-            buf = self._bufs.get(stream)
-            capturing = self._is_capturing(stream)
-            if buf is None or buf[1] < need:
-                if capturing:
-                    have = 0 if buf is None else buf[1]
-                    raise LaunchError(
-                        f"{what}: needs {nbytes} bytes of global scratch on stream {stream:#x}, the pool has {have}; "
-                        f"the pool cannot grow during stream capture. Run the same launches once eagerly (outside "
-                        f"capture) on this stream before capturing.")
-                size = max(need, 2 * (buf[1] if buf else 0))
-                if buf is not None:
-                    if buf[2]:
-                        self.retired.append((buf[0], buf[1]))
-                    else:
-                        self._sync(stream)
-                        self._free(buf[0])
-                    del self._bufs[stream]
-                buf = [self._alloc(size), size, False]
-                self._bufs[stream] = buf
-            if capturing:
-                buf[2] = True
-            ptr = buf[0]
-        return (ptr + align - 1) // align * align
+        buf = self._bufs.get(stream)
+        if buf is None or buf[1] < need:
+            with self._lock:
+                buf = self._bufs.get(stream)
+                if buf is None or buf[1] < need:
+                    if self._is_capturing(stream):
+                        have = 0 if buf is None else buf[1]
+                        raise LaunchError(
+                            f"{what}: needs {nbytes} bytes of global scratch on stream {stream:#x}, the pool has "
+                            f"{have}; the pool cannot grow during stream capture. Run the same launches once "
+                            f"eagerly (outside capture) on this stream before capturing.")
+                    size = max(need, 2 * (buf[1] if buf else 0))
+                    if buf is not None:
+                        self.retired.append(buf)
+                    buf = self._bufs[stream] = (self._alloc(size), size)
+        return (buf[0] + align - 1) // align * align
 
     def size(self, stream: int) -> int:
         b = self._bufs.get(stream)
@@ -396,14 +389,6 @@ class ScratchPool:
 
 def _mem_alloc(n: int) -> int:
     return int(driver.call(driver.cu.cuMemAlloc, n))
-
-
-def _mem_free(p: int) -> None:
-    driver.call(driver.cu.cuMemFree, p)
-
-
-def _stream_sync(s: int) -> None:
-    driver.call(driver.cu.cuStreamSynchronize, s)
 
 
 def _stream_is_capturing(s: int) -> bool:

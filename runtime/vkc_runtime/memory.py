@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import weakref
 from typing import Any, Sequence
 
@@ -565,9 +566,23 @@ def _from_torch(t, name: str) -> TensorRef:
         dev = getattr(t, "device", "?")
         raise ValueError(f"{name}: tensor is on {dev}, not a CUDA device; vkc kernels need CUDA device memory "
                          f"(move it with .cuda())")
-    dev = t.device.index
+    get_device = getattr(t, "get_device", None)  # one call instead of t.device.index (builds a device object)
+    dev = get_device() if get_device is not None else t.device.index
     return TensorRef(t.data_ptr(), tuple(t.shape), tuple(t.stride()), _torch_dtype(t.dtype, name),
                      -1 if dev is None else dev, t)
+
+
+_torch_tensor: list = [None]  # torch.Tensor once torch is imported by the caller (vkc never imports torch)
+
+
+def _is_torch_tensor(obj) -> bool:
+    tt = _torch_tensor[0]
+    if tt is None:
+        torch = sys.modules.get("torch")
+        tt = _torch_tensor[0] = getattr(torch, "Tensor", None) if torch is not None else None
+        if tt is None:
+            return False
+    return isinstance(obj, tt)
 
 
 def _from_cai(cai: dict, obj, name: str) -> TensorRef:
@@ -619,6 +634,8 @@ def as_tensor(obj, name: str = "tensor") -> TensorRef:
         return obj.tensor_ref()
     if t is TensorRef:
         return obj
+    if _is_torch_tensor(obj):  # the common case first: one isinstance instead of four attribute probes
+        return _from_torch(obj, name)
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda") and hasattr(obj, "stride") and hasattr(obj, "dtype"):
         return _from_torch(obj, name)
     if isinstance(obj, DeviceArray):
