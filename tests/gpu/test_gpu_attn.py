@@ -191,17 +191,22 @@ def test_decode_forced_splits(A, splits, fused):
     assert not ws.counters.to_numpy().any()
 
 
-def test_decode_fused_graph_replays(A):
-    """Replaying a captured fused decode: each launch must find its counters at zero (the last split of
-    each group resets them), so every replay reproduces the eager result."""
-    import vkc_runtime
+def _graph_case(A):
+    """A decode batch for the graph tests: 24/4 x 256, block 16, lengths 17/300/4097/1, a strided gate."""
     Hq, Hkv, D, bs = 24, 4, 256, 16
     lens = [17, 300, 4097, 1]
     kc, vc, bt = make_paged(lens, Hkv, D, bs)
     B = len(lens)
     q, gt = rnd(B, Hq, D), rnd(B, Hq, 2, D)[:, :, 1]
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    ws = A.decode_workspace(B, Hq, D, 32)
+    return Hq, Hkv, D, bs, lens, kc, vc, bt, B, q, gt, sl, A.decode_workspace(B, Hq, D, 32)
+
+
+def test_decode_fused_graph_replays(A):
+    """Replaying a captured fused decode: each launch must find its counters at zero (the last split of
+    each group resets them), so every replay reproduces the eager result."""
+    import vkc_runtime
+    Hq, Hkv, D, bs, lens, kc, vc, bt, B, q, gt, sl, ws = _graph_case(A)
     eager = torch.empty(B, Hq, D, dtype=torch.bfloat16, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -307,13 +312,7 @@ def test_prefill_graph_replay_matches_eager(A):
 
 def test_graph_replay_matches_eager(A):
     import vkc_runtime
-    Hq, Hkv, D, bs = 24, 4, 256, 16
-    lens = [17, 300, 4097, 1]
-    kc, vc, bt = make_paged(lens, Hkv, D, bs)
-    B = len(lens)
-    q, gt = rnd(B, Hq, D), rnd(B, Hq, 2, D)[:, :, 1]
-    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    ws = A.decode_workspace(B, Hq, D, 32)
+    Hq, Hkv, D, bs, lens, kc, vc, bt, B, q, gt, sl, ws = _graph_case(A)
     cap = bt.shape[1] * bs
     eager = torch.empty(B, Hq, D, dtype=torch.bfloat16, device="cuda")
     graph_out = torch.full_like(eager, float("nan"))
