@@ -4,7 +4,8 @@ the default SDPA dispatch for decode) on the same data, de-paged into contiguous
 prefill: causal, one sequence whose cache holds exactly its T tokens, Hq/Hkv in {24/4, 16/2}, D 256;
          TFLOPS = 4 * T^2 * D * Hq / 2 / time. vkc is timed at block size 64 (the TMA kernel on sm_90a)
          and 16 (the gather kernel, vkc_bs16_*). Eager (events around single calls, host cost included) and
-         graph times (3 calls in one CUDA graph; *_graph_ms, x_*_graph) for vkc at block size 64 and SDPA.
+         graph times (3 calls in one CUDA graph; *_graph_ms, x_*_graph) for vkc at block size 64 and SDPA;
+         vkc_plan_ms / x_*_plan: the eager call through a PrefillPlan made once (as engines do per step).
 decode:  B in {1, 16, 64, 256} x context {512, 4096, 32768}, 24/4 x 256 (combos above ~40 GB of KV are
          skipped); % of the HBM floor = K+V bytes / 4.26 TB/s / time. Eager (events around single calls,
          host cost included) and graph (10 calls in one CUDA graph: vkc_runtime.Graph / torch.cuda.CUDAGraph)
@@ -100,6 +101,9 @@ def bench_prefill(rows):
                  "tma": A.prefill_uses_tma(kc)}
             t = time_ms(lambda: A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, out=out, max_seqlen_q=T))
             r["vkc_ms"], r["vkc_tflops"] = t, flops / t / 1e9
+            plan = A.PrefillPlan(cu, sl, bt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=PREFILL_BS,
+                                 max_seqlen_q=T)
+            r["vkc_plan_ms"] = time_ms(lambda: plan.run(q, kc, vc, D ** -0.5, out=out))
             tg = timing.graph_ms(lambda i, st: A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, out=out, max_seqlen_q=T,
                                                           stream=st), vkc=True, inner=3)
             r["vkc_graph_ms"], r["vkc_graph_tflops"] = tg, flops / tg / 1e9
@@ -115,6 +119,7 @@ def bench_prefill(rows):
                     continue
                 tb = time_ms(fn)
                 r[f"{be}_ms"], r[f"{be}_tflops"], r[f"x_{be}"] = tb, flops / tb / 1e9, tb / t
+                r[f"x_{be}_plan"] = tb / r["vkc_plan_ms"]
                 try:  # device time without either side's host cost (matters at T = 1024)
                     tbg = timing.graph_ms(lambda i, st: fn(), vkc=False, inner=3)
                     r[f"{be}_graph_ms"], r[f"x_{be}_graph"] = tbg, tbg / tg
@@ -247,7 +252,7 @@ def main(path):
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"{'prefill':<8}{'Hq/Hkv':>8}{'T':>7}{'vkc ms':>9}{'TFLOPS':>8}{'bs16':>8}{'flash':>8}{'cudnn':>8}"
-          f"{'x flash':>8}{'x cudnn':>8}{'graph':>8}{'x flash':>8}{'x cudnn':>8}")
+          f"{'x flash':>8}{'x cudnn':>8}{'graph':>8}{'x flash':>8}{'x cudnn':>8}{'plan':>8}{'x flash':>8}")
     for r in rows:
         if r["kind"] == "prefill":
             print(f"{'':<8}{r['Hq']:>5}/{r['Hkv']:<2}{r['T']:>7}{r['vkc_ms']:>9.3f}{r['vkc_tflops']:>8.0f}"
@@ -255,7 +260,8 @@ def main(path):
                   f"{r.get('flash_tflops', float('nan')):>8.0f}{r.get('cudnn_tflops', float('nan')):>8.0f}"
                   f"{r.get('x_flash', float('nan')):>8.2f}{r.get('x_cudnn', float('nan')):>8.2f}"
                   f"{r.get('vkc_graph_ms', float('nan')):>8.3f}{r.get('x_flash_graph', float('nan')):>8.2f}"
-                  f"{r.get('x_cudnn_graph', float('nan')):>8.2f}")
+                  f"{r.get('x_cudnn_graph', float('nan')):>8.2f}{r.get('vkc_plan_ms', float('nan')):>8.3f}"
+                  f"{r.get('x_flash_plan', float('nan')):>8.2f}")
     print(f"{'decode':<8}{'B':>5}{'L':>7}{'splits':>7}{'vkc ms':>9}{'graph':>8}{'floor':>8}{'% HBM':>7}{'sdpa ms':>9}"
           f"{'graph':>8}{'x sdpa':>8}{'x graph':>8}")
     for r in rows:

@@ -86,6 +86,45 @@ def test_prefill_uses_tma(rec):
     assert A.prefill_uses_tma(Dev((8, 128, 2, 128)), gate=True)
 
 
+def test_prefill_plan_launches_what_prefill_launches(rec):
+    """A PrefillPlan (batch tensors checked once, kernel choice made once per cache geometry) launches exactly
+    what prefill() launches for the same tensors, over layers with and without gate and both cache kinds
+    (block 64 -> TMA kernel, block 16 -> gather); caches or q that do not fit the plan are refused before
+    any launch."""
+    T, Hq, Hkv, D = 300, 24, 4, 256
+    cu, sl, bt = Dev((3,), I32), Dev((2,), I32), Dev((2, 20), I32)
+    q, out = Dev((T, Hq, D)), Dev((T, Hq, D))
+    gate = Dev((T, Hq, D), strides=(Hq * 2 * D, 2 * D, 1), offset=D)
+    layers = [cache(40, 64, Hkv, D), cache(40, 64, Hkv, D, interleaved=True)]
+    for g in (None, gate):
+        for kc, vc in layers:
+            A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, gate=g, out=out, max_seqlen_q=T)
+    want = list(rec.calls)
+    rec.calls.clear()
+    plan = A.PrefillPlan(cu, sl, bt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=64, max_seqlen_q=T)
+    for g in (None, gate):
+        for kc, vc in layers:
+            plan.run(q, kc, vc, D ** -0.5, gate=g, out=out)
+    assert rec.calls == want and {c[0] for c in want} == {"attn.prefill.d256.nogate.tma",
+                                                          "attn.prefill.d256.gate.tma"}
+    rec.calls.clear()
+    plan16 = A.PrefillPlan(cu, sl, bt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=16)
+    plan16.run(q, *cache(160, 16, Hkv, D), D ** -0.5, out=out)
+    assert rec.calls[0][0] == "attn.prefill.d256.nogate" and rec.calls[0][1] == (Hq * (-(-T // 64) + 2), 1, 1)
+    rec.calls.clear()
+    with pytest.raises(OpError, match="plan was made for"):
+        plan.run(q, *cache(160, 16, Hkv, D), D ** -0.5, out=out)  # block size 16
+    with pytest.raises(OpError, match="q has shape"):
+        plan.run(Dev((T, Hq + 1, D)), *layers[0], D ** -0.5, out=out)
+    with pytest.raises(OpError, match="out has shape"):
+        plan.run(q, *layers[0], D ** -0.5, out=Dev((T + 1, Hq, D)))
+    with pytest.raises(OpError, match="q heads are not a multiple"):
+        A.PrefillPlan(cu, sl, bt, num_q_heads=Hq, num_kv_heads=5, head_dim=D, block_size=64)
+    with pytest.raises(OpError, match="seq_lens has shape"):
+        A.PrefillPlan(cu, Dev((3,), I32), bt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=64)
+    assert not rec.calls
+
+
 def workspace(B, Hq, D, max_splits=64):
     ws = A.DecodeWorkspace(Dev((B * Hq * max_splits * D,), "<f4"), Dev((B * Hq * max_splits,), "<f4"),
                            Dev((B * Hq,), "<i4"), B, Hq, D, max_splits)

@@ -267,6 +267,47 @@ def test_decode_plan_matches_decode(A):
         assert torch.equal(w, o)
 
 
+def test_prefill_plan_matches_prefill(A):
+    """A PrefillPlan made once and run for two layers (own caches, q, gate; one TMA-able block size) gives
+    prefill()'s bytes, eagerly and replayed from a CUDA graph."""
+    import vkc_runtime
+    Hq, Hkv, D, bs = 24, 4, 256, 64
+    q_lens, prefix = [300, 17, 1000, 1], [0, 4000, 64, 0]
+    lens = [a + b for a, b in zip(q_lens, prefix)]
+    kc, vc, bt = make_paged(lens, Hkv, D, bs)
+    layers = [(kc, vc), (torch.randn_like(kc), torch.randn_like(vc))]  # two layers, one block table
+    T = sum(q_lens)
+    cu = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32, device="cuda")
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    qs = [rnd(T, Hq, D) for _ in layers]
+    gts = [rnd(T, Hq, 2, D)[:, :, 1], None]
+    want = [A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, gate=g, max_seqlen_q=max(q_lens))
+            for q, (kc, vc), g in zip(qs, layers, gts)]
+    want = [w if isinstance(w, torch.Tensor) else torch.from_dlpack(w) for w in want]
+    plan = A.PrefillPlan(cu, sl, bt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs,
+                         max_seqlen_q=max(q_lens))
+    outs = [torch.full((T, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in layers]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
+        plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)  # eager first: sizes the scratch
+    s.synchronize()
+    for w, o in zip(want, outs):
+        assert torch.equal(w, o)
+    graph = vkc_runtime.Graph()
+    with graph.capture(s.cuda_stream):
+        for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
+            plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
+    for o in outs:
+        o.fill_(float("nan"))
+    torch.cuda.synchronize()
+    graph.replay(s.cuda_stream)
+    s.synchronize()
+    for w, o in zip(want, outs):
+        assert torch.equal(w, o)
+
+
 def test_reshape_and_cache(A):
     T, Hkv, D, bs, nb = 37, 4, 256, 16, 9
     k, v = rnd(T, Hkv, D), rnd(T, Hkv, D)

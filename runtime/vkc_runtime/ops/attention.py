@@ -31,16 +31,15 @@ split count then depends only on host-side sizes, so replay with new lengths/tab
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .. import driver, memory, registry
 from ..launch import get_kernel, has_kernel
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
-__all__ = ["reshape_and_cache", "prefill", "prefill_uses_tma", "decode", "DecodePlan", "DecodeWorkspace",
-           "decode_workspace",
-           "num_splits_for", "use_fused_combine", "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
+__all__ = ["reshape_and_cache", "prefill", "PrefillPlan", "prefill_uses_tma", "decode", "DecodePlan",
+           "DecodeWorkspace", "decode_workspace", "num_splits_for", "use_fused_combine", "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
 
 HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode
@@ -170,30 +169,84 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
 
 # ------------------------------------------------------------------------------------------------ prefill
 
-def _prefill_kernel(D: int, gate: bool, BS: int, NB: int, sb: int, ss: int, use_tma):
+def _prefill_kernel(D: int, gate: bool, BS: int, NB: int, sb: int, ss: int, use_tma, kernels: dict | None = None):
     """The TMA kernel (sm_90a/sm_100a artifacts) when the cache allows it -- block_size a multiple of its
     BLOCK_N, the block stride a multiple of the slot stride, slot rows indexable in int32 -- else the
-    gather kernel. use_tma: None = automatic, False = gather, True = TMA or an error."""
+    gather kernel. use_tma: None = automatic, False = gather, True = TMA or an error. ``kernels``: a plan's
+    cache of the choice per (D, gate, cache geometry, use_tma)."""
+    key = (D, gate, BS, NB, sb, ss, use_tma)
+    if kernels is not None:
+        k = kernels.get(key)
+        if k is not None:
+            return k
     base = f"attn.prefill.d{D}.{'gate' if gate else 'nogate'}"
+    k = None
     if use_tma is not False and has_kernel(base + ".tma"):
-        k = get_kernel(base + ".tma")
-        bn = k.constexprs["BLOCK_N"]
+        tk = get_kernel(base + ".tma")
+        bn = tk.constexprs["BLOCK_N"]
         why = (f"block_size {BS} is not a multiple of {bn}" if BS % bn else
                f"block stride {sb} is not a multiple of the slot stride {ss}" if sb % ss else
                "more than 2^31 slot rows" if NB * (sb // ss) >= 2**31 else None)
         if why is None:
-            return k
-        if use_tma:
+            k = tk
+        elif use_tma:
             raise OpError(f"prefill: use_tma=True but the TMA kernel cannot read this cache: {why}")
     elif use_tma:
         raise OpError(f"prefill: use_tma=True but the selected arch has no {base}.tma artifact (sm_90a/sm_100a)")
-    return get_kernel(base)
+    if k is None:
+        k = get_kernel(base)
+    if kernels is not None:
+        kernels[key] = k
+    return k
 
 
 def prefill_uses_tma(k_cache, *, gate: bool = False) -> bool:
     """Whether :func:`prefill` (use_tma=None) takes the TMA kernel for this cache on the current device."""
     _, _, NB, BS, _, D, sb, ss, _ = _cache_pair("prefill_uses_tma", k_cache, k_cache)
     return _prefill_kernel(D, gate, BS, NB, sb, ss, None).base.endswith(".tma")
+
+
+@dataclass(frozen=True)
+class _PrefillBatch:
+    """What a prefill launch takes from the packed batch layout alone (see _prefill_batch)."""
+    N: int
+    cu: object
+    sl: object
+    bt: object
+    sbt: int
+    max_seqlen_q: int | None
+    kernels: dict = field(default_factory=dict, compare=False, repr=False)  # see _prefill_kernel
+
+
+def _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q) -> _PrefillBatch:
+    cu = tensor(op, "cu_seqlens_q", cu_seqlens_q, "int32", ndim=1)
+    N = cu.shape[0] - 1
+    if N < 0:
+        raise OpError(f"{op}: cu_seqlens_q must have N+1 >= 1 entries")
+    sl = tensor(op, "seq_lens", seq_lens, "int32", ndim=1, shape=(N,))
+    for name, t in (("cu_seqlens_q", cu), ("seq_lens", sl)):
+        if t.shape[0] > 1 and t.strides[0] != 1:
+            raise OpError(f"{op}: {name} must be contiguous")
+    bt, sbt = _block_tables(op, block_tables, N)
+    return _PrefillBatch(N, cu, sl, bt, sbt, None if max_seqlen_q is None else max(int(max_seqlen_q), 1))
+
+
+def _prefill_launch(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma, stream) -> None:
+    kc, vc, NB, BS, Hkv, D, sb, ss, sh = cache
+    T, Hq, _ = qt.shape
+    group = _heads(op, Hq, Hkv)
+    (sqt, sqh), (sot, soh), (gptr, sgt, sgh) = _q_out_gate(op, qt, ot, gate, T, Hq, D, "t")
+    kern = _prefill_kernel(D, gate is not None, BS, NB, sb, ss, use_tma, p.kernels)
+    bm = kern.constexprs["BLOCK_M"]
+    n_mb = _cdiv(T, bm) + p.N
+    if p.max_seqlen_q is not None:
+        n_mb = min(n_mb, p.N * _cdiv(p.max_seqlen_q, bm))
+    grid = Hq * n_mb
+    fits_i32(op, grid=grid)
+    kern.launch((grid, 1, 1), (qt.ptr, kc.ptr, vc.ptr, ot.ptr, gptr, p.bt.ptr, p.cu.ptr, p.sl.ptr, float(scale),
+                               p.N, Hq, group, n_mb, sqt, sqh, sot, soh, sgt, sgh, sb, ss, sh, p.sbt, BS,
+                               p.bt.shape[1], NB),
+                stream_of(stream))
 
 
 def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *, gate=None, out=None,
@@ -206,38 +259,59 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     ``use_tma``: None picks the TMA kernel where it exists (sm_90a/sm_100a) and the cache allows it
     (block_size a multiple of 64 for D=256, 128 for D=128); False forces the gather kernel. The TMA
     kernel uses global scratch for its descriptors: inside graph capture, run the same shape once eagerly
-    first so the scratch pool is large enough."""
+    first so the scratch pool is large enough. Several layers over the same batch: :class:`PrefillPlan`."""
     op = "prefill"
-    kc, vc, NB, BS, Hkv, D, sb, ss, sh = _cache_pair(op, k_cache, v_cache)
+    cache = _cache_pair(op, k_cache, v_cache)
+    D = cache[5]
     qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
     T, Hq, _ = qt.shape
-    group = _heads(op, Hq, Hkv)
-    cu = tensor(op, "cu_seqlens_q", cu_seqlens_q, "int32", ndim=1)
-    N = cu.shape[0] - 1
-    if N < 0:
-        raise OpError(f"{op}: cu_seqlens_q must have N+1 >= 1 entries")
-    sl = tensor(op, "seq_lens", seq_lens, "int32", ndim=1, shape=(N,))
-    for name, t in (("cu_seqlens_q", cu), ("seq_lens", sl)):
-        if t.shape[0] > 1 and t.strides[0] != 1:
-            raise OpError(f"{op}: {name} must be contiguous")
-    bt, sbt = _block_tables(op, block_tables, N)
+    _heads(op, Hq, cache[4])
+    p = _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q)
     res = out if out is not None else memory.DeviceArray.empty((T, Hq, D), BF16, device=qt.device)
     ot = tensor(op, "out", res, BF16, ndim=3, shape=(T, Hq, D))
-    same_device(op, qt, kc, vc, cu, sl, bt, ot)
-    if T == 0 or N == 0:
-        return res
-    (sqt, sqh), (sot, soh), (gptr, sgt, sgh) = _q_out_gate(op, qt, ot, gate, T, Hq, D, "t")
-    kern = _prefill_kernel(D, gate is not None, BS, NB, sb, ss, use_tma)
-    bm = kern.constexprs["BLOCK_M"]
-    n_mb = _cdiv(T, bm) + N
-    if max_seqlen_q is not None:
-        n_mb = min(n_mb, N * _cdiv(max(int(max_seqlen_q), 1), bm))
-    grid = Hq * n_mb
-    fits_i32(op, grid=grid)
-    kern.launch((grid, 1, 1), (qt.ptr, kc.ptr, vc.ptr, ot.ptr, gptr, bt.ptr, cu.ptr, sl.ptr, float(scale), N, Hq,
-                               group, n_mb, sqt, sqh, sot, soh, sgt, sgh, sb, ss, sh, sbt, BS, bt.shape[1], NB),
-                stream_of(stream))
+    same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
+    if T and p.N:
+        _prefill_launch(op, p, qt, cache, ot, gate, scale, use_tma, stream)
     return res
+
+
+class PrefillPlan:
+    """Prefill of one packed batch layout for several layers (plan once per step, run per layer), in the
+    spirit of :class:`DecodePlan`: ``cu_seqlens_q``, ``seq_lens`` and ``block_tables`` are checked once and
+    the kernel choice (TMA or gather, per cache geometry) is made once; :meth:`run` checks only that layer's
+    q, caches, out and gate, and launches. Results are identical to :func:`prefill` with the same
+    arguments. The plan keeps references to the three batch tensors: update their contents in place
+    between steps as you like, but build a new plan when the number of sequences or the block-table width
+    changes. A plan belongs to the device (context) it first runs on."""
+
+    def __init__(self, cu_seqlens_q, seq_lens, block_tables, *, num_q_heads: int, num_kv_heads: int,
+                 head_dim: int, block_size: int, max_seqlen_q=None, use_tma=None):
+        op = "PrefillPlan"
+        if head_dim not in HEAD_DIMS:
+            raise OpError(f"{op}: head dim must be one of {HEAD_DIMS}, got {head_dim}")
+        if min(num_q_heads, num_kv_heads, block_size) < 1:
+            raise OpError(f"{op}: num_q_heads, num_kv_heads and block_size must be positive")
+        _heads(op, int(num_q_heads), int(num_kv_heads))
+        self._keep = (cu_seqlens_q, seq_lens, block_tables)
+        self.Hq, self.Hkv, self.D, self.BS = int(num_q_heads), int(num_kv_heads), int(head_dim), int(block_size)
+        self.use_tma = use_tma
+        self.batch = _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q)
+
+    def run(self, q, k_cache, v_cache, scale, *, out, gate=None, stream=None):
+        """q, out [T, Hq, D] bf16 (out required: a plan is meant for graph capture and per-layer reuse)."""
+        op = "PrefillPlan.run"
+        p = self.batch
+        cache = _cache_pair(op, k_cache, v_cache)
+        if cache[3:6] != (self.BS, self.Hkv, self.D):
+            raise OpError(f"{op}: caches have block size / kv heads / head dim {cache[3:6]}, the plan was made for "
+                          f"{(self.BS, self.Hkv, self.D)}")
+        qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, self.Hq, self.D))
+        T = qt.shape[0]
+        ot = tensor(op, "out", out, BF16, ndim=3, shape=(T, self.Hq, self.D))
+        same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
+        if T and p.N:
+            _prefill_launch(op, p, qt, cache, ot, gate, scale, self.use_tma, stream)
+        return out
 
 
 # ------------------------------------------------------------------------------------------------- decode
@@ -316,8 +390,9 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     max_batch >= B (required inside graph capture; otherwise one is allocated and cached per shape).
     ``num_splits``: force the KV split count (1..workspace.max_splits; benchmarks and tuning), default
     :func:`num_splits_for`. ``fused``: with more than one split, combine in the split launch (the last split
-    of each group merges; one launch) or in a separate combine launch; default :func:`use_fused_combine`. Several layers decoding the same batch: :class:`DecodePlan` checks the
-    batch once and each layer's call only its own tensors."""
+    of each group merges; one launch) or in a separate combine launch; default :func:`use_fused_combine`.
+    Several layers decoding the same batch: :class:`DecodePlan` checks the batch once and each layer's call
+    only its own tensors."""
     op = "decode"
     cache = _cache_pair(op, k_cache, v_cache)
     _, _, _, BS, Hkv, D = cache[:6]
@@ -389,6 +464,7 @@ class _DecodeBatch:
     ws: DecodeWorkspace | None  # None: empty batch
     splits: int
     fused: bool
+    kernels: dict = field(default_factory=dict, compare=False, repr=False)  # base -> Kernel, filled on use
 
 
 def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, workspace, num_splits, fused,
@@ -431,6 +507,15 @@ def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, wo
                         bool(fused) if fused is not None else use_fused_combine(splits, max_seq_len))
 
 
+def _kernel(kernels: dict, base: str):
+    """The Kernel for ``base`` through a plan's cache (get_kernel asks the driver for the current context; a
+    plan resolves each base once, in the context it first runs in)."""
+    k = kernels.get(base)
+    if k is None:
+        k = kernels[base] = get_kernel(base)
+    return k
+
+
 def _decode_launch(op, p: _DecodeBatch, qt, cache, ot, gate, scale, stream) -> None:
     kc, vc, NB, BS, Hkv, D, sb, ss, sh = cache
     B, Hq, group, splits, bt, sl, ws = p.B, p.Hq, p.group, p.splits, p.bt, p.sl, p.ws
@@ -438,21 +523,21 @@ def _decode_launch(op, p: _DecodeBatch, qt, cache, ot, gate, scale, stream) -> N
     g = "gate" if gate is not None else "nogate"
     s = stream_of(stream)
     if splits == 1:  # one launch: the direct kernel normalizes, gates and stores; no partials, no combine
-        get_kernel(f"attn.decode_direct.d{D}.{g}").launch(
+        _kernel(p.kernels, f"attn.decode_direct.d{D}.{g}").launch(
             (B * Hkv, 1, 1), (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ot.ptr, gptr, float(scale), Hkv, group,
                               sqb, sqh, sob, soh, sgb, sgh, sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
     elif p.fused:  # one launch: the last split of each group combines
-        get_kernel(f"attn.decode_fused.d{D}.{g}").launch(
+        _kernel(p.kernels, f"attn.decode_fused.d{D}.{g}").launch(
             (B * Hkv * splits, 1, 1),
             (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(),
              ws.counters.data_ptr(), ot.ptr, gptr, float(scale), Hkv, group, splits, sqb, sqh, sob, soh, sgb, sgh,
              sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
     else:
-        get_kernel(f"attn.decode_split.d{D}").launch(
+        _kernel(p.kernels, f"attn.decode_split.d{D}").launch(
             (B * Hkv * splits, 1, 1),
             (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(), float(scale),
              Hkv, group, splits, sqb, sqh, sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
-        get_kernel(f"attn.decode_combine.d{D}.{g}").launch(
+        _kernel(p.kernels, f"attn.decode_combine.d{D}.{g}").launch(
             (B * Hq, 1, 1),
             (ws.part_o.data_ptr(), ws.part_lse.data_ptr(), ot.ptr, gptr, Hq, splits, sob, soh, sgb, sgh), s)
 
