@@ -228,10 +228,42 @@ def test_decode_fused_graph_replays(A):
     assert not ws.counters.to_numpy().any()
 
 
+def _plan_layers_match(plan, qs, layers, gts, want):
+    """Run each layer (q, caches, gate) through ``plan`` eagerly on a side stream (which also sizes the TMA
+    scratch), then again from one captured graph, into NaN-poisoned outputs: both give ``want``'s bytes."""
+    import vkc_runtime
+    D = qs[0].shape[-1]
+    outs = [torch.full_like(w, float("nan")) for w in want]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+
+    def run_all():
+        for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
+            plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
+    run_all()
+    s.synchronize()
+    for w, o in zip(want, outs):
+        assert torch.equal(w, o)
+    graph = vkc_runtime.Graph()
+    with graph.capture(s.cuda_stream):
+        run_all()
+    for o in outs:
+        o.fill_(float("nan"))
+    torch.cuda.synchronize()
+    graph.replay(s.cuda_stream)
+    s.synchronize()
+    for w, o in zip(want, outs):
+        assert torch.equal(w, o)
+
+
+def _dense(ts):
+    return [t if isinstance(t, torch.Tensor) else torch.from_dlpack(t) for t in ts]
+
+
 def test_decode_plan_matches_decode(A):
     """A DecodePlan made once and run for two layers (own caches, q, gate) gives decode()'s bytes, eagerly
     and replayed from a CUDA graph."""
-    import vkc_runtime
     Hq, Hkv, D, bs = 24, 4, 256, 16
     lens = [17, 300, 4097, 1, 0]
     B = len(lens)
@@ -242,35 +274,14 @@ def test_decode_plan_matches_decode(A):
     plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws)
     qs = [rnd(B, Hq, D) for _ in layers]
     gts = [rnd(B, Hq, 2, D)[:, :, 1] for _ in layers]
-    want = [A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=g, workspace=ws)
-            for q, (kc, vc), g in zip(qs, layers, gts)]
-    want = [w if isinstance(w, torch.Tensor) else torch.from_dlpack(w) for w in want]
-    outs = [torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in layers]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    torch.cuda.synchronize()
-    for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
-        plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
-    s.synchronize()
-    for w, o in zip(want, outs):
-        assert torch.equal(w, o)
-    graph = vkc_runtime.Graph()
-    with graph.capture(s.cuda_stream):
-        for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
-            plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
-    for o in outs:
-        o.fill_(float("nan"))
-    torch.cuda.synchronize()
-    graph.replay(s.cuda_stream)
-    s.synchronize()
-    for w, o in zip(want, outs):
-        assert torch.equal(w, o)
+    want = _dense([A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=g, workspace=ws)
+                   for q, (kc, vc), g in zip(qs, layers, gts)])
+    _plan_layers_match(plan, qs, layers, gts, want)
 
 
 def test_prefill_plan_matches_prefill(A):
     """A PrefillPlan made once and run for two layers (own caches, q, gate; one TMA-able block size) gives
     prefill()'s bytes, eagerly and replayed from a CUDA graph."""
-    import vkc_runtime
     Hq, Hkv, D, bs = 24, 4, 256, 64
     q_lens, prefix = [300, 17, 1000, 1], [0, 4000, 64, 0]
     lens = [a + b for a, b in zip(q_lens, prefix)]
@@ -281,31 +292,11 @@ def test_prefill_plan_matches_prefill(A):
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
     qs = [rnd(T, Hq, D) for _ in layers]
     gts = [rnd(T, Hq, 2, D)[:, :, 1], None]
-    want = [A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, gate=g, max_seqlen_q=max(q_lens))
-            for q, (kc, vc), g in zip(qs, layers, gts)]
-    want = [w if isinstance(w, torch.Tensor) else torch.from_dlpack(w) for w in want]
+    want = _dense([A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, gate=g, max_seqlen_q=max(q_lens))
+                   for q, (kc, vc), g in zip(qs, layers, gts)])
     plan = A.PrefillPlan(cu, sl, bt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs,
                          max_seqlen_q=max(q_lens))
-    outs = [torch.full((T, Hq, D), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in layers]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    torch.cuda.synchronize()
-    for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
-        plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)  # eager first: sizes the scratch
-    s.synchronize()
-    for w, o in zip(want, outs):
-        assert torch.equal(w, o)
-    graph = vkc_runtime.Graph()
-    with graph.capture(s.cuda_stream):
-        for q, (kc, vc), g, o in zip(qs, layers, gts, outs):
-            plan.run(q, kc, vc, D ** -0.5, gate=g, out=o, stream=s.cuda_stream)
-    for o in outs:
-        o.fill_(float("nan"))
-    torch.cuda.synchronize()
-    graph.replay(s.cuda_stream)
-    s.synchronize()
-    for w, o in zip(want, outs):
-        assert torch.equal(w, o)
+    _plan_layers_match(plan, qs, layers, gts, want)
 
 
 def test_reshape_and_cache(A):

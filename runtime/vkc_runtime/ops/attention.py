@@ -117,6 +117,24 @@ def _heads(op: str, Hq: int, Hkv: int) -> int:
     return g
 
 
+def _plan_dims(op: str, Hq: int, Hkv: int, D: int, BS: int) -> None:
+    """A plan's head counts, head dim and block size, checked when it is made."""
+    if D not in HEAD_DIMS:
+        raise OpError(f"{op}: head dim must be one of {HEAD_DIMS}, got {D}")
+    if min(Hq, Hkv, BS) < 1:
+        raise OpError(f"{op}: num_q_heads, num_kv_heads and block_size must be positive")
+    _heads(op, Hq, Hkv)
+
+
+def _plan_caches(op: str, k_cache, v_cache, BS: int, Hkv: int, D: int):
+    """_cache_pair for a layer run through a plan: the caches must have the plan's geometry."""
+    cache = _cache_pair(op, k_cache, v_cache)
+    if cache[3:6] != (BS, Hkv, D):
+        raise OpError(f"{op}: caches have block size / kv heads / head dim {cache[3:6]}, the plan was made for "
+                      f"{(BS, Hkv, D)}")
+    return cache
+
+
 def _gate(op: str, gate, n: int, Hq: int, D: int, fallback):
     if gate is None:
         return fallback.ptr, 0, 0
@@ -287,11 +305,7 @@ class PrefillPlan:
     def __init__(self, cu_seqlens_q, seq_lens, block_tables, *, num_q_heads: int, num_kv_heads: int,
                  head_dim: int, block_size: int, max_seqlen_q=None, use_tma=None):
         op = "PrefillPlan"
-        if head_dim not in HEAD_DIMS:
-            raise OpError(f"{op}: head dim must be one of {HEAD_DIMS}, got {head_dim}")
-        if min(num_q_heads, num_kv_heads, block_size) < 1:
-            raise OpError(f"{op}: num_q_heads, num_kv_heads and block_size must be positive")
-        _heads(op, int(num_q_heads), int(num_kv_heads))
+        _plan_dims(op, int(num_q_heads), int(num_kv_heads), int(head_dim), int(block_size))
         self._keep = (cu_seqlens_q, seq_lens, block_tables)
         self.Hq, self.Hkv, self.D, self.BS = int(num_q_heads), int(num_kv_heads), int(head_dim), int(block_size)
         self.use_tma = use_tma
@@ -301,10 +315,7 @@ class PrefillPlan:
         """q, out [T, Hq, D] bf16 (out required: a plan is meant for graph capture and per-layer reuse)."""
         op = "PrefillPlan.run"
         p = self.batch
-        cache = _cache_pair(op, k_cache, v_cache)
-        if cache[3:6] != (self.BS, self.Hkv, self.D):
-            raise OpError(f"{op}: caches have block size / kv heads / head dim {cache[3:6]}, the plan was made for "
-                          f"{(self.BS, self.Hkv, self.D)}")
+        cache = _plan_caches(op, k_cache, v_cache, self.BS, self.Hkv, self.D)
         qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, self.Hq, self.D))
         T = qt.shape[0]
         ot = tensor(op, "out", out, BF16, ndim=3, shape=(T, self.Hq, self.D))
@@ -419,10 +430,7 @@ class DecodePlan:
     def __init__(self, block_tables, seq_lens, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  block_size: int, workspace=None, max_seq_len=None, num_splits=None, fused=None):
         op = "DecodePlan"
-        if head_dim not in HEAD_DIMS:
-            raise OpError(f"{op}: head dim must be one of {HEAD_DIMS}, got {head_dim}")
-        if min(num_q_heads, num_kv_heads, block_size) < 1:
-            raise OpError(f"{op}: num_q_heads, num_kv_heads and block_size must be positive")
+        _plan_dims(op, int(num_q_heads), int(num_kv_heads), int(head_dim), int(block_size))
         sl = tensor(op, "seq_lens", seq_lens, "int32", ndim=1)
         self._keep = (block_tables, seq_lens, workspace)
         self.batch = _decode_batch(op, block_tables, seq_lens, sl.shape[0], int(num_q_heads), int(num_kv_heads),
@@ -437,10 +445,7 @@ class DecodePlan:
         """out [B, Hq, D] bf16 (required: a plan is meant for graph capture and per-layer reuse)."""
         op = "DecodePlan.run"
         p = self.batch
-        cache = _cache_pair(op, k_cache, v_cache)
-        if cache[3:6] != (p.BS, p.Hkv, p.D):
-            raise OpError(f"{op}: caches have block size / kv heads / head dim {cache[3:6]}, the plan was made for "
-                          f"{(p.BS, p.Hkv, p.D)}")
+        cache = _plan_caches(op, k_cache, v_cache, p.BS, p.Hkv, p.D)
         qt = tensor(op, "q", q, BF16, ndim=3, shape=(p.B, p.Hq, p.D))
         ot = tensor(op, "out", out, BF16, ndim=3, shape=(p.B, p.Hq, p.D))
         same_device(op, qt, cache[0], cache[1], ot, p.bt, p.sl)
