@@ -20,18 +20,20 @@ def tensor(op: str, name: str, obj: Any, dtype: str, ndim: int | None = None,
         raise OpError(f"{op}: {name}: {e}") from None
     if t.dtype != dtype:
         raise OpError(f"{op}: {name} must be {dtype}, got {t.dtype}")
-    if ndim is not None and len(t.shape) != ndim:
-        raise OpError(f"{op}: {name} must have {ndim} dims, got shape {tuple(t.shape)}")
-    if shape is not None:
-        for i, (got, want) in enumerate(zip(t.shape, shape)):
+    ts, st = t.shape, t.strides
+    if ndim is not None and len(ts) != ndim:
+        raise OpError(f"{op}: {name} must have {ndim} dims, got shape {tuple(ts)}")
+    if shape is not None and ts != shape:  # an exact (tuple) match needs no per-dim walk: the per-call fast path
+        for i, (got, want) in enumerate(zip(ts, shape)):
             if want is not None and got != want:
-                raise OpError(f"{op}: {name} has shape {tuple(t.shape)}, expected dim {i} == {want} "
+                raise OpError(f"{op}: {name} has shape {tuple(ts)}, expected dim {i} == {want} "
                               f"(expected {tuple('*' if s is None else s for s in shape)})")
-    if inner_contiguous and t.shape and t.shape[-1] > 1 and t.strides[-1] != 1:
-        raise OpError(f"{op}: {name} must be contiguous in its last dim (strides {tuple(t.strides)})")
-    for i in range(len(t.shape) - 1):
-        if t.shape[i] > 1 and t.strides[i] < 0:
-            raise OpError(f"{op}: {name} has a negative stride")
+    if inner_contiguous and ts and ts[-1] > 1 and st[-1] != 1:
+        raise OpError(f"{op}: {name} must be contiguous in its last dim (strides {tuple(st)})")
+    if st and min(st) < 0:  # rare: find out whether a dim that matters (extent > 1) runs backwards
+        for i in range(len(ts) - 1):
+            if ts[i] > 1 and st[i] < 0:
+                raise OpError(f"{op}: {name} has a negative stride")
     return t
 
 
