@@ -12,9 +12,10 @@
 #   VKC_REUSE_BUILD=1: skip the wheel build when an earlier step of the same device call installed it
 #   peer-tests/bench write $OUT/triton-cache.tgz (FLA's compiled + autotuned kernels); copy it to
 #   .triton-cache.tgz and carry it so the next call skips FLA's JIT
-#   A device call is limited to 10 minutes: the GPU tests without peers (~5 min, most of it the GDN float64 and
-#   HF references), the peer comparisons (`peer-tests`: FLA's cold JIT) and the benchmarks (~4 min) belong in
-#   separate calls.
+#   A device call is limited to 10 minutes. H200 times: wheel build ~30 s, the GPU tests without peers ~40 s,
+#   the peer comparisons ~2 min cold (FLA's JIT + autotune) / ~25 s with a carried Triton cache, bench_gdn
+#   ~2 min, bench_attn ~1 min per part, a tune set ~20 s per candidate; chain steps with VKC_REUSE_BUILD=1
+#   and a separate OUT per step (a call returns at most ~8 files).
 set -uo pipefail
 WHAT=${1:-all}
 KEXPR=${2:-}
