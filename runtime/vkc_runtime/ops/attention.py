@@ -39,7 +39,8 @@ from ..launch import get_kernel, has_kernel
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
 __all__ = ["reshape_and_cache", "prefill", "PrefillPlan", "prefill_uses_tma", "decode", "DecodePlan",
-           "DecodeWorkspace", "decode_workspace", "num_splits_for", "use_fused_combine", "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError"]
+           "DecodeWorkspace", "decode_workspace", "num_splits_for", "use_fused_combine", "MIN_KEYS_PER_SPLIT",
+           "HEAD_DIMS", "OpError"]
 
 HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode
