@@ -44,6 +44,18 @@ _RESHAPE = [
     ("block_size", "i32", False), ("N", "i32", True), ("num_slots", "i64", False),
 ]
 
+# the paged-cache geometry every attention kernel that reads the cache takes last
+_PAGED_CACHE = [
+    ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
+    ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
+    ("num_blocks", "i32", False),
+]
+# the inputs every decode kernel that attends starts with
+_DECODE_INPUTS = [
+    ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
+    ("bt_ptr", "*i32", False), ("seqlen_ptr", "*i32", False),
+]
+
 _PREFILL = [
     ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
     ("o_ptr", "*bf16", True), ("gate_ptr", "*bf16", True),
@@ -52,44 +64,33 @@ _PREFILL = [
     ("n_mblocks", "i32", False),
     ("stride_qt", "i32", True), ("stride_qh", "i32", True), ("stride_ot", "i32", True), ("stride_oh", "i32", True),
     ("stride_gt", "i32", True), ("stride_gh", "i32", True),
-    ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
-    ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
-    ("num_blocks", "i32", False),
+    *_PAGED_CACHE,
 ]
 
 _DECODE_SPLIT = [
-    ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
-    ("bt_ptr", "*i32", False), ("seqlen_ptr", "*i32", False),
+    *_DECODE_INPUTS,
     ("part_o_ptr", "*fp32", True), ("part_lse_ptr", "*fp32", True),
     ("scale", "fp32", False), ("num_kv_heads", "i32", False), ("group", "i32", False), ("num_splits", "i32", False),
     ("stride_qb", "i32", True), ("stride_qh", "i32", True),
-    ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
-    ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
-    ("num_blocks", "i32", False),
+    *_PAGED_CACHE,
 ]
 
 _DECODE_FUSED = [
-    ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
-    ("bt_ptr", "*i32", False), ("seqlen_ptr", "*i32", False),
+    *_DECODE_INPUTS,
     ("part_o_ptr", "*fp32", True), ("part_lse_ptr", "*fp32", True), ("count_ptr", "*i32", True),
     ("o_ptr", "*bf16", True), ("gate_ptr", "*bf16", True),
     ("scale", "fp32", False), ("num_kv_heads", "i32", False), ("group", "i32", False), ("num_splits", "i32", False),
     ("stride_qb", "i32", True), ("stride_qh", "i32", True), ("stride_ob", "i32", True), ("stride_oh", "i32", True),
     ("stride_gb", "i32", True), ("stride_gh", "i32", True),
-    ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
-    ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
-    ("num_blocks", "i32", False),
+    *_PAGED_CACHE,
 ]
 
 _DECODE_DIRECT = [
-    ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
-    ("bt_ptr", "*i32", False), ("seqlen_ptr", "*i32", False), ("o_ptr", "*bf16", True), ("gate_ptr", "*bf16", True),
+    *_DECODE_INPUTS, ("o_ptr", "*bf16", True), ("gate_ptr", "*bf16", True),
     ("scale", "fp32", False), ("num_kv_heads", "i32", False), ("group", "i32", False),
     ("stride_qb", "i32", True), ("stride_qh", "i32", True), ("stride_ob", "i32", True), ("stride_oh", "i32", True),
     ("stride_gb", "i32", True), ("stride_gh", "i32", True),
-    ("stride_cb", "i64", True), ("stride_cs", "i32", True), ("stride_ch", "i32", True),
-    ("stride_bt", "i32", False), ("block_size", "i32", False), ("max_blocks", "i32", False),
-    ("num_blocks", "i32", False),
+    *_PAGED_CACHE,
 ]
 
 _DECODE_COMBINE = [
