@@ -153,7 +153,10 @@ def tune_build(arch, family, knob, values, specs, out, fixed, root) -> None:
     fixed_d = {}
     for item in fixed:
         k, _, v = item.partition("=")
-        fixed_d[k] = int(v)
+        try:
+            fixed_d[k] = int(v)
+        except ValueError:
+            raise click.BadParameter(f"expected KNOB=INTEGER, got {item!r}", param_hint="--set") from None
     made = T.build(_root(root), arch, family, knob, [int(v) for v in values.split(",")], specs.split(","),
                    Path(out).resolve(), log=click.echo, fixed=fixed_d)
     if not made:

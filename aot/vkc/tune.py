@@ -36,6 +36,16 @@ def _layer(knob: str, value: int) -> dict[str, Any]:
     return {knob: value}
 
 
+def _overlay(entry: dict[str, Any], knobs: dict[str, int]) -> dict[str, Any]:
+    """``entry`` (one spec's tuning data) with each knob (KNOB -> value, e.g. the fixed ones and the swept one)
+    laid over it; constexprs merge key by key."""
+    out = dict(entry)
+    for knob, value in knobs.items():
+        for k, val in _layer(knob, value).items():
+            out[k] = {**out.get(k, {}), **val} if isinstance(val, dict) else val
+    return out
+
+
 def build(root: Path, arch: str, family: str, knob: str, values: list[int], patterns: list[str], out: Path,
           log: Callable[[str], None] = print, fixed: dict[str, int] | None = None) -> list[Path]:
     """``fixed``: other knobs set to one value in every candidate (e.g. {"num_stages": 2} while BLOCK_M varies)."""
@@ -48,13 +58,8 @@ def build(root: Path, arch: str, family: str, knob: str, values: list[int], patt
     made = []
     for v in values:
         tuning = dict(base_tuning)
-        layers = [_layer(fk, fv) for fk, fv in (fixed or {}).items()] + [_layer(knob, v)]
         for n in chosen:
-            merged = {**tuning.get(n, {})}
-            for layer in layers:
-                for k, val in layer.items():
-                    merged[k] = {**merged.get(k, {}), **val} if isinstance(val, dict) else val
-            tuning[n] = merged
+            tuning[n] = _overlay(tuning.get(n, {}), {**(fixed or {}), knob: v})
         with tempfile.TemporaryDirectory(prefix="vkc-tune-") as tmp:
             tree = Path(tmp) / "tree"
             for rel in ("aot", "runtime", "kernels_src"):
@@ -127,12 +132,8 @@ def apply(root: Path, choices: dict[str, dict[str, Any]], mirror: list[tuple[str
         path = root / discover.KERNELS_DIR / c["family"] / discover.TUNING_DIR / f"{c['arch']}.json"
         data = files.setdefault(path, json.loads(path.read_text()) if path.is_file() else {})
         names = [spec] + [spec[: -len(a)] + b for a, b in mirror if spec.endswith(a)]
-        layers = [_layer(fk, fv) for fk, fv in c.get("fixed", {}).items()] + [_layer(c["knob"], c["value"])]
         for n in names:
-            entry = data.setdefault(n, {})
-            for layer in layers:
-                for k, v in layer.items():
-                    entry[k] = {**entry.get(k, {}), **v} if isinstance(v, dict) else v
+            data[n] = _overlay(data.get(n, {}), {**c.get("fixed", {}), c["knob"]: c["value"]})
     for path, data in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
