@@ -151,9 +151,12 @@ def _q_out_gate(op: str, qt, ot, gate, n: int, Hq: int, D: int, r: str):
     aligned and int32 (``r`` names the row axis in messages: "t" tokens, "b" batch)."""
     sq, so = (_stride(qt, 0, Hq * D), _stride(qt, 1, D)), (_stride(ot, 0, Hq * D), _stride(ot, 1, D))
     g = _gate(op, gate, n, Hq, D, qt)
-    st = {f"stride_q{r}": sq[0], "stride_qh": sq[1], f"stride_o{r}": so[0], "stride_oh": so[1]}
-    _a16(op, q_ptr=qt.ptr, out_ptr=ot.ptr, **st)
-    fits_i32(op, **{r.upper(): n}, **st)
+    vals = (sq[0], sq[1], so[0], so[1])
+    if (qt.ptr | ot.ptr | sq[0] | sq[1] | so[0] | so[1]) % 16 or not (0 <= min(vals) and max(*vals, n) < 2**31):
+        # the slow path names the offending value (the common call only pays the two checks above)
+        st = {f"stride_q{r}": sq[0], "stride_qh": sq[1], f"stride_o{r}": so[0], "stride_oh": so[1]}
+        _a16(op, q_ptr=qt.ptr, out_ptr=ot.ptr, **st)
+        fits_i32(op, **{r.upper(): n}, **st)
     return sq, so, g
 
 
