@@ -233,3 +233,18 @@ def test_decode_plan_launches_what_decode_launches(rec):
     with pytest.raises(OpError, match="kv heads"):
         A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=5, head_dim=D, block_size=bs, workspace=ws)
     assert not rec.calls
+
+
+@pytest.mark.parametrize("q_kw,msg", [
+    (dict(offset=4), r"q_ptr=0x[0-9a-f]+ must be 16-byte aligned"),  # 4 bf16 = 8 bytes off
+    (dict(strides=(24 * 256 + 8, 256, 1)), r"stride_qb=0x1808 must be a multiple of 16 elements"),
+])
+def test_decode_refuses_misaligned_q(rec, q_kw, msg):
+    """The hot-path alignment check (one OR of every pointer and stride) still names the offending value."""
+    B, Hq, Hkv, D, bs = 2, 24, 4, 256, 16
+    kc, vc = cache(8, bs, Hkv, D)
+    with pytest.raises(OpError, match=msg):
+        A.decode(Dev((B, Hq, D), offset=q_kw.get("offset", 0), strides=q_kw.get("strides")), kc, vc,
+                 Dev((B, 4), I32), Dev((B,), I32), 0.0625, out=Dev((B, Hq, D)), workspace=workspace(B, Hq, D),
+                 max_seq_len=64)
+    assert not rec.calls
