@@ -13,12 +13,15 @@ decode:  B in {1, 16, 64, 256} x context {512, 4096, 32768}, 24/4 x 256 (combos 
          graph time of each forced split count (split_sweep_graph_ms: how good num_splits_for's choice is;
          vkc_plan_ms / vkc_plan_host_us: the same call through a DecodePlan made once, as engines do per step;
          split_sweep_unfused_graph_ms: with a separate combine launch instead of decode_fused);
-         then a cProfile of the decode call's host path (printed).
+         then a cProfile of the decode call's validation path (printed).
+Eager calls with out= and torch tensors are bound calls after the first (vkc_runtime.launch: no revalidation);
+*_validated_* columns time the same calls with VKC_FASTPATH=0 (every call validated, the pre-bound-call path).
 BENCH_ATTN="prefill decode" (default) selects the parts.
 CUDA events, warm-up, median of repeats. Usage: python benchmarks/bench_attn.py OUT.json
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -26,7 +29,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from vkc_runtime.launch import get_kernel
+from vkc_runtime.launch import clear_bound_calls, get_kernel
 from vkc_runtime.ops import attention as A
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +43,22 @@ PREFILL_BS = 64
 def time_ms(fn, reps=20, warm=3):
     """Eager ms per call of fn() (events around single calls; host launch cost included)."""
     return timing.events_ms(lambda i, st: fn(), inner=1, reps=reps, warm=warm)
+
+
+@contextlib.contextmanager
+def validated():
+    """Bound calls off: every call validates its inputs (VKC_FASTPATH=0)."""
+    old = os.environ.get("VKC_FASTPATH")
+    os.environ["VKC_FASTPATH"] = "0"
+    clear_bound_calls()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["VKC_FASTPATH"]
+        else:
+            os.environ["VKC_FASTPATH"] = old
+        clear_bound_calls()
 
 
 def paged(B, L, Hkv, D, bs=BS, dense=True):
@@ -101,6 +120,10 @@ def bench_prefill(rows):
                  "tma": A.prefill_uses_tma(kc)}
             t = time_ms(lambda: A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, out=out, max_seqlen_q=T))
             r["vkc_ms"], r["vkc_tflops"] = t, flops / t / 1e9
+            if T <= 4096:  # host-visible sizes
+                with validated():
+                    r["vkc_validated_ms"] = time_ms(lambda: A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, out=out,
+                                                                      max_seqlen_q=T))
             plan = A.PrefillPlan(cu, sl, bt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=PREFILL_BS,
                                  max_seqlen_q=T)
             r["vkc_plan_ms"] = time_ms(lambda: plan.run(q, kc, vc, D ** -0.5, out=out))
@@ -120,6 +143,8 @@ def bench_prefill(rows):
                 tb = time_ms(fn)
                 r[f"{be}_ms"], r[f"{be}_tflops"], r[f"x_{be}"] = tb, flops / tb / 1e9, tb / t
                 r[f"x_{be}_plan"] = tb / r["vkc_plan_ms"]
+                if "vkc_validated_ms" in r:
+                    r[f"x_{be}_validated"] = tb / r["vkc_validated_ms"]
                 try:  # device time without either side's host cost (matters at T = 1024)
                     tbg = timing.graph_ms(lambda i, st: fn(), vkc=False, inner=3)
                     r[f"{be}_graph_ms"], r[f"x_{be}_graph"] = tbg, tbg / tg
@@ -151,6 +176,9 @@ def bench_decode(rows):
             floor = kv_bytes / (HBM_TBS * 1e12) * 1e3
             if B * L <= 16 * 4096:  # host-visible sizes: host time per call and the graph time of each split count
                 r["vkc_host_us"] = timing.host_us(dec, n=50)
+                with validated():
+                    r["vkc_validated_ms"] = time_ms(lambda: dec(0, None))
+                    r["vkc_validated_host_us"] = timing.host_us(dec, n=50)
                 r["vkc_plan_host_us"] = timing.host_us(lambda i, st: plan.run(q, kc, vc, D ** -0.5, out=out), n=50)
                 r["split_sweep_graph_ms"] = {
                     s: timing.graph_ms(lambda i, st, s=s: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws,
@@ -174,6 +202,8 @@ def bench_decode(rows):
                 tbg = timing.graph_ms(lambda i, st: fn(), vkc=False, inner=10)
                 r.update(sdpa_ms=tb, sdpa_graph_ms=tbg, x_sdpa=tb / t, x_sdpa_graph=tbg / tg,
                          x_sdpa_plan=tb / r["vkc_plan_ms"])
+                if "vkc_validated_ms" in r:
+                    r["x_sdpa_validated"] = tb / r["vkc_validated_ms"]
                 if "vkc_host_us" in r:
                     r["sdpa_host_us"] = timing.host_us(lambda i, st: fn(), n=50)
             rows.append(r)
@@ -194,8 +224,9 @@ def warm_host(n=3000):
 
 def host_profile(B=1, L=512):
     """Where a decode call's host time goes (B = 1 x 512: the device is faster than the host, so n calls
-    never back up the launch queue): the whole call, the call with no-op kernels (validation + interop), one
-    raw Kernel.launch, one as_tensor of a torch tensor, and a cProfile of the no-op-kernel call."""
+    never back up the launch queue): the bound call and the validated call (VKC_FASTPATH=0), the validated call
+    with no-op kernels (validation + interop), one raw Kernel.launch, one as_tensor of a torch tensor, and a
+    cProfile of the validated no-op-kernel call."""
     import cProfile
     import pstats
     from vkc_runtime import memory
@@ -204,6 +235,9 @@ def host_profile(B=1, L=512):
     ws = A.decode_workspace(B, Hq, D, 64)
     call = lambda i, st: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L)  # noqa: E731
     res = {"B": B, "L": L, "decode_us": timing.host_us(call)}
+    stack = contextlib.ExitStack()
+    stack.enter_context(validated())
+    res["decode_validated_us"] = timing.host_us(call)
     real = A.get_kernel
 
     class NoLaunch:
@@ -226,6 +260,7 @@ def host_profile(B=1, L=512):
         pr.disable()
     finally:
         A.get_kernel = real
+        stack.close()
     k = real(f"attn.decode_direct.d{D}.nogate")
     args = (q.data_ptr(), kc.data_ptr(), vc.data_ptr(), bt.data_ptr(), sl.data_ptr(), out.data_ptr(), 0, D ** -0.5,
             Hkv, Hq // Hkv, Hq * D, D, Hq * D, D, 0, 0, kc.stride(0), kc.stride(1), kc.stride(2), bt.stride(0), 16,
@@ -261,7 +296,8 @@ def main(path):
                   f"{r.get('x_flash', float('nan')):>8.2f}{r.get('x_cudnn', float('nan')):>8.2f}"
                   f"{r.get('vkc_graph_ms', float('nan')):>8.3f}{r.get('x_flash_graph', float('nan')):>8.2f}"
                   f"{r.get('x_cudnn_graph', float('nan')):>8.2f}{r.get('vkc_plan_ms', float('nan')):>8.3f}"
-                  f"{r.get('x_flash_plan', float('nan')):>8.2f}")
+                  f"{r.get('x_flash_plan', float('nan')):>8.2f}"
+                  f"  validated {r.get('vkc_validated_ms', float('nan')):.3f} ({r.get('x_flash_validated', float('nan')):.2f}x)")
     print(f"{'decode':<8}{'B':>5}{'L':>7}{'splits':>7}{'vkc ms':>9}{'graph':>8}{'floor':>8}{'% HBM':>7}{'sdpa ms':>9}"
           f"{'graph':>8}{'x sdpa':>8}{'x graph':>8}")
     for r in rows:
@@ -271,7 +307,10 @@ def main(path):
                   f"{r.get('sdpa_ms', float('nan')):>9.3f}{r.get('sdpa_graph_ms', float('nan')):>8.3f}"
                   f"{r.get('x_sdpa', float('nan')):>8.2f}{r.get('x_sdpa_graph', float('nan')):>8.2f}"
                   f"  plan {r['vkc_plan_ms']:.3f} ({r.get('x_sdpa_plan', float('nan')):.2f}x)"
+                  f"  validated {r.get('vkc_validated_ms', float('nan')):.3f}"
+                  f" ({r.get('x_sdpa_validated', float('nan')):.2f}x)"
                   f"  host us {r.get('vkc_host_us', float('nan')):.1f} / plan {r.get('vkc_plan_host_us', float('nan')):.1f}"
+                  f" / validated {r.get('vkc_validated_host_us', float('nan')):.1f}"
                   f" / sdpa {r.get('sdpa_host_us', float('nan')):.1f}"
                   f"  sweep {r.get('split_sweep_graph_ms', '')}")
 

@@ -73,6 +73,7 @@ typedef CUresult (*PFN_cuLaunchKernel)(CUfunction, unsigned int, unsigned int, u
                                        unsigned int, unsigned int, unsigned int, CUstream, void**, void**);
 typedef CUresult (*PFN_cuLaunchKernelEx)(const VkcLaunchConfig*, CUfunction, void**, void**);
 typedef CUresult (*PFN_cuGetErrorName)(CUresult, const char**);
+typedef CUresult (*PFN_cuCtxGetCurrent)(CUcontext*);
 }
 
 static_assert(sizeof(VkcLaunchAttributeValue) == 64, "CUlaunchAttributeValue is 64 bytes");
@@ -103,6 +104,7 @@ struct Driver {
     PFN_cuLaunchKernel launch = nullptr;
     PFN_cuLaunchKernelEx launch_ex = nullptr;
     PFN_cuGetErrorName error_name = nullptr;
+    PFN_cuCtxGetCurrent ctx_current = nullptr;
     std::string error;
     std::string path;
 };
@@ -127,6 +129,7 @@ bool load_driver() {
     g_drv.launch = reinterpret_cast<PFN_cuLaunchKernel>(dlsym(g_drv.handle, "cuLaunchKernel"));
     g_drv.launch_ex = reinterpret_cast<PFN_cuLaunchKernelEx>(dlsym(g_drv.handle, "cuLaunchKernelEx"));
     g_drv.error_name = reinterpret_cast<PFN_cuGetErrorName>(dlsym(g_drv.handle, "cuGetErrorName"));
+    g_drv.ctx_current = reinterpret_cast<PFN_cuCtxGetCurrent>(dlsym(g_drv.handle, "cuCtxGetCurrent"));
     if (!g_drv.launch) {
         g_drv.error = g_drv.path + " has no cuLaunchKernel";
         return false;
@@ -492,7 +495,16 @@ class Launcher {
 
     void launch(long long gx, long long gy, long long gz, unsigned long long stream, py::handle args_h,
                 unsigned long long scratch) {
-        PyObject* args = args_h.ptr();
+        check_grid(gx, gy, gz);
+        alignas(16) char buf[kMaxParamBytes];
+        pack_params(args_h.ptr(), scratch, buf);
+        if (gx == 0 || gy == 0 || gz == 0) return;  // empty grid: nothing to launch (as Triton)
+        launch_packed(gx, gy, gz, stream, buf);
+    }
+
+    // Visible args (a tuple, checked like every launch) + the hidden scratch pointers -> buf (layout_.total
+    // bytes, padding zeroed). Raises (error_already_set) with the parameter named.
+    void pack_params(PyObject* args, unsigned long long scratch, char* buf) const {
         if (!PyTuple_Check(args)) {
             std::string msg = name_ + ": args must be a tuple, got " + type_name(args);
             PyErr_SetString(PyExc_TypeError, msg.c_str());
@@ -506,6 +518,20 @@ class Launcher {
             PyErr_SetString(PyExc_TypeError, msg.c_str());
             throw py::error_already_set();
         }
+        std::memset(buf, 0, layout_.total);
+        for (int i = 0; i < n_visible_; ++i) {
+            ArgCtx a{name_.c_str(), &names_[(size_t)i]};
+            if (!pack_one(codes_[(size_t)i], PyTuple_GET_ITEM(args, i), buf + layout_.offsets[(size_t)i], a,
+                          div_[(size_t)i]))
+                throw py::error_already_set();
+        }
+        for (size_t i = (size_t)n_visible_; i < codes_.size(); ++i) {
+            unsigned long long v = (i == (size_t)n_visible_) ? scratch : 0ull;  // global_scratch, then profile
+            std::memcpy(buf + layout_.offsets[i], &v, 8);
+        }
+    }
+
+    void check_grid(long long gx, long long gy, long long gz) const {
         if (gx < 0 || gy < 0 || gz < 0)
             raise_launch_error(name_ + ": negative grid (" + std::to_string(gx) + ", " + std::to_string(gy) + ", " +
                                std::to_string(gz) + ")");
@@ -513,24 +539,12 @@ class Launcher {
             raise_launch_error(name_ + ": grid (" + std::to_string(gx) + ", " + std::to_string(gy) + ", " +
                                std::to_string(gz) + ") x num_ctas " + std::to_string(num_ctas_) +
                                " exceeds the CUDA limits (x*num_ctas < 2^31, y <= 65535, z <= 65535)");
+    }
 
-        alignas(16) char buf[kMaxParamBytes];
+    // Launch a packed parameter buffer (pack_params' layout) on a checked, non-empty grid.
+    void launch_packed(long long gx, long long gy, long long gz, unsigned long long stream, char* buf) const {
         void* ptrs[kMaxParams];
-        std::memset(buf, 0, layout_.total);
-        for (int i = 0; i < n_visible_; ++i) {
-            ArgCtx a{name_.c_str(), &names_[(size_t)i]};
-            char* dst = buf + layout_.offsets[(size_t)i];
-            if (!pack_one(codes_[(size_t)i], PyTuple_GET_ITEM(args, i), dst, a, div_[(size_t)i]))
-                throw py::error_already_set();
-            ptrs[i] = dst;
-        }
-        for (size_t i = (size_t)n_visible_; i < codes_.size(); ++i) {
-            char* dst = buf + layout_.offsets[i];
-            unsigned long long v = (i == (size_t)n_visible_) ? scratch : 0ull;  // global_scratch, then profile
-            std::memcpy(dst, &v, 8);
-            ptrs[i] = dst;
-        }
-        if (gx == 0 || gy == 0 || gz == 0) return;  // empty grid: nothing to launch (as Triton)
+        for (size_t i = 0; i < codes_.size(); ++i) ptrs[i] = buf + layout_.offsets[i];
         if (!g_drv.launch && !load_driver()) {
             std::string msg = "vkc native launcher: " + g_drv.error;
             PyErr_SetString(PyExc_RuntimeError, msg.c_str());
@@ -581,6 +595,11 @@ class Launcher {
         }
     }
 
+    // Offset of visible parameter i and its pack code (BoundCall patches pointers there).
+    uint32_t offset(size_t i) const { return layout_.offsets[i]; }
+    char code(size_t i) const { return codes_[i]; }
+    int divisibility(size_t i) const { return div_[i]; }
+
     const std::string& name() const { return name_; }
     const std::string& codes() const { return codes_; }
     int n_visible() const { return n_visible_; }
@@ -603,6 +622,231 @@ class Launcher {
     int n_visible_ = 0;
     VkcLaunchAttribute attrs_[4];
     int n_attrs_ = 0;
+};
+
+// ----------------------------------------------------------------------------------- BoundCall
+// A call an op validated once, replayed while every fact its validation read still holds
+// (vkc_runtime.launch.bind_call builds it; the Python class launch._PyBoundCall is the reference
+// implementation of the same contract). Guarded per tensor slot: the exact Python type, is_cuda,
+// get_device(), dtype (identity), shape, stride() and data_ptr() % align == 0 (the alignment the recorded
+// pointer had, capped at 16); per scalar: exact type and value; the current CUDA context; the stream
+// where a launch uses global scratch. run() returns false, with no side effect, as soon as one fact
+// differs (the op then validates again and records a new BoundCall); on a match the parameter buffers
+// packed at bind time get the slots' current pointers and are launched in order.
+namespace {
+PyObject* s_data_ptr = nullptr;
+PyObject* s_shape = nullptr;
+PyObject* s_stride = nullptr;
+PyObject* s_dtype = nullptr;
+PyObject* s_get_device = nullptr;
+PyObject* s_is_cuda = nullptr;
+
+void intern_names() {
+    if (s_data_ptr) return;
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_get_device = PyUnicode_InternFromString("get_device");
+    s_is_cuda = PyUnicode_InternFromString("is_cuda");
+}
+
+// Whether `seq` (a tuple or tuple subclass such as torch.Size) holds exactly the ints `want`.
+bool same_ints(PyObject* seq, const std::vector<long long>& want) {
+    if (!seq || !PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != (Py_ssize_t)want.size()) return false;
+    for (size_t i = 0; i < want.size(); ++i) {
+        PyObject* v = PyTuple_GET_ITEM(seq, (Py_ssize_t)i);
+        if (!PyLong_Check(v)) return false;
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || x != want[i]) return false;
+    }
+    return true;
+}
+
+// Steals `r`; true when r is an int equal to `want`.
+bool steal_eq_long(PyObject* r, long long want) {
+    if (!r) return false;
+    bool ok = PyLong_Check(r);
+    if (ok) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(r, &overflow);
+        ok = !overflow && x == want;
+    }
+    Py_DECREF(r);
+    return ok;
+}
+}  // namespace
+
+class BoundCall {
+    static constexpr size_t kMaxSlots = 16;
+
+  public:
+    // slots: [(type, shape, strides, dtype, device, align)]; scalars: a tuple compared by exact type and value;
+    // launches: [(Launcher, gx, gy, gz, args, patches, scratch)] with args the visible values at bind time and
+    // patches [(arg index, slot index)] the pointer arguments taken from a slot; ctx: the context the kernels
+    // were loaded in; stream: the stream every launch must use (-1: any; set when a launch has scratch).
+    BoundCall(unsigned long long ctx, py::list slots, py::tuple scalars, py::list launches, long long stream)
+        : ctx_(ctx), scalars_(scalars), stream_(stream) {
+        intern_names();
+        for (auto item : slots) {
+            py::tuple t = item.cast<py::tuple>();
+            if (t.size() != 6) throw py::value_error("a slot is (type, shape, strides, dtype, device, align)");
+            Slot sl;
+            sl.type = py::reinterpret_borrow<py::object>(t[0]);
+            for (auto v : t[1].cast<py::tuple>()) sl.shape.push_back(v.cast<long long>());
+            for (auto v : t[2].cast<py::tuple>()) sl.strides.push_back(v.cast<long long>());
+            sl.dtype = py::reinterpret_borrow<py::object>(t[3]);
+            sl.device = t[4].cast<long long>();
+            sl.align = t[5].cast<unsigned long long>();
+            if (sl.align == 0 || (sl.align & (sl.align - 1))) throw py::value_error("slot align must be a power of 2");
+            slots_.push_back(std::move(sl));
+        }
+        if (slots_.size() > kMaxSlots) throw py::value_error("at most 16 tensor slots");
+        for (auto item : launches) {
+            py::tuple t = item.cast<py::tuple>();
+            if (t.size() != 7)
+                throw py::value_error("a launch is (launcher, gx, gy, gz, args, patches, scratch)");
+            Bound b;
+            b.owner = py::reinterpret_borrow<py::object>(t[0]);
+            b.L = t[0].cast<Launcher*>();
+            b.gx = t[1].cast<long long>();
+            b.gy = t[2].cast<long long>();
+            b.gz = t[3].cast<long long>();
+            b.L->check_grid(b.gx, b.gy, b.gz);
+            b.buf.assign((b.L->param_bytes() + 7) / 8 + 1, 0ull);
+            b.L->pack_params(t[4].ptr(), t[6].cast<unsigned long long>(), reinterpret_cast<char*>(b.buf.data()));
+            for (auto pv : t[5].cast<py::list>()) {
+                py::tuple pt = pv.cast<py::tuple>();
+                size_t arg = pt[0].cast<size_t>();
+                int slot = pt[1].cast<int>();
+                if (arg >= (size_t)b.L->n_visible() || b.L->code(arg) != 'p')
+                    throw py::value_error("a patch must name a visible pointer argument");
+                if (slot < 0 || (size_t)slot >= slots_.size()) throw py::value_error("a patch names no slot");
+                b.patches.push_back({b.L->offset(arg), slot, b.L->divisibility(arg)});
+            }
+            b.empty = b.gx == 0 || b.gy == 0 || b.gz == 0;
+            bound_.push_back(std::move(b));
+        }
+    }
+
+    bool run(py::handle tensors_h, py::handle scalars_h, unsigned long long stream) {
+        PyObject* tensors = tensors_h.ptr();
+        if (!PyTuple_Check(tensors) || PyTuple_GET_SIZE(tensors) != (Py_ssize_t)slots_.size()) return false;
+        if (stream_ >= 0 && stream != (unsigned long long)stream_) return false;
+        if (!same_scalars(scalars_h.ptr())) return false;
+        if (ctx_) {
+            if (!g_drv.launch && !load_driver()) return false;  // the slow path reports it
+            CUcontext cur = nullptr;
+            if (!g_drv.ctx_current || g_drv.ctx_current(&cur) != 0 || (unsigned long long)(uintptr_t)cur != ctx_)
+                return false;
+        }
+        unsigned long long ptrs[kMaxSlots];
+        for (size_t i = 0; i < slots_.size(); ++i) {
+            if (!read_slot(PyTuple_GET_ITEM(tensors, (Py_ssize_t)i), slots_[i], &ptrs[i])) {
+                if (PyErr_Occurred()) PyErr_Clear();  // e.g. a property that raised: the slow path names it
+                return false;
+            }
+        }
+        for (auto& b : bound_) {
+            for (const auto& p : b.patches)
+                if (p.div > 1 && ptrs[p.slot] % (unsigned long long)p.div) return false;  // covered by align; kept
+        }
+        ++hits_;
+        alignas(16) char buf[kMaxParamBytes];
+        for (auto& b : bound_) {
+            if (b.empty) continue;
+            size_t n = b.L->param_bytes();
+            std::memcpy(buf, b.buf.data(), n);
+            for (const auto& p : b.patches) std::memcpy(buf + p.offset, &ptrs[p.slot], 8);
+            b.L->launch_packed(b.gx, b.gy, b.gz, stream, buf);
+        }
+        return true;
+    }
+
+    long long hits() const { return hits_; }
+    size_t n_slots() const { return slots_.size(); }
+    size_t n_launches() const { return bound_.size(); }
+
+  private:
+    struct Slot {
+        py::object type, dtype;
+        std::vector<long long> shape, strides;
+        long long device = -1;
+        unsigned long long align = 1;
+    };
+    struct Patch {
+        uint32_t offset;
+        int slot;
+        int div;
+    };
+    struct Bound {
+        py::object owner;  // keeps the Launcher alive
+        Launcher* L = nullptr;
+        long long gx = 0, gy = 0, gz = 0;
+        bool empty = false;
+        std::vector<unsigned long long> buf;  // the packed parameters (8-byte aligned)
+        std::vector<Patch> patches;
+    };
+
+    bool same_scalars(PyObject* sc) const {
+        PyObject* want = scalars_.ptr();
+        if (!PyTuple_Check(sc) || PyTuple_GET_SIZE(sc) != PyTuple_GET_SIZE(want)) return false;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(want); ++i) {
+            PyObject* a = PyTuple_GET_ITEM(sc, i);
+            PyObject* b = PyTuple_GET_ITEM(want, i);
+            if (a == b) continue;
+            if (Py_TYPE(a) != Py_TYPE(b)) return false;
+            if (PyFloat_CheckExact(a)) {
+                if (PyFloat_AS_DOUBLE(a) != PyFloat_AS_DOUBLE(b)) return false;
+                continue;
+            }
+            int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+            if (eq != 1) {
+                if (eq < 0) PyErr_Clear();
+                return false;
+            }
+        }
+        return true;
+    }
+
+    static bool read_slot(PyObject* obj, const Slot& s, unsigned long long* ptr) {
+        if ((PyObject*)Py_TYPE(obj) != s.type.ptr()) return false;
+        PyObject* r = PyObject_GetAttr(obj, s_is_cuda);
+        if (!r) return false;
+        bool cuda = r == Py_True;
+        Py_DECREF(r);
+        if (!cuda) return false;
+        if (!steal_eq_long(PyObject_CallMethodNoArgs(obj, s_get_device), s.device)) return false;
+        r = PyObject_GetAttr(obj, s_dtype);
+        if (!r) return false;
+        bool same = r == s.dtype.ptr();
+        Py_DECREF(r);
+        if (!same) return false;
+        r = PyObject_GetAttr(obj, s_shape);
+        same = same_ints(r, s.shape);
+        Py_XDECREF(r);
+        if (!same) return false;
+        r = PyObject_CallMethodNoArgs(obj, s_stride);
+        same = same_ints(r, s.strides);
+        Py_XDECREF(r);
+        if (!same) return false;
+        r = PyObject_CallMethodNoArgs(obj, s_data_ptr);
+        if (!r) return false;
+        unsigned long long p = PyLong_Check(r) ? PyLong_AsUnsignedLongLong(r) : (unsigned long long)-1;
+        Py_DECREF(r);
+        if (p == (unsigned long long)-1) return false;  // not an int, negative or > 2^64 - 2 (PyErr cleared by run)
+        if (p % s.align) return false;
+        *ptr = p;
+        return true;
+    }
+
+    unsigned long long ctx_;
+    py::tuple scalars_;
+    long long stream_;
+    std::vector<Slot> slots_;
+    std::vector<Bound> bound_;
+    long long hits_ = 0;
 };
 
 // ----------------------------------------------------------------------------------- module functions
@@ -750,6 +994,14 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("uses_ex", &Launcher::uses_ex)
         .def_property_readonly("function", &Launcher::function)
         .def_property_readonly("param_bytes", &Launcher::param_bytes);
+    py::class_<BoundCall>(m, "BoundCall")
+        .def(py::init<unsigned long long, py::list, py::tuple, py::list, long long>(), py::arg("ctx"),
+             py::arg("slots"), py::arg("scalars"), py::arg("launches"), py::arg("stream"))
+        .def("run", &BoundCall::run, py::arg("tensors"), py::arg("scalars"), py::arg("stream"),
+             "Launch with the slots' current pointers if every guarded fact holds; False (nothing done) otherwise.")
+        .def_property_readonly("hits", &BoundCall::hits)
+        .def_property_readonly("n_slots", &BoundCall::n_slots)
+        .def_property_readonly("n_launches", &BoundCall::n_launches);
     m.def("pack", &pack, py::arg("codes"), py::arg("args"),
           "Pack a tuple of values by pack codes exactly like launches do (bytes, padding zeroed).");
     m.def("layout", &layout, py::arg("codes"), "(offsets, total bytes) of a pack-code string.");

@@ -56,3 +56,32 @@ class Recorder:
 
     def has(self, base):
         return base in MANIFEST["kernels"]
+
+
+class TorchLike:
+    """A torch-like CUDA tensor stand-in (data_ptr / shape / stride() / dtype / is_cuda / get_device), the kind of
+    input a bound call guards on (vkc_runtime.launch.bind_call); dtype is a torch-style name ("torch.bfloat16")."""
+    _next = 1 << 36
+
+    def __init__(self, shape, dtype="torch.bfloat16", strides=None, offset_bytes=0, device=0, is_cuda=True):
+        if strides is None:
+            strides, acc = [], 1
+            for d in reversed(shape):
+                strides.insert(0, acc)
+                acc *= max(d, 1)
+        self.shape, self._strides, self.dtype = tuple(shape), tuple(strides), DTYPES[dtype]
+        self.is_cuda, self._device = is_cuda, device
+        self._ptr = TorchLike._next + offset_bytes
+        TorchLike._next += 1 << 28
+
+    def data_ptr(self):
+        return self._ptr
+
+    def stride(self):
+        return self._strides
+
+    def get_device(self):
+        return self._device if self.is_cuda else -1
+
+
+DTYPES = {n: n for n in ("torch.bfloat16", "torch.int32", "torch.float32", "torch.float16")}  # one object per name

@@ -354,10 +354,19 @@ uintptr_t fake_fn(void) { return g_fn; }
 const unsigned char* fake_config(void) { return g_config; }
 const unsigned char* fake_attrs(void) { return g_attrs; }
 unsigned fake_nattrs(void) { return g_nattrs; }
+static uintptr_t g_ctx = 0;
+void fake_set_ctx(uintptr_t c) { g_ctx = c; }
+CUresult cuCtxGetCurrent(void** c) { *c = (void*)g_ctx; return 0; }
+static unsigned char g_hist[16][512]; static uintptr_t g_hist_fn[16]; static int g_nhist = 0;
+int fake_hist_count(void) { return g_nhist; }
+const unsigned char* fake_hist_params(int i) { return g_hist[i % 16]; }
+uintptr_t fake_hist_fn(int i) { return g_hist_fn[i % 16]; }
 static void record(void** params) {
   int off = 0;
   for (int i = 0; i < g_n; ++i) { memcpy(g_params + off, params[i], g_sizes[i]); off += g_sizes[i]; }
   g_params_len = off;
+  if (off <= 512) { memcpy(g_hist[g_nhist % 16], g_params, off); g_hist_fn[g_nhist % 16] = g_fn; }
+  g_nhist++;
 }
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void* stream, void** params, void** extra) {

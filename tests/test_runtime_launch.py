@@ -585,3 +585,109 @@ def test_native_reason_and_env_switch(clean_env):
     assert launch.native_available()
     clean_env.setenv("VKC_NATIVE", "0")
     assert not launch.native_available() and "VKC_NATIVE=0" in launch.native_reason()
+
+
+# ----------------------------------------------------------------------------------- bound calls
+SIG2 = (("x", "*bf16", 16), ("y", "*fp32", None), ("n", "i32", None), ("eps", "fp32", None))
+
+
+class _Raises:
+    def __get__(self, obj, tp=None):
+        raise RuntimeError("broken tensor")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bound_call_replays_and_guards_every_fact(tmp_path, fake_cu, clean_env, request, native):
+    """bind_call packs two launches once; run() launches them with the slots' new pointers (byte-identical to a
+    validated launch) and refuses -- launching nothing -- when any guarded fact differs. Native
+    (_native.BoundCall through a fake libcuda) and Python (_PyBoundCall through cuda-bindings) alike."""
+    from tests.ops_fakes import TorchLike as T
+    from vkc_runtime import memory
+    if native:
+        h = request.getfixturevalue("fake_libcuda")
+        h.set_sizes("ppifpp")
+        h.fake_hist_params.restype = ctypes.POINTER(ctypes.c_ubyte)
+        h.fake_set_ctx(ctypes.c_size_t(0xC0C0))
+        log = lambda: [bytes(h.fake_hist_params(i)[:40]) for i in range(h.fake_hist_count())]  # noqa: E731
+    else:
+        clean_env.setenv("VKC_NATIVE", "0")
+        fake_cu.param_sizes = [8, 8, 4, 4, 8, 8]
+        log = lambda: [b"".join(l["params"]) for l in fake_cu.launches]  # noqa: E731
+    root = make_root(tmp_path, bases=("norm.k",), sig=SIG2)
+    fake_cu.current = 0xC0C0
+    k = _kernel(root)
+    x, y = T((4, 64)), T((4, 64), "torch.float32")
+    rx, ry = memory.as_tensor(x), memory.as_tensor(y)
+    launches = [(k, (4, 1, 1), (rx, ry, 64, 0.5)), (k, 2, (ry, rx, 32, 0.25))]
+    launch.run_launches(launches, 0x42)
+    bc = launch.bind_call((rx, ry), (0.5,), launches, 0x42)
+    assert type(bc).__name__ == ("BoundCall" if native else "_PyBoundCall") and k.native is native
+    n0 = len(log())
+    x2, y2 = T((4, 64)), T((4, 64), "torch.float32", offset_bytes=48)  # y2 only 16-aligned: y was 2^36-aligned
+    assert bc.run((x2, y2), (0.5,), 0x43)
+    got = log()[n0:]
+    assert got == [_params_concat("ppifpp", (x2.data_ptr(), y2.data_ptr(), 64, 0.5, 0, 0)),
+                   _params_concat("ppifpp", (y2.data_ptr(), x2.data_ptr(), 32, 0.25, 0, 0))]
+    assert bc.hits == 1
+
+    class Sub(T):
+        pass
+
+    broken = T((4, 64))
+    broken.__class__ = type("T2", (T,), {"data_ptr": _Raises()})
+    refused = [
+        ((T((4, 65)), y2), (0.5,)),                                  # shape
+        ((T((4, 64), strides=(128, 1)), y2), (0.5,)),                # strides
+        ((T((4, 64), "torch.float16"), y2), (0.5,)),                 # dtype
+        ((T((4, 64), offset_bytes=8), y2), (0.5,)),                  # alignment below the recorded 16
+        ((x2, T((4, 64), "torch.float32", offset_bytes=4)), (0.5,)),
+        ((T((4, 64), is_cuda=False), y2), (0.5,)),                   # not CUDA
+        ((T((4, 64), device=1), y2), (0.5,)),                        # device
+        ((Sub((4, 64)), y2), (0.5,)),                                # exact type
+        ((broken, y2), (0.5,)),                                      # a tensor attribute that raises
+        ((x2,), (0.5,)),                                             # slot count
+        ((x2, y2), (0.25,)), ((x2, y2), (1,)), ((x2, y2), ()),       # scalar value / type / count
+    ]
+    for tensors, scalars in refused:
+        assert bc.run(tensors, scalars, 0x42) is False, (tensors, scalars)
+    if native:
+        h.fake_set_ctx(ctypes.c_size_t(0xBAD))
+    else:
+        fake_cu.current = 0xBAD
+    assert bc.run((x2, y2), (0.5,), 0x42) is False                 # another CUDA context is current
+    assert len(log()) == n0 + 2 and bc.hits == 1
+
+
+def test_bound_call_with_global_scratch_is_tied_to_its_stream(tmp_path, fake_cu, fake_libcuda):
+    """A kernel with global scratch gets the pool buffer of the bind-time stream baked in: run() on another stream
+    returns False (the op then validates and binds again)."""
+    from tests.ops_fakes import TorchLike as T
+    from vkc_runtime import memory
+    root = make_root(tmp_path, bases=("norm.k",), gss=256, gsa=128)
+    fake_cu.current = 0xC0C0
+    fake_libcuda.set_sizes("pifpp")
+    fake_libcuda.fake_set_ctx(ctypes.c_size_t(0xC0C0))
+    k = _kernel(root)
+    x = T((4, 64))
+    rx = memory.as_tensor(x)
+    launches = [(k, 3, (rx, 64, 0.5))]
+    launch.run_launches(launches, 0x60)
+    scratch = int.from_bytes(fake_libcuda.params()[16:24], "little")
+    bc = launch.bind_call((rx,), (), launches, 0x60)
+    x2 = T((4, 64))
+    assert bc.run((x2,), (), 0x61) is False
+    assert bc.run((x2,), (), 0x60)
+    assert fake_libcuda.params() == _params_concat("pifpp", (x2.data_ptr(), 64, 0.5, scratch, 0))
+
+
+def test_bind_call_declines_what_it_cannot_guard(tmp_path, fake_cu, clean_env):
+    from tests.ops_fakes import Dev, TorchLike as T
+    from vkc_runtime import memory
+    root = make_root(tmp_path, bases=("norm.k",))
+    k = _kernel(root)
+    cai = memory.as_tensor(Dev((4, 64)))  # CUDA array interface (cupy): no cheap re-read -> never bound
+    assert launch.bind_call((cai,), (), [(k, 1, (cai, 64, 0.5))], 0) is None
+    rx = memory.as_tensor(T((4, 64)))
+    assert launch.bind_call((rx, rx), (), [(k, 1, (rx, 64, 0.5))], 0) is None  # one TensorRef in two slots
+    clean_env.setenv("VKC_FASTPATH", "0")
+    assert launch.bind_call((rx,), (), [(k, 1, (rx, 64, 0.5))], 0) is None

@@ -18,16 +18,19 @@ import operator
 import os
 import struct
 import threading
+import weakref
 from typing import Any, Sequence
 
 from . import abi, artifacts, driver
 from .artifacts import ArtifactSet, LaunchSpec
 from .errors import ArtifactError, CudaError, LaunchError, MissingKernelError
+from .memory import TensorRef, torch_source
 
 __all__ = [
     "Kernel", "get_kernel", "has_kernel", "clear_cache", "pack_args", "pack_value", "param_layout", "ParamBuffer",
     "ScratchPool", "scratch_nbytes", "native_available", "native_reason", "SMEM_DEFAULT_LIMIT",
-    "MAX_GRID_X", "MAX_GRID_YZ",
+    "MAX_GRID_X", "MAX_GRID_YZ", "run_launches", "bind_call", "CallCache", "fastpath_enabled",
+    "clear_bound_calls",
 ]
 
 SMEM_DEFAULT_LIMIT = 48 * 1024  # above this a kernel must opt in (cuFuncSetAttribute)
@@ -551,6 +554,172 @@ class Kernel:
 
     __call__ = launch
 
+    def bind(self, grid, stream: int):
+        """What a launch on ``grid`` / ``stream`` resolves to before its arguments: (launcher, gx, gy, gz,
+        scratch pointer) -- :func:`bind_call` packs the arguments once and replays it."""
+        lau = self._launcher or self.load()
+        gx, gy, gz = _grid3(self.base, grid)
+        _check_grid(self.base, gx, gy, gz, self.spec.num_ctas)
+        scratch = 0
+        if self._scratch_size and gx > 0 and gy > 0 and gz > 0:
+            n = scratch_nbytes(gx, gy, gz, self.spec.num_ctas, self._scratch_size)
+            scratch = scratch_pool(self.ctx).get(n, self.spec.global_scratch_align, stream, what=self.base)
+        return lau, gx, gy, gz, scratch
+
+
+# ----------------------------------------------------------------------------------- bound calls
+# An op validates its inputs (dozens of Python-level checks, ~10-20 us of host time per call) and turns them into
+# launches. A *bound call* records the facts that validation read -- per tensor: exact type, is_cuda, device,
+# dtype, shape, strides and the pointer's alignment (capped at 16); per scalar: type and value; the CUDA
+# context; the stream where a kernel uses global scratch -- together with the launches, their arguments packed
+# once and the pointer arguments that come from each tensor. A later call with the same facts skips validation:
+# the tensors' metadata is re-read (in C++ with the native launcher), compared, and the packed launches run with
+# the new pointers. Every check an op does is a function of those facts (its kernel choice too: a pointer with
+# at least the recorded alignment passes every alignment check the recorded one passed), so a replay launches
+# exactly what validation would have -- and any difference makes run() return False so the op validates again.
+# Only torch (or torch-like) tensors are guarded; calls with other inputs always validate. VKC_FASTPATH=0
+# turns bound calls off.
+def fastpath_enabled() -> bool:
+    return os.environ.get("VKC_FASTPATH", "1").strip() != "0"
+
+
+def _resolve(args) -> tuple:
+    return tuple([a.ptr if type(a) is TensorRef else a for a in args])
+
+
+def run_launches(launches, stream: int) -> None:
+    """Launch ``[(kernel, grid, args)]`` in order; a :class:`TensorRef` in ``args`` stands for its pointer."""
+    for k, grid, args in launches:
+        k.launch(grid, _resolve(args), stream)
+
+
+def _slot(ref: TensorRef):
+    src = torch_source(ref)
+    if src is None or ref.device < 0:
+        return None
+    p = ref.ptr
+    align = 16
+    while align > 1 and p % align:
+        align //= 2
+    return type(src), tuple(ref.shape), tuple(ref.strides), src.dtype, ref.device, align
+
+
+class _PyBoundCall:
+    """The reference implementation of a bound call (the native ``_native.BoundCall`` keeps the same contract);
+    used without the native launcher and for kernels that are not :class:`Kernel` objects (tests)."""
+
+    def __init__(self, ctx, slots, scalars, launches):
+        self.ctx, self.slots, self.scalars, self.launches = ctx, slots, scalars, launches
+        self.hits = 0
+
+    def run(self, tensors, scalars, stream) -> bool:
+        if len(tensors) != len(self.slots) or len(scalars) != len(self.scalars):
+            return False
+        for a, b in zip(scalars, self.scalars):
+            if a is not b and (type(a) is not type(b) or a != b):
+                return False
+        if self.ctx and driver.current_context() != self.ctx:
+            return False
+        ptrs = []
+        try:
+            for t, (tp, shape, strides, dtype, dev, align) in zip(tensors, self.slots):
+                if (type(t) is not tp or t.is_cuda is not True or t.get_device() != dev or t.dtype is not dtype
+                        or tuple(t.shape) != shape or tuple(t.stride()) != strides):
+                    return False
+                p = t.data_ptr()
+                if type(p) is not int or p < 0 or p % align:
+                    return False
+                ptrs.append(p)
+        except Exception:  # a property that raised: the op's validation names it
+            return False
+        self.hits += 1
+        for k, grid, args, patches in self.launches:
+            a = list(args)
+            for i, si in patches:
+                a[i] = ptrs[si]
+            k.launch(grid, tuple(a), stream)
+        return True
+
+
+def bind_call(slots, scalars: tuple, launches, stream: int):
+    """A bound call for launches just made from validated inputs, or None when the call cannot be bound.
+
+    ``slots``: the call's tensor arguments as the op read them (TensorRefs, in the order :meth:`run` will get
+    the objects); ``scalars``: host values the op's choices depended on (compared by type and value);
+    ``launches``: ``[(kernel, grid, args)]`` as given to :func:`run_launches` -- a TensorRef among ``args``
+    that is one of ``slots`` (by identity) is re-read on every run, any other value is fixed."""
+    if not fastpath_enabled():
+        return None
+    guards = []
+    for r in slots:
+        g = _slot(r)
+        if g is None:
+            return None
+        guards.append(g)
+    index = {id(r): i for i, r in enumerate(slots)}
+    if len(index) != len(slots):
+        return None
+    bound = []
+    for k, grid, args in launches:
+        patches = [(i, index[id(a)]) for i, a in enumerate(args) if type(a) is TensorRef and id(a) in index]
+        bound.append((k, grid, _resolve(args), patches))
+    kernels = [b[0] for b in bound]
+    if _native is not None and native_available() and all(type(k) is Kernel and k.native for k in kernels):
+        ctxs = {k.ctx for k in kernels}
+        if len(ctxs) > 1 or len(guards) > 16:
+            return None
+        fixed_stream = -1
+        nl = []
+        for k, grid, args, patches in bound:
+            lau, gx, gy, gz, scratch = k.bind(grid, stream)
+            if scratch:
+                fixed_stream = stream
+            nl.append((lau, gx, gy, gz, args, patches, scratch))
+        return _native.BoundCall(ctxs.pop() if ctxs else 0, guards, tuple(scalars), nl, fixed_stream)
+    ctx = kernels[0].ctx if kernels and all(type(k) is Kernel for k in kernels) else 0
+    return _PyBoundCall(ctx, guards, tuple(scalars), bound)
+
+
+_call_caches: "weakref.WeakSet[CallCache]" = weakref.WeakSet()  # cleared by clear_cache()
+
+
+class CallCache:
+    """Bound calls of one op, a few per key (most recent first); the key holds what selects the op's code path
+    besides the tensors (option values, workspace objects -- kept alive by the key, so identity is safe)."""
+
+    def __init__(self, per_key: int = 4, max_keys: int = 64):
+        self.per_key, self.max_keys = per_key, max_keys
+        self._calls: dict = {}
+        _call_caches.add(self)
+
+    def run(self, key, tensors: tuple, scalars: tuple, stream: int) -> bool:
+        calls = self._calls.get(key)
+        if calls:
+            for c in calls:
+                if c.run(tensors, scalars, stream):
+                    return True
+        return False
+
+    def record(self, key, slots, scalars: tuple, launches, stream: int) -> None:
+        c = bind_call(slots, scalars, launches, stream)
+        if c is None:
+            return
+        calls = self._calls.get(key)
+        if calls is None:
+            if len(self._calls) >= self.max_keys:
+                self._calls.clear()
+            calls = self._calls[key] = []
+        calls.insert(0, c)
+        del calls[self.per_key:]
+
+    def clear(self) -> None:
+        self._calls.clear()
+
+    @property
+    def hits(self) -> int:
+        """Replays so far by the bound calls currently held."""
+        return sum(c.hits for calls in self._calls.values() for c in calls)
+
 
 # ----------------------------------------------------------------------------------- cache
 class _CtxInfo:
@@ -571,6 +740,13 @@ def clear_cache() -> None:
         _ctx_infos.clear()
         _kernels.clear()
         _pools.clear()
+    clear_bound_calls()
+
+
+def clear_bound_calls() -> None:
+    """Forget every recorded bound call (the next call of each op validates again)."""
+    for c in list(_call_caches):
+        c.clear()
 
 
 def context_info(ctx: int) -> _CtxInfo:

@@ -585,6 +585,20 @@ def _is_torch_tensor(obj) -> bool:
     return isinstance(obj, tt)
 
 
+def torch_source(ref: TensorRef):
+    """The torch (or torch-like: data_ptr/shape/stride/dtype/is_cuda/get_device) tensor ``ref`` was read from,
+    else None. Such a tensor's metadata can be re-read cheaply, which is what a bound call
+    (:func:`vkc_runtime.launch.bind_call`) guards on."""
+    k = ref.keepalive
+    if k is None or type(k) is tuple:
+        return None
+    if _is_torch_tensor(k):
+        return k
+    if all(hasattr(k, a) for a in ("data_ptr", "is_cuda", "stride", "dtype", "get_device", "shape")):
+        return k
+    return None
+
+
 def _from_cai(cai: dict, obj, name: str) -> TensorRef:
     try:
         shape = tuple(int(s) for s in cai["shape"])

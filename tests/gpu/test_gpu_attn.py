@@ -299,6 +299,56 @@ def test_prefill_plan_matches_prefill(A):
     _plan_layers_match(plan, qs, layers, gts, want)
 
 
+def test_bound_calls_match_validated_calls(A, monkeypatch):
+    """Four layers per op with their own tensors: the first call validates and binds, the other three replay the
+    bound call (no revalidation; the native BoundCall re-reads each torch tensor and patches its pointer). Every
+    output is byte-identical to validated calls (VKC_FASTPATH=0) on the same inputs, NaN-poisoned first."""
+    from vkc_runtime import launch
+    Hq, Hkv, D = 24, 4, 256
+    lens = [17, 300, 4097, 1]
+    B, n = len(lens), 4
+    kc, vc, bt = make_paged(lens, Hkv, D, 16)
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ws = A.decode_workspace(B, Hq, D, 64)
+    dec = [(rnd(B, Hq, D), torch.randn_like(kc), torch.randn_like(vc), rnd(B, Hq, 2, D)[:, :, 1]) for _ in range(n)]
+    q_lens, prefix = [300, 17, 1000, 1], [0, 4000, 64, 0]
+    plens = [a + b for a, b in zip(q_lens, prefix)]
+    pkc, pvc, pbt = make_paged(plens, Hkv, D, 64)
+    T = sum(q_lens)
+    cu = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32, device="cuda")
+    psl = torch.tensor(plens, dtype=torch.int32, device="cuda")
+    pre = [(rnd(T, Hq, D), torch.randn_like(pkc), torch.randn_like(pvc), rnd(T, Hq, 2, D)[:, :, 1]) for _ in range(n)]
+    kv = [(rnd(37, Hkv, D), rnd(37, Hkv, D)) for _ in range(n)]
+    slots = torch.randperm(kc.shape[0] * 16, device="cuda")[:37].to(torch.int32)
+    outs = {}
+    for fast in ("0", "1"):
+        monkeypatch.setenv("VKC_FASTPATH", fast)
+        launch.clear_bound_calls()
+        dplan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=16, workspace=ws)
+        pplan = A.PrefillPlan(cu, psl, pbt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=64,
+                              max_seqlen_q=max(q_lens))
+        o = outs[fast] = {k: [torch.full_like(x[0], float("nan")) for x in xs]
+                          for k, xs in (("decode", dec), ("dplan", dec), ("prefill", pre), ("pplan", pre))}
+        caches = [(torch.zeros_like(kc), torch.zeros_like(vc)) for _ in range(n)]
+        torch.cuda.synchronize()
+        for i in range(n):
+            q, k, v, g = dec[i]
+            A.decode(q, k, v, bt, sl, D ** -0.5, gate=g, out=o["decode"][i], workspace=ws)
+            dplan.run(q, k, v, D ** -0.5, gate=g, out=o["dplan"][i])
+            q, k, v, g = pre[i]
+            A.prefill(q, k, v, pbt, cu, psl, D ** -0.5, gate=g, out=o["prefill"][i], max_seqlen_q=max(q_lens))
+            pplan.run(q, k, v, D ** -0.5, gate=g, out=o["pplan"][i])
+            A.reshape_and_cache(*kv[i], *caches[i], slots)
+        torch.cuda.synchronize()
+        o["caches"] = [c for pair in caches for c in pair]
+        hits = (A._decode_calls.hits, dplan._calls.hits, A._prefill_calls.hits, pplan._calls.hits,
+                A._rac_calls.hits)
+        assert hits == ((n - 1,) * 5 if fast == "1" else (0,) * 5), hits
+    for k in outs["0"]:
+        for a, b in zip(outs["0"][k], outs["1"][k]):
+            assert torch.isfinite(a.float()).all() and torch.equal(a, b), k
+
+
 def test_reshape_and_cache(A):
     T, Hkv, D, bs, nb = 37, 4, 256, 16, 9
     k, v = rnd(T, Hkv, D), rnd(T, Hkv, D)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .. import driver, memory, registry
-from ..launch import get_kernel, has_kernel
+from ..launch import CallCache, get_kernel, has_kernel, run_launches
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
 __all__ = ["reshape_and_cache", "prefill", "PrefillPlan", "prefill_uses_tma", "decode", "DecodePlan",
@@ -137,17 +137,18 @@ def _plan_caches(op: str, k_cache, v_cache, BS: int, Hkv: int, D: int):
 
 
 def _gate(op: str, gate, n: int, Hq: int, D: int, fallback):
+    """(gate tensor, row stride, head stride); without a gate the kernel's unused pointer is ``fallback``."""
     if gate is None:
-        return fallback.ptr, 0, 0
+        return fallback, 0, 0
     gt = tensor(op, "gate", gate, BF16, ndim=3, shape=(n, Hq, D))
     sgt, sgh = _stride(gt, 0, Hq * 2 * D), _stride(gt, 1, 2 * D)
     _a16(op, gate_ptr=gt.ptr, stride_gt=sgt, stride_gh=sgh)
     fits_i32(op, stride_gt=sgt, stride_gh=sgh)
-    return gt.ptr, sgt, sgh
+    return gt, sgt, sgh
 
 
 def _q_out_gate(op: str, qt, ot, gate, n: int, Hq: int, D: int, r: str):
-    """Row/head strides of q and out ([n, Hq, D] views) and the gate's (pointer, strides), checked 16-byte
+    """Row/head strides of q and out ([n, Hq, D] views) and the gate's (tensor, strides), checked 16-byte
     aligned and int32 (``r`` names the row axis in messages: "t" tokens, "b" batch)."""
     sq, so = (_stride(qt, 0, Hq * D), _stride(qt, 1, D)), (_stride(ot, 0, Hq * D), _stride(ot, 1, D))
     g = _gate(op, gate, n, Hq, D, qt)
@@ -162,9 +163,15 @@ def _q_out_gate(op: str, qt, ot, gate, n: int, Hq: int, D: int, r: str):
 
 # --------------------------------------------------------------------------------------- reshape_and_cache
 
+_rac_calls = CallCache()
+
+
 def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
     """Write k, v [T, Hkv, D] into the paged caches at slot_mapping int32 [T] (slot = block * block_size +
     offset); negative or out-of-range slots are skipped on the device."""
+    s = stream_of(stream)
+    if _rac_calls.run(None, (k, v, k_cache, v_cache, slot_mapping), (), s):
+        return
     op = "reshape_and_cache"
     kc, vc, NB, BS, Hkv, D, sb, ss, _ = _cache_pair(op, k_cache, v_cache)
     kt = tensor(op, "k", k, BF16, ndim=3, shape=(None, Hkv, D))
@@ -185,8 +192,9 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
     al = all(p % 16 == 0 for p in (kt.ptr, vt.ptr)) and skt % 16 == 0 and svt % 16 == 0
     kern = get_kernel(f"attn.reshape_and_cache.{'a16' if al else 'any'}")
     gy = _cdiv(N, kern.constexprs["BLOCK"])
-    kern.launch((T, gy, 1), (kt.ptr, vt.ptr, kc.ptr, vc.ptr, st.ptr, skt, svt, sb, ss, BS, N, NB * BS),
-                stream_of(stream))
+    launches = [(kern, (T, gy, 1), (kt, vt, kc, vc, st, skt, svt, sb, ss, BS, N, NB * BS))]
+    run_launches(launches, s)
+    _rac_calls.record(None, (kt, vt, kc, vc, st), (), launches, s)
 
 
 # ------------------------------------------------------------------------------------------------ prefill
@@ -253,11 +261,12 @@ def _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q) -> _P
     return _PrefillBatch(N, cu, sl, bt, sbt, None if max_seqlen_q is None else max(int(max_seqlen_q), 1))
 
 
-def _prefill_launch(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma, stream) -> None:
+def _prefill_launches(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma):
+    """The launch list of one prefill call (for run_launches) and the gate's slot: () or (gate tensor,)."""
     kc, vc, NB, BS, Hkv, D, sb, ss, sh = cache
     T, Hq, _ = qt.shape
     group = _heads(op, Hq, Hkv)
-    (sqt, sqh), (sot, soh), (gptr, sgt, sgh) = _q_out_gate(op, qt, ot, gate, T, Hq, D, "t")
+    (sqt, sqh), (sot, soh), (gt, sgt, sgh) = _q_out_gate(op, qt, ot, gate, T, Hq, D, "t")
     kern = _prefill_kernel(D, gate is not None, BS, NB, sb, ss, use_tma, p.kernels)
     bm = kern.constexprs["BLOCK_M"]
     n_mb = _cdiv(T, bm) + p.N
@@ -265,10 +274,9 @@ def _prefill_launch(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma, s
         n_mb = min(n_mb, p.N * _cdiv(p.max_seqlen_q, bm))
     grid = Hq * n_mb
     fits_i32(op, grid=grid)
-    kern.launch((grid, 1, 1), (qt.ptr, kc.ptr, vc.ptr, ot.ptr, gptr, p.bt.ptr, p.cu.ptr, p.sl.ptr, float(scale),
-                               p.N, Hq, group, n_mb, sqt, sqh, sot, soh, sgt, sgh, sb, ss, sh, p.sbt, BS,
-                               p.bt.shape[1], NB),
-                stream_of(stream))
+    args = (qt, kc, vc, ot, gt, p.bt, p.cu, p.sl, float(scale), p.N, Hq, group, n_mb, sqt, sqh, sot, soh, sgt, sgh,
+            sb, ss, sh, p.sbt, BS, p.bt.shape[1], NB)
+    return [(kern, (grid, 1, 1), args)], (() if gate is None else (gt,))
 
 
 def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *, gate=None, out=None,
@@ -281,7 +289,15 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     ``use_tma``: None picks the TMA kernel where it exists (sm_90a/sm_100a) and the cache allows it
     (block_size a multiple of 64 for D=256, 128 for D=128); False forces the gather kernel. The TMA
     kernel uses global scratch for its descriptors: inside graph capture, run the same shape once eagerly
-    first so the scratch pool is large enough. Several layers over the same batch: :class:`PrefillPlan`."""
+    first so the scratch pool is large enough. Several layers over the same batch: :class:`PrefillPlan`.
+    With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call is a bound call (see
+    vkc_runtime.launch): no revalidation, the recorded launches with the new pointers."""
+    s = stream_of(stream)
+    if out is not None:
+        key = (gate is None, max_seqlen_q, use_tma)
+        tensors = (q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out)
+        if _prefill_calls.run(key, tensors if gate is None else tensors + (gate,), (scale,), s):
+            return out
     op = "prefill"
     cache = _cache_pair(op, k_cache, v_cache)
     D = cache[5]
@@ -293,8 +309,14 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     ot = tensor(op, "out", res, BF16, ndim=3, shape=(T, Hq, D))
     same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
     if T and p.N:
-        _prefill_launch(op, p, qt, cache, ot, gate, scale, use_tma, stream)
+        launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, use_tma)
+        run_launches(launches, s)
+        if out is not None:
+            _prefill_calls.record(key, (qt, cache[0], cache[1], p.bt, p.cu, p.sl, ot) + gslot, (scale,), launches, s)
     return res
+
+
+_prefill_calls = CallCache()
 
 
 class PrefillPlan:
@@ -314,9 +336,14 @@ class PrefillPlan:
         self.Hq, self.Hkv, self.D, self.BS = int(num_q_heads), int(num_kv_heads), int(head_dim), int(block_size)
         self.use_tma = use_tma
         self.batch = _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q)
+        self._calls = CallCache(max_keys=2)
 
     def run(self, q, k_cache, v_cache, scale, *, out, gate=None, stream=None):
         """q, out [T, Hq, D] bf16 (out required: a plan is meant for graph capture and per-layer reuse)."""
+        s = stream_of(stream)
+        if self._calls.run(gate is None, (q, k_cache, v_cache, out) if gate is None else (q, k_cache, v_cache, out, gate),
+                           (scale,), s):
+            return out
         op = "PrefillPlan.run"
         p = self.batch
         cache = _plan_caches(op, k_cache, v_cache, self.BS, self.Hkv, self.D)
@@ -325,13 +352,15 @@ class PrefillPlan:
         ot = tensor(op, "out", out, BF16, ndim=3, shape=(T, self.Hq, self.D))
         same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
         if T and p.N:
-            _prefill_launch(op, p, qt, cache, ot, gate, scale, self.use_tma, stream)
+            launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, self.use_tma)
+            run_launches(launches, s)
+            self._calls.record(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, s)
         return out
 
 
 # ------------------------------------------------------------------------------------------------- decode
 
-@dataclass
+@dataclass(frozen=True, eq=False)  # immutable, compared and hashed by identity (bound calls key on it)
 class DecodeWorkspace:
     """Scratch of split-KV decode: fp32 partial outputs [max_batch, Hq, max_splits, D] and their
     log-sum-exps [max_batch, Hq, max_splits] -- every byte a combine reads is written by a split of the same
@@ -407,7 +436,14 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     :func:`num_splits_for`. ``fused``: with more than one split, combine in the split launch (the last split
     of each group merges; one launch) or in a separate combine launch; default :func:`use_fused_combine`.
     Several layers decoding the same batch: :class:`DecodePlan` checks the batch once and each layer's call
-    only its own tensors."""
+    only its own tensors. With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call
+    is a bound call (see vkc_runtime.launch): no revalidation, the recorded launches with the new pointers."""
+    s = stream_of(stream)
+    if out is not None:
+        key = (gate is None, workspace, max_seq_len, num_splits, fused)
+        tensors = (q, k_cache, v_cache, block_tables, seq_lens, out)
+        if _decode_calls.run(key, tensors if gate is None else tensors + (gate,), (scale,), s):
+            return out
     op = "decode"
     cache = _cache_pair(op, k_cache, v_cache)
     _, _, _, BS, Hkv, D = cache[:6]
@@ -419,8 +455,14 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     ot = tensor(op, "out", res, BF16, ndim=3, shape=(B, Hq, D))
     same_device(op, qt, cache[0], cache[1], ot, batch.bt, batch.sl)
     if B:
-        _decode_launch(op, batch, qt, cache, ot, gate, scale, stream)
+        launches, gslot = _decode_launches(op, batch, qt, cache, ot, gate, scale)
+        run_launches(launches, s)
+        if out is not None:
+            _decode_calls.record(key, (qt, cache[0], cache[1], batch.bt, batch.sl, ot) + gslot, (scale,), launches, s)
     return res
+
+
+_decode_calls = CallCache()
 
 
 class DecodePlan:
@@ -440,6 +482,7 @@ class DecodePlan:
         self.batch = _decode_batch(op, block_tables, seq_lens, sl.shape[0], int(num_q_heads), int(num_kv_heads),
                                    int(head_dim), int(block_size), max_seq_len, workspace, num_splits, fused,
                                    sl.device)
+        self._calls = CallCache(max_keys=2)
 
     @property
     def num_splits(self) -> int:
@@ -447,6 +490,10 @@ class DecodePlan:
 
     def run(self, q, k_cache, v_cache, scale, *, out, gate=None, stream=None):
         """out [B, Hq, D] bf16 (required: a plan is meant for graph capture and per-layer reuse)."""
+        s = stream_of(stream)
+        if self._calls.run(gate is None, (q, k_cache, v_cache, out) if gate is None else (q, k_cache, v_cache, out, gate),
+                           (scale,), s):
+            return out
         op = "DecodePlan.run"
         p = self.batch
         cache = _plan_caches(op, k_cache, v_cache, p.BS, p.Hkv, p.D)
@@ -454,7 +501,9 @@ class DecodePlan:
         ot = tensor(op, "out", out, BF16, ndim=3, shape=(p.B, p.Hq, p.D))
         same_device(op, qt, cache[0], cache[1], ot, p.bt, p.sl)
         if p.B:
-            _decode_launch(op, p, qt, cache, ot, gate, scale, stream)
+            launches, gslot = _decode_launches(op, p, qt, cache, ot, gate, scale)
+            run_launches(launches, s)
+            self._calls.record(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, s)
         return out
 
 
@@ -525,30 +574,26 @@ def _kernel(kernels: dict, base: str):
     return k
 
 
-def _decode_launch(op, p: _DecodeBatch, qt, cache, ot, gate, scale, stream) -> None:
+def _decode_launches(op, p: _DecodeBatch, qt, cache, ot, gate, scale):
+    """The launch list of one decode call (for run_launches) and the gate's slot: () or (gate tensor,)."""
     kc, vc, NB, BS, Hkv, D, sb, ss, sh = cache
     B, Hq, group, splits, bt, sl, ws = p.B, p.Hq, p.group, p.splits, p.bt, p.sl, p.ws
-    (sqb, sqh), (sob, soh), (gptr, sgb, sgh) = _q_out_gate(op, qt, ot, gate, B, Hq, D, "b")
+    (sqb, sqh), (sob, soh), (gt, sgb, sgh) = _q_out_gate(op, qt, ot, gate, B, Hq, D, "b")
     g = "gate" if gate is not None else "nogate"
-    s = stream_of(stream)
+    gslot = () if gate is None else (gt,)
+    paged = (sb, ss, sh, p.sbt, BS, bt.shape[1], NB)
     if splits == 1:  # one launch: the direct kernel normalizes, gates and stores; no partials, no combine
-        _kernel(p.kernels, f"attn.decode_direct.d{D}.{g}").launch(
-            (B * Hkv, 1, 1), (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ot.ptr, gptr, float(scale), Hkv, group,
-                              sqb, sqh, sob, soh, sgb, sgh, sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
-    elif p.fused:  # one launch: the last split of each group combines
-        _kernel(p.kernels, f"attn.decode_fused.d{D}.{g}").launch(
-            (B * Hkv * splits, 1, 1),
-            (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(),
-             ws.counters.data_ptr(), ot.ptr, gptr, float(scale), Hkv, group, splits, sqb, sqh, sob, soh, sgb, sgh,
-             sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
-    else:
-        _kernel(p.kernels, f"attn.decode_split.d{D}").launch(
-            (B * Hkv * splits, 1, 1),
-            (qt.ptr, kc.ptr, vc.ptr, bt.ptr, sl.ptr, ws.part_o.data_ptr(), ws.part_lse.data_ptr(), float(scale),
-             Hkv, group, splits, sqb, sqh, sb, ss, sh, p.sbt, BS, bt.shape[1], NB), s)
-        _kernel(p.kernels, f"attn.decode_combine.d{D}.{g}").launch(
-            (B * Hq, 1, 1),
-            (ws.part_o.data_ptr(), ws.part_lse.data_ptr(), ot.ptr, gptr, Hq, splits, sob, soh, sgb, sgh), s)
+        return [(_kernel(p.kernels, f"attn.decode_direct.d{D}.{g}"), (B * Hkv, 1, 1),
+                 (qt, kc, vc, bt, sl, ot, gt, float(scale), Hkv, group, sqb, sqh, sob, soh, sgb, sgh) + paged)], gslot
+    po, pl = ws.part_o.data_ptr(), ws.part_lse.data_ptr()
+    if p.fused:  # one launch: the last split of each group combines
+        return [(_kernel(p.kernels, f"attn.decode_fused.d{D}.{g}"), (B * Hkv * splits, 1, 1),
+                 (qt, kc, vc, bt, sl, po, pl, ws.counters.data_ptr(), ot, gt, float(scale), Hkv, group, splits,
+                  sqb, sqh, sob, soh, sgb, sgh) + paged)], gslot
+    return [(_kernel(p.kernels, f"attn.decode_split.d{D}"), (B * Hkv * splits, 1, 1),
+             (qt, kc, vc, bt, sl, po, pl, float(scale), Hkv, group, splits, sqb, sqh) + paged),
+            (_kernel(p.kernels, f"attn.decode_combine.d{D}.{g}"), (B * Hq, 1, 1),
+             (po, pl, ot, gt, Hq, splits, sob, soh, sgb, sgh))], gslot
 
 
 _sms: dict[int, int] = {}

@@ -1,0 +1,176 @@
+"""Bound calls of the attention ops (vkc_runtime.launch.bind_call), driver-free: a call whose torch-like inputs
+have the layout of a recent call skips validation and replays the recorded launches with the new pointers.
+Checked here: replays launch exactly what validation launches (against VKC_FASTPATH=0 on the same inputs),
+validation really is skipped, and every change of a guarded fact -- type, dtype, shape, strides, alignment,
+device, is_cuda, scalar, options -- goes back through validation (same errors as without bound calls)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.ops_fakes import Recorder, TorchLike as T
+from vkc_runtime import launch
+from vkc_runtime.ops import attention as A
+from vkc_runtime.ops._check import OpError
+
+I32 = "torch.int32"
+B, Hq, Hkv, D, BS = 3, 24, 4, 256, 16
+SCALE = D ** -0.5
+
+
+@pytest.fixture()
+def rec(monkeypatch):
+    r = Recorder(occupancy=2)
+    monkeypatch.setattr(A, "get_kernel", r)
+    monkeypatch.setattr(A, "has_kernel", r.has)
+    monkeypatch.setattr(A, "_sm_count", lambda dev: 132)
+    monkeypatch.delenv("VKC_FASTPATH", raising=False)
+    launch.clear_cache()
+    validated = []
+    real = A._cache_pair
+
+    def counting(*a, **k):
+        validated.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(A, "_cache_pair", counting)
+    r.validated = validated
+    yield r
+    launch.clear_cache()
+
+
+def caches(nb=B * 32, bs=BS):
+    return T((nb, bs, Hkv, D)), T((nb, bs, Hkv, D))
+
+
+def gate_view(n):  # the gate half of a [n, Hq, 2, D] projection: row stride Hq * 2 * D, head stride 2 * D
+    return T((n, Hq, D), strides=(Hq * 2 * D, 2 * D, 1), offset_bytes=2 * D)
+
+
+def _decode_layer(gate):
+    return dict(q=T((B, Hq, D)), cache=caches(), out=T((B, Hq, D)), gate=gate_view(B) if gate else None)
+
+
+def _prefill_layer(gate, n=70, bs=64):
+    return dict(q=T((n, Hq, D)), cache=caches(40, bs), out=T((n, Hq, D)), gate=gate_view(n) if gate else None)
+
+
+def _run_all(monkeypatch, rec, fastpath: bool, calls):
+    monkeypatch.setenv("VKC_FASTPATH", "1" if fastpath else "0")
+    launch.clear_cache()
+    rec.calls.clear()
+    rec.validated.clear()
+    for c in calls:
+        c()
+    return list(rec.calls), len(rec.validated)
+
+
+@pytest.mark.parametrize("which,gate", [(w, g) for w in ("decode", "DecodePlan", "prefill", "PrefillPlan")
+                                        for g in (False, True)] + [("reshape_and_cache", False)])
+def test_bound_calls_launch_what_validation_launches(rec, monkeypatch, which, gate):
+    """Five layers with fresh tensors (same layout, new pointers): with bound calls the first call validates and
+    the other four replay; the launches equal those of five validated calls."""
+    bt, sl, ws = T((B, 32), I32), T((B,), I32), workspace()
+    cu, psl, pbt = T((3,), I32), T((2,), I32), T((2, 20), I32)
+    if which in ("decode", "DecodePlan"):
+        layers = [_decode_layer(gate) for _ in range(5)]
+        plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=BS, workspace=ws,
+                            max_seq_len=512)
+
+        def call(L):
+            if which == "decode":
+                return lambda: A.decode(L["q"], *L["cache"], bt, sl, SCALE, gate=L["gate"], out=L["out"],
+                                        workspace=ws, max_seq_len=512)
+            return lambda: plan.run(L["q"], *L["cache"], SCALE, gate=L["gate"], out=L["out"])
+    elif which in ("prefill", "PrefillPlan"):
+        layers = [_prefill_layer(gate) for _ in range(5)]
+        plan = A.PrefillPlan(cu, psl, pbt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=64,
+                             max_seqlen_q=70)
+
+        def call(L):
+            if which == "prefill":
+                return lambda: A.prefill(L["q"], *L["cache"], pbt, cu, psl, SCALE, gate=L["gate"], out=L["out"],
+                                         max_seqlen_q=70)
+            return lambda: plan.run(L["q"], *L["cache"], SCALE, gate=L["gate"], out=L["out"])
+    else:
+        layers = [dict(k=T((50, Hkv, D)), v=T((50, Hkv, D)), cache=caches(), slots=T((50,), I32)) for _ in range(5)]
+
+        def call(L):
+            return lambda: A.reshape_and_cache(L["k"], L["v"], *L["cache"], L["slots"])
+    calls = [call(L) for L in layers]
+    want, n_checked = _run_all(monkeypatch, rec, False, calls)
+    got, n_bound = _run_all(monkeypatch, rec, True, calls)
+    assert got == want and len(want) >= 5
+    assert n_checked == 5 and n_bound == 1  # validation ran once; four calls were replays
+    # the replays used each layer's own pointers
+    ptrs = {L["out"].data_ptr() if "out" in L else L["k"].data_ptr() for L in layers}
+    assert ptrs <= {a for _, _, args in got for a in args}
+
+
+def workspace():
+    return A.DecodeWorkspace(T((B * Hq * 64 * D,), "torch.float32"), T((B * Hq * 64,), "torch.float32"),
+                             T((B * Hq,), I32), B, Hq, D, 64)
+
+
+@pytest.fixture()
+def decode_once():
+    """decode() of one batch layout on fresh tensors (a layer), with any of q / kc / vc / out replaced."""
+    bt, sl, ws = T((B, 32), I32), T((B,), I32), workspace()
+
+    def run(q=None, kc=None, vc=None, out=None, scale=SCALE, **kw):
+        L = _decode_layer(False)
+        A.decode(q or L["q"], kc or L["cache"][0], vc or L["cache"][1], bt, sl, scale, out=out or L["out"],
+                 workspace=ws, max_seq_len=512, **kw)
+    return run
+
+
+@pytest.mark.parametrize("change,err", [
+    (dict(q=T((B, Hq, D), offset_bytes=8)), r"q_ptr=0x[0-9a-f]+ must be 16-byte aligned"),
+    (dict(q=T((B, Hq, D), dtype="torch.float16")), "q must be bfloat16"),
+    (dict(q=T((B, Hq, D), is_cuda=False)), "not a CUDA device"),
+    (dict(out=T((B, Hq, D), device=1)), "all tensors must be on one device"),
+    (dict(out=T((B + 1, Hq, D))), "out has shape"),
+    (dict(kc=T((B * 32, BS, Hkv, D), strides=(BS * Hkv * D, Hkv * D, 1, D))), "contiguous"),
+    (dict(vc=T((B * 32, 64, Hkv, D))), "v_cache has shape"),
+    (dict(q=T((B, Hq, D), strides=(Hq * D + 8, D, 1))), "stride_qb=0x1808 must be a multiple of 16"),
+])
+def test_bound_call_refuses_what_validation_refuses(rec, decode_once, change, err):
+    """After a recorded call, an input that differs in any guarded fact is validated again: the same error as
+    without bound calls, and nothing is launched."""
+    decode_once()
+    decode_once()
+    assert len(rec.validated) == 1 and len(rec.calls) == 4  # the second call was a replay (split + combine)
+    rec.calls.clear()
+    with pytest.raises(OpError, match=err):
+        decode_once(**change)
+    assert not rec.calls and len(rec.validated) == 2
+
+
+def test_bound_call_keys_options_and_scalars(rec, decode_once):
+    """A different scale, split count or a new layout records a new bound call (its launches carry the new
+    values); an aligned pointer with less alignment than recorded (16 -> 32 bytes is more, fine) replays."""
+    decode_once()
+    decode_once(scale=0.5)
+    assert len(rec.validated) == 2 and rec.calls[-2][2][7] == 0.5  # decode_split's scale argument
+    decode_once(scale=0.5)
+    decode_once()  # the first layout is still cached (a few per key)
+    assert len(rec.validated) == 2
+    decode_once(num_splits=2)
+    assert len(rec.validated) == 3 and rec.calls[-1][1] == (B * Hkv * 2, 1, 1)  # 2 splits: one fused launch
+    decode_once(q=T((B, Hq, D), offset_bytes=32))  # 32-byte aligned: at least the recorded 16
+    assert len(rec.validated) == 3
+    decode_once(q=T((B, Hq, D), strides=(Hq * D + 16, D, 1)))  # new but valid strides: validated, new call
+    assert len(rec.validated) == 4 and rec.calls[-2][2][11] == Hq * D + 16
+
+
+def test_fastpath_off_and_non_torch_inputs_always_validate(rec, monkeypatch):
+    from tests.ops_fakes import Dev
+    bt, sl, ws = T((B, 32), I32), T((B,), I32), workspace()
+    for _ in range(3):  # CUDA-array-interface inputs (e.g. cupy) are never bound
+        A.decode(Dev((B, Hq, D)), Dev((B * 32, BS, Hkv, D)), Dev((B * 32, BS, Hkv, D)), bt, sl, SCALE,
+                 out=Dev((B, Hq, D)), workspace=ws, max_seq_len=512)
+    assert len(rec.validated) == 3
+    monkeypatch.setenv("VKC_FASTPATH", "0")
+    q, (kc, vc), out = T((B, Hq, D)), caches(), T((B, Hq, D))
+    for _ in range(3):
+        A.decode(q, kc, vc, bt, sl, SCALE, out=out, workspace=ws, max_seq_len=512)
+    assert len(rec.validated) == 6
