@@ -58,6 +58,15 @@ class Recorder:
         return base in MANIFEST["kernels"]
 
 
+def install_recorder(monkeypatch, ops_module, occupancy: int = 2) -> Recorder:
+    """Route an ops module's kernel lookups to a Recorder (and pin its SM count to the H200's 132)."""
+    r = Recorder(occupancy=occupancy)
+    monkeypatch.setattr(ops_module, "get_kernel", r)
+    monkeypatch.setattr(ops_module, "has_kernel", r.has)
+    monkeypatch.setattr(ops_module, "_sm_count", lambda dev: 132)
+    return r
+
+
 class TorchLike:
     """A torch-like CUDA tensor stand-in (data_ptr / shape / stride() / dtype / is_cuda / get_device), the kind of
     input a bound call guards on (vkc_runtime.launch.bind_call); dtype is a torch-style name ("torch.bfloat16")."""

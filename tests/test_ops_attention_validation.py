@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ops_fakes import MANIFEST, Dev, Recorder
+from tests.ops_fakes import MANIFEST, Dev, install_recorder
 from vkc_runtime.ops import attention as A
 from vkc_runtime.ops._check import OpError
 
@@ -14,11 +14,7 @@ I32 = "<i4"
 
 @pytest.fixture()
 def rec(monkeypatch):
-    r = Recorder(occupancy=2)
-    monkeypatch.setattr(A, "get_kernel", r)
-    monkeypatch.setattr(A, "has_kernel", r.has)
-    monkeypatch.setattr(A, "_sm_count", lambda dev: 132)
-    return r
+    return install_recorder(monkeypatch, A)
 
 
 def cache(nb, bs, hkv, d, interleaved=False):

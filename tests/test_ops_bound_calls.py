@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ops_fakes import Recorder, TorchLike as T
+from tests.ops_fakes import TorchLike as T, install_recorder
 from vkc_runtime import launch
 from vkc_runtime.ops import attention as A
 from vkc_runtime.ops._check import OpError
@@ -19,10 +19,7 @@ SCALE = D ** -0.5
 
 @pytest.fixture()
 def rec(monkeypatch):
-    r = Recorder(occupancy=2)
-    monkeypatch.setattr(A, "get_kernel", r)
-    monkeypatch.setattr(A, "has_kernel", r.has)
-    monkeypatch.setattr(A, "_sm_count", lambda dev: 132)
+    r = install_recorder(monkeypatch, A)
     monkeypatch.delenv("VKC_FASTPATH", raising=False)
     launch.clear_cache()
     validated = []

@@ -349,9 +349,14 @@ def test_bound_calls_match_validated_calls(A, monkeypatch):
             assert torch.isfinite(a.float()).all() and torch.equal(a, b), k
 
 
-def test_reshape_and_cache(A):
-    T, Hkv, D, bs, nb = 37, 4, 256, 16, 9
-    k, v = rnd(T, Hkv, D), rnd(T, Hkv, D)
+@pytest.mark.parametrize("bs,D,aligned", [(16, 256, True), (64, 256, True), (64, 128, False), (16, 128, True)])
+def test_reshape_and_cache(A, bs, D, aligned):
+    """Block sizes 16 and 64, both head dims; k/v rows offset by one element (unaligned: the .any kernel)."""
+    T, Hkv, nb = 37, 4, 9
+    if aligned:
+        k, v = rnd(T, Hkv, D), rnd(T, Hkv, D)
+    else:
+        k, v = rnd(T * Hkv * D + 1)[1:].view(T, Hkv, D), rnd(T * Hkv * D + 1)[1:].view(T, Hkv, D)
     kc, vc = rnd(nb, bs, Hkv, D), rnd(nb, bs, Hkv, D)
     k0, v0 = kc.clone(), vc.clone()
     slots = torch.randperm(nb * bs, device="cuda")[:T].to(torch.int32)
