@@ -171,3 +171,54 @@ def test_fastpath_off_and_non_torch_inputs_always_validate(rec, monkeypatch):
     for _ in range(3):
         A.decode(q, kc, vc, bt, sl, SCALE, out=out, workspace=ws, max_seq_len=512)
     assert len(rec.validated) == 6
+
+
+# ------------------------------------------------------------------------------ norm family and GDN decode
+def _norm_call(N, which):
+    """A call of one norm-family op on fresh tensors (created now, so both runs below see the same pointers)."""
+    M, H = 5, 48
+    return {
+        "rmsnorm": lambda x=T((M, 5120)), w=T((5120,)), o=T((M, 5120)): N.rmsnorm(x, w, 1e-6, out=o),
+        "add_rmsnorm": lambda x=T((M, 5120)), r=T((M, 5120)), w=T((5120,)), o=T((M, 5120)):
+            N.add_rmsnorm(x, r, w, 1e-6, out=o),
+        "gated_rmsnorm": lambda x=T((M, H * 128)), z=T((M, H * 128)), w=T((128,)), o=T((M, H * 128)):
+            N.gated_rmsnorm(x, z, w, out=o),
+        "qk_norm_rope": lambda qg=T((M, 24 * 512)), k=T((M, 4 * 256)), p=T((M,), I32), wq=T((256,)), wk=T((256,)),
+            qo=T((M, 24, 256)), ko=T((M, 4, 256)): N.qk_norm_rope(qg, k, p, wq, wk, 24, 4, 256, q_out=qo, k_out=ko),
+        "silu_mul": lambda x=T((M, 2 * 17408)), o=T((M, 17408)): N.silu_mul(x, out=o),
+        "sigmoid_mul": lambda x=T((M, 24 * 256)), g=gate_view(M), o=T((M, 24 * 256)): N.sigmoid_mul(x, g, out=o),
+        "embedding": lambda i=T((M,), I32), t=T((1000, 2048)), o=T((M, 2048)): N.embedding(i, t, out=o),
+    }[which]
+
+
+def _gdn_decode_call(G):
+    B, Hk, Hv = 3, 16, 48
+    f32 = "torch.float32"
+    args = (T((B, 2 * Hk * 128 + Hv * 128)), T((B, Hv)), T((B, Hv)), T((Hv,), f32), T((Hv,), f32),
+            T((8, Hv, 128, 128), f32), T((B,), I32), Hk, Hv)
+    out = T((B, Hv, 128))
+    return lambda: G.recurrent_decode(*args, out=out)
+
+
+@pytest.mark.parametrize("which", ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul",
+                                   "sigmoid_mul", "embedding", "recurrent_decode"])
+def test_other_ops_bind_too(monkeypatch, which):
+    """The norm-family ops and the GDN decode step: three calls, each on its own tensors of one layout, look up a
+    kernel (validate) once with bound calls and three times without, and launch the same (pointers included)."""
+    from tests.ops_fakes import Recorder
+    from vkc_runtime.ops import gdn_decode as G, norm as N
+    mod = G if which == "recurrent_decode" else N
+    calls = [_gdn_decode_call(G) if which == "recurrent_decode" else _norm_call(N, which) for _ in range(3)]
+    res = {}
+    for fast in ("0", "1"):
+        monkeypatch.setenv("VKC_FASTPATH", fast)
+        launch.clear_bound_calls()
+        r = Recorder()
+        lookups = []
+        monkeypatch.setattr(mod, "get_kernel", lambda base: lookups.append(base) or r(base))
+        for c in calls:
+            c()
+        res[fast] = (r.calls, len(lookups))
+    assert len(res["0"][0]) == 3 and res["0"][1] == 3 and res["1"][1] == 1
+    assert res["1"][0] == res["0"][0]
+    assert len({args for _, _, args in res["1"][0]}) == 3  # each call launched with its own pointers

@@ -700,6 +700,13 @@ class CallCache:
                     return True
         return False
 
+    def launch(self, key, slots, scalars: tuple, launches, stream: int) -> None:
+        """:func:`run_launches`, then record them as a bound call under ``key`` (``slots`` None: do not bind,
+        e.g. the op allocated its output)."""
+        run_launches(launches, stream)
+        if slots is not None:
+            self.record(key, slots, scalars, launches, stream)
+
     def record(self, key, slots, scalars: tuple, launches, stream: int) -> None:
         c = bind_call(slots, scalars, launches, stream)
         if c is None:

@@ -146,6 +146,30 @@ def test_decode_strided_inputs_and_graph(ops):
     assert torch.equal(o1, o2) and torch.equal(st_eager, st_graph)
 
 
+def test_decode_bound_calls_match_validated_calls(ops, monkeypatch):
+    """Three decode steps, each on its own tensors (one layout), state updated in place: with bound calls the
+    first step validates and the other two replay through _native.BoundCall; outputs and states byte-identical
+    to validated calls (VKC_FASTPATH=0)."""
+    from vkc_runtime import launch
+    _, G = ops
+    B, hk, hv = 16, 16, 48
+    res = {}
+    for fast in ("0", "1"):
+        monkeypatch.setenv("VKC_FASTPATH", fast)
+        launch.clear_bound_calls()
+        got = []
+        for step in range(3):
+            qkv, a, b, A_log, dt_bias, state, slots = make_decode(50 + step, B, hk, hv, 40)
+            out = torch.full((B, hv, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+            G.recurrent_decode(qkv, a, b, A_log, dt_bias, state, slots, hk, hv, out=out)
+            got.append((out, state))
+        torch.cuda.synchronize()
+        assert G._calls.hits == (2 if fast == "1" else 0)
+        res[fast] = got
+    for (o0, s0), (o1, s1) in zip(res["0"], res["1"]):
+        assert torch.equal(o0, o1) and torch.equal(s0, s1)
+
+
 @pytest.mark.peer
 def test_decode_vs_fla(ops):
     fr = pytest.importorskip("fla.ops.gated_delta_rule")

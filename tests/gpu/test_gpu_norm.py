@@ -197,3 +197,49 @@ def test_graph_replay_equals_eager(vr, N):
         s.synchronize()
         for e, t in zip(eager, (r, y, qo, ko, act)):
             assert torch.equal(e, t)
+
+
+def test_bound_calls_match_validated_calls(N, monkeypatch):
+    """Every norm-family op, three calls each on its own tensors (one layout): with bound calls the first validates
+    and the other two replay through _native.BoundCall; every output (and add_rmsnorm's in-place residual) is
+    byte-identical to validated calls (VKC_FASTPATH=0) on the same inputs, NaN-poisoned first."""
+    from vkc_runtime import launch
+    M, H = 9, 48
+
+    def inputs(i):  # the same values in both runs (seeded), fresh tensors (new pointers) per call
+        s = 100 * i
+        return dict(x=rnd(M, 5120, seed=s), r=rnd(M, 5120, seed=s + 1), w=rnd(5120, scale=0.1, seed=s + 2),
+                    gx=rnd(M, H * 128, seed=s + 3), gz=rnd(M, H * 128, seed=s + 4), gw=rnd(128, seed=s + 5),
+                    qg=rnd(M, 24 * 512, seed=s + 6), k=rnd(M, 4 * 256, seed=s + 7),
+                    pos=torch.randint(0, 5000, (M,), device="cuda", dtype=torch.int32,
+                                      generator=torch.Generator(device="cuda").manual_seed(s + 8)),
+                    wq=rnd(256, scale=0.1, seed=s + 9), wk=rnd(256, scale=0.1, seed=s + 10),
+                    su=rnd(M, 2 * 17408, seed=s + 11), sx=rnd(M, 24 * 256, seed=s + 12),
+                    ids=torch.randint(0, 1000, (M,), device="cuda", dtype=torch.int32,
+                                      generator=torch.Generator(device="cuda").manual_seed(s + 13)),
+                    table=rnd(1000, 2048, seed=s + 14))
+    outs = {}
+    for fast in ("0", "1"):
+        monkeypatch.setenv("VKC_FASTPATH", fast)
+        launch.clear_bound_calls()
+        got = []
+        for i in range(3):
+            a = inputs(i)
+            o = dict(rms=poison(M, 5120), add=poison(M, 5120), gated=poison(M, H * 128), qo=poison(M, 24, 256),
+                     ko=poison(M, 4, 256), silu=poison(M, 17408), sig=poison(M, 24 * 256), emb=poison(M, 2048))
+            N.rmsnorm(a["x"], a["w"], 1e-6, out=o["rms"])
+            N.add_rmsnorm(a["x"], a["r"], a["w"], 1e-6, out=o["add"])
+            N.gated_rmsnorm(a["gx"], a["gz"], a["gw"], out=o["gated"])
+            N.qk_norm_rope(a["qg"], a["k"], a["pos"], a["wq"], a["wk"], 24, 4, 256, q_out=o["qo"], k_out=o["ko"])
+            N.silu_mul(a["su"], out=o["silu"])
+            N.sigmoid_mul(a["sx"], a["qg"].view(M, 24, 2, 256)[:, :, 1], out=o["sig"])
+            N.embedding(a["ids"], a["table"], out=o["emb"])
+            o["residual"] = a["r"]
+            got.append(o)
+        torch.cuda.synchronize()
+        hits = N._calls.hits
+        assert hits == (14 if fast == "1" else 0), hits  # 7 ops x 2 replays
+        outs[fast] = got
+    for a, b in zip(outs["0"], outs["1"]):
+        for k in a:
+            assert not torch.isnan(a[k].float()).any() and torch.equal(a[k], b[k]), k

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .. import driver, memory, registry
-from ..launch import CallCache, get_kernel, has_kernel, run_launches
+from ..launch import CallCache, get_kernel, has_kernel
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
 __all__ = ["reshape_and_cache", "prefill", "PrefillPlan", "prefill_uses_tma", "decode", "DecodePlan",
@@ -192,9 +192,8 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
     al = all(p % 16 == 0 for p in (kt.ptr, vt.ptr)) and skt % 16 == 0 and svt % 16 == 0
     kern = get_kernel(f"attn.reshape_and_cache.{'a16' if al else 'any'}")
     gy = _cdiv(N, kern.constexprs["BLOCK"])
-    launches = [(kern, (T, gy, 1), (kt, vt, kc, vc, st, skt, svt, sb, ss, BS, N, NB * BS))]
-    run_launches(launches, s)
-    _rac_calls.record(None, (kt, vt, kc, vc, st), (), launches, s)
+    _rac_calls.launch(None, (kt, vt, kc, vc, st), (), [(kern, (T, gy, 1), (kt, vt, kc, vc, st, skt, svt, sb, ss, BS, N,
+                                                                           NB * BS))], s)
 
 
 # ------------------------------------------------------------------------------------------------ prefill
@@ -310,9 +309,8 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
     if T and p.N:
         launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, use_tma)
-        run_launches(launches, s)
-        if out is not None:
-            _prefill_calls.record(key, (qt, cache[0], cache[1], p.bt, p.cu, p.sl, ot) + gslot, (scale,), launches, s)
+        slots = None if out is None else (qt, cache[0], cache[1], p.bt, p.cu, p.sl, ot) + gslot
+        _prefill_calls.launch(key if out is not None else None, slots, (scale,), launches, s)
     return res
 
 
@@ -353,8 +351,7 @@ class PrefillPlan:
         same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
         if T and p.N:
             launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, self.use_tma)
-            run_launches(launches, s)
-            self._calls.record(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, s)
+            self._calls.launch(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, s)
         return out
 
 
@@ -456,9 +453,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     same_device(op, qt, cache[0], cache[1], ot, batch.bt, batch.sl)
     if B:
         launches, gslot = _decode_launches(op, batch, qt, cache, ot, gate, scale)
-        run_launches(launches, s)
-        if out is not None:
-            _decode_calls.record(key, (qt, cache[0], cache[1], batch.bt, batch.sl, ot) + gslot, (scale,), launches, s)
+        slots = None if out is None else (qt, cache[0], cache[1], batch.bt, batch.sl, ot) + gslot
+        _decode_calls.launch(key if out is not None else None, slots, (scale,), launches, s)
     return res
 
 
@@ -502,8 +498,7 @@ class DecodePlan:
         same_device(op, qt, cache[0], cache[1], ot, p.bt, p.sl)
         if p.B:
             launches, gslot = _decode_launches(op, p, qt, cache, ot, gate, scale)
-            run_launches(launches, s)
-            self._calls.record(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, s)
+            self._calls.launch(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, s)
         return out
 
 

@@ -15,7 +15,7 @@ distinct within one call. Grid (B * Hv * 128 / BLOCK_V,) on axis 0 only (no 6553
 from __future__ import annotations
 
 from .. import memory, registry
-from ..launch import get_kernel
+from ..launch import CallCache, get_kernel
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 
 __all__ = ["recurrent_decode", "HEAD_DIM"]
@@ -26,12 +26,17 @@ _SPECS = ("bv32", "bv16")
 registry.require(*[f"gdn_decode.recurrent.k128_v128.{s}" for s in _SPECS])
 # below this many (sequence, head) pairs the BLOCK_V = 16 spec (twice the CTAs) runs
 SMALL_BATCH_HEADS = 512
+_calls = CallCache()  # bound calls (vkc_runtime.launch): a call with out= and torch tensors of a recent layout
 
 
 def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: int, num_v_heads: int, *, out=None,
                      stream=None, _tile: str | None = None):
     """One GDN decode step; returns out [B, Hv, 128] bf16. ``state`` is updated in place."""
     op = "recurrent_decode"
+    s = stream_of(stream)
+    key = (num_k_heads, num_v_heads, _tile)
+    if out is not None and _calls.run(key, (qkv, a, b, A_log, dt_bias, state, slot_idx, out), (), s):
+        return out
     Hk, Hv = int(num_k_heads), int(num_v_heads)
     D = HEAD_DIM
     if Hk <= 0 or Hv <= 0 or Hv % Hk:
@@ -75,6 +80,7 @@ def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: in
     nprog = B * Hv * (k.constexprs["V"] // k.constexprs["BLOCK_V"])
     if nprog >= 2**31:
         raise OpError(f"{op}: B * Hv = {B * Hv} is too large for one launch")
-    k.launch((nprog, 1, 1), (qt.ptr, at.ptr, bt.ptr, lt.ptr, dt.ptr, st.ptr, it.ptr, ot.ptr, sq, sa, sb, ss, so, Hk, Hv,
-                             S, float(D ** -0.5), 1e-6), stream_of(stream))
+    _calls.launch(key, None if out is None else (qt, at, bt, lt, dt, st, it, ot), (),
+                  [(k, (nprog, 1, 1), (qt, at, bt, lt, dt, st, it, ot, sq, sa, sb, ss, so, Hk, Hv, S, float(D ** -0.5),
+                                       1e-6))], s)
     return res

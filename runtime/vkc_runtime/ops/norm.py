@@ -4,12 +4,14 @@ All tensors are bf16 on one CUDA device (torch/cupy tensors, DLPack producers or
 is fp32 inside the kernels. Rows may be strided; the last dimension must be contiguous. When every
 pointer is 16-byte aligned and every row stride is a multiple of 16 elements the vectorized `.a16`
 specialization runs, otherwise the `.any` one. Pass ``out=`` (and never allocate) inside graph capture.
+With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call of the same op is a bound
+call (vkc_runtime.launch): no revalidation, the recorded launch with the new pointers.
 """
 from __future__ import annotations
 
 
 from .. import memory, registry
-from ..launch import get_kernel
+from ..launch import CallCache, get_kernel
 from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_of, tensor
 
 __all__ = ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul", "sigmoid_mul", "embedding",
@@ -27,6 +29,7 @@ registry.require(*[f"norm.sigmoid_mul.d{d}.{v}" for d in (256, 128) for v in _VA
 registry.require(*[f"norm.embedding.{v}" for v in _VARIANTS])
 
 _GATED_HEAD = 128
+_calls = CallCache(per_key=8)  # bound calls, keyed by op (+ head counts)
 _SIGMOID_DIMS = (256, 128)
 
 
@@ -51,6 +54,11 @@ def _block_for(op: str, n: int) -> int:
     raise OpError(f"{op}: rows of {n} elements exceed the largest compiled row block {ROW_BLOCKS[-1]}")
 
 
+def _bindable(out, *slots):
+    """The slots of a bound call, or None when the op allocated its output (nothing to bind)."""
+    return None if out is None else slots
+
+
 def _empty_ok(*dims: int) -> bool:
     return all(d > 0 for d in dims)
 
@@ -58,6 +66,9 @@ def _empty_ok(*dims: int) -> bool:
 def rmsnorm(x, weight, eps: float = 1e-6, out=None, stream=None):
     """y = x * rsqrt(mean(x^2) + eps) * (1 + weight); x [M, N] bf16, weight [N] bf16."""
     op = "rmsnorm"
+    s = stream_of(stream)
+    if out is not None and _calls.run(op, (x, weight, out), (eps,), s):
+        return out
     xt = tensor(op, "x", x, BF16, ndim=2)
     M, N = xt.shape
     wt = tensor(op, "weight", weight, BF16, ndim=1, shape=(N,))
@@ -69,13 +80,16 @@ def rmsnorm(x, weight, eps: float = 1e-6, out=None, stream=None):
     sx, sy = row_stride(xt), row_stride(yt)
     fits_i32(op, N=N, stride_x=sx, stride_y=sy)
     k = get_kernel(f"norm.rmsnorm.b{_block_for(op, N)}.{_variant((xt.ptr, wt.ptr, yt.ptr), (sx, sy))}")
-    k.launch((M, 1, 1), (xt.ptr, wt.ptr, yt.ptr, sx, sy, N, float(eps)), stream_of(stream))
+    _calls.launch(op, _bindable(out, xt, wt, yt), (eps,), [(k, (M, 1, 1), (xt, wt, yt, sx, sy, N, float(eps)))], s)
     return res
 
 
 def add_rmsnorm(x, residual, weight, eps: float = 1e-6, out=None, stream=None):
     """residual <- bf16(x + residual) (in place); returns y = rmsnorm(residual) * (1 + weight)."""
     op = "add_rmsnorm"
+    s = stream_of(stream)
+    if out is not None and _calls.run(op, (x, residual, weight, out), (eps,), s):
+        return out
     xt = tensor(op, "x", x, BF16, ndim=2)
     M, N = xt.shape
     rt = tensor(op, "residual", residual, BF16, ndim=2, shape=(M, N))
@@ -89,13 +103,17 @@ def add_rmsnorm(x, residual, weight, eps: float = 1e-6, out=None, stream=None):
     fits_i32(op, N=N, stride_x=sx, stride_r=sr, stride_y=sy)
     v = _variant((xt.ptr, rt.ptr, wt.ptr, yt.ptr), (sx, sr, sy))
     k = get_kernel(f"norm.add_rmsnorm.b{_block_for(op, N)}.{v}")
-    k.launch((M, 1, 1), (xt.ptr, rt.ptr, wt.ptr, yt.ptr, sx, sr, sy, N, float(eps)), stream_of(stream))
+    _calls.launch(op, _bindable(out, xt, rt, wt, yt), (eps,),
+                  [(k, (M, 1, 1), (xt, rt, wt, yt, sx, sr, sy, N, float(eps)))], s)
     return res
 
 
 def gated_rmsnorm(x, z, weight, eps: float = 1e-6, out=None, stream=None):
     """Per 128-wide head: y = x * rsqrt(mean(x^2) + eps) * weight * silu(z); x, z [M, H*128], weight [128]."""
     op = "gated_rmsnorm"
+    s = stream_of(stream)
+    if out is not None and _calls.run(op, (x, z, weight, out), (eps,), s):
+        return out
     xt = tensor(op, "x", x, BF16, ndim=2)
     M, C = xt.shape
     if C % _GATED_HEAD:
@@ -112,8 +130,9 @@ def gated_rmsnorm(x, z, weight, eps: float = 1e-6, out=None, stream=None):
     fits_i32(op, H=H, stride_x=sx, stride_z=sz, stride_y=sy)
     v = _variant((xt.ptr, zt.ptr, wt.ptr, yt.ptr), (sx, sz, sy))
     k = get_kernel(f"norm.gated_rmsnorm.h128.{v}")
-    k.launch((M, _grid_y(op, _cdiv(H, k.constexprs["HEADS_PER_PROG"])), 1), (xt.ptr, zt.ptr, wt.ptr, yt.ptr, sx, sz, sy, H, float(eps)),
-             stream_of(stream))
+    _calls.launch(op, _bindable(out, xt, zt, wt, yt), (eps,),
+                  [(k, (M, _grid_y(op, _cdiv(H, k.constexprs["HEADS_PER_PROG"])), 1),
+                    (xt, zt, wt, yt, sx, sz, sy, H, float(eps)))], s)
     return res
 
 
@@ -126,6 +145,11 @@ def qk_norm_rope(qg, k, positions, q_weight, k_weight, num_q_heads: int, num_kv_
     per head, partial neox RoPE on the first head_dim/4 dims. qg [T, Hq*2*D], k [T, Hkv*D], positions int32 [T].
     Returns (q_out [T, Hq, D], k_out [T, Hkv, D]); the gate stays in qg (see :func:`sigmoid_mul`)."""
     op = "qk_norm_rope"
+    s = stream_of(stream)
+    key = (op, num_q_heads, num_kv_heads, head_dim)
+    if q_out is not None and k_out is not None and _calls.run(
+            key, (qg, k, positions, q_weight, k_weight, q_out, k_out), (eps, theta), s):
+        return q_out, k_out
     D = int(head_dim)
     if D not in _ROPE:
         raise OpError(f"{op}: head_dim must be one of {sorted(_ROPE)}, got {D}")
@@ -155,14 +179,19 @@ def qk_norm_rope(qg, k, positions, q_weight, k_weight, num_q_heads: int, num_kv_
     v = _variant((qt.ptr, kt.ptr, pt.ptr, wq.ptr, wk.ptr, qo.ptr, ko.ptr), (sq, sk))
     kern = get_kernel(f"norm.qk_norm_rope.d{D}.r{_ROPE[D]}.{v}")
     hpp = kern.constexprs["HEADS_PER_PROG"]
-    kern.launch((T, _grid_y(op, _cdiv(Hq, hpp) + _cdiv(Hkv, hpp)), 1), (qt.ptr, kt.ptr, pt.ptr, wq.ptr, wk.ptr, qo.ptr, ko.ptr, sq, sk, Hq, Hkv,
-                                   float(eps), float(theta)), stream_of(stream))
+    slots = (qt, kt, pt, wq, wk, qo, ko) if q_out is not None and k_out is not None else None
+    _calls.launch(key, slots, (eps, theta), [(kern, (T, _grid_y(op, _cdiv(Hq, hpp) + _cdiv(Hkv, hpp)), 1),
+                                              (qt, kt, pt, wq, wk, qo, ko, sq, sk, Hq, Hkv, float(eps), float(theta)))],
+                  s)
     return qo_res, ko_res
 
 
 def silu_mul(x, out=None, stream=None):
     """SwiGLU: y = silu(x[:, :I]) * x[:, I:] on a merged [gate | up] projection x [M, 2I]."""
     op = "silu_mul"
+    s = stream_of(stream)
+    if out is not None and _calls.run(op, (x, out), (), s):
+        return out
     xt = tensor(op, "x", x, BF16, ndim=2)
     M, I2 = xt.shape
     if I2 % 2:
@@ -176,7 +205,8 @@ def silu_mul(x, out=None, stream=None):
     sx, sy = row_stride(xt), row_stride(yt)
     fits_i32(op, I=I, stride_x=sx, stride_y=sy)
     k = get_kernel(f"norm.silu_mul.{_variant((xt.ptr, yt.ptr), (sx, sy))}")
-    k.launch((M, _grid_y(op, _cdiv(I, k.constexprs["BLOCK"])), 1), (xt.ptr, yt.ptr, sx, sy, I), stream_of(stream))
+    _calls.launch(op, _bindable(out, xt, yt), (), [(k, (M, _grid_y(op, _cdiv(I, k.constexprs["BLOCK"])), 1),
+                                                    (xt, yt, sx, sy, I))], s)
     return res
 
 
@@ -184,6 +214,9 @@ def sigmoid_mul(x, gate, out=None, stream=None):
     """out = x * sigmoid(gate): x [T, H*D], gate [T, H, D] (any strides with a contiguous last dim, e.g. the gate
     halves of qk_norm_rope's qg viewed as qg.view(T, H, 2, D)[:, :, 1]). out may be x (in place)."""
     op = "sigmoid_mul"
+    s = stream_of(stream)
+    if out is not None and _calls.run(op, (x, gate, out), (), s):
+        return out
     gt = tensor(op, "gate", gate, BF16, ndim=3)
     T, H, D = gt.shape
     if D not in _SIGMOID_DIMS:
@@ -200,7 +233,8 @@ def sigmoid_mul(x, gate, out=None, stream=None):
     fits_i32(op, H=H, stride_x=sx, gate_stride_t=sgt, gate_stride_h=sgh, stride_out=so)
     v = _variant((xt.ptr, gt.ptr, ot.ptr), (sx, sgt, sgh, so))
     k = get_kernel(f"norm.sigmoid_mul.d{D}.{v}")
-    k.launch((T, _grid_y(op, _cdiv(H, k.constexprs["HEADS_PER_PROG"])), 1), (xt.ptr, gt.ptr, ot.ptr, sx, sgt, sgh, so, H), stream_of(stream))
+    _calls.launch(op, _bindable(out, xt, gt, ot), (), [(k, (T, _grid_y(op, _cdiv(H, k.constexprs["HEADS_PER_PROG"])), 1),
+                                                        (xt, gt, ot, sx, sgt, sgh, so, H))], s)
     return res
 
 
@@ -208,6 +242,9 @@ def embedding(ids, table, out=None, stream=None):
     """out[t] = table[ids[t]]; ids int32 [T], table [V, N] bf16. Ids outside [0, V) give zero rows (checked on
     the device, so a bad id never reads out of bounds)."""
     op = "embedding"
+    s = stream_of(stream)
+    if out is not None and _calls.run(op, (ids, table, out), (), s):
+        return out
     it = tensor(op, "ids", ids, "int32", ndim=1)
     tt = tensor(op, "table", table, BF16, ndim=2)
     T = it.shape[0]
@@ -222,5 +259,6 @@ def embedding(ids, table, out=None, stream=None):
     st, so = row_stride(tt), row_stride(ot)
     fits_i32(op, V=V, N=N, stride_table=st, stride_out=so)
     k = get_kernel(f"norm.embedding.{_variant((it.ptr, tt.ptr, ot.ptr), (st, so))}")
-    k.launch((T, _grid_y(op, _cdiv(N, k.constexprs["BLOCK"])), 1), (it.ptr, tt.ptr, ot.ptr, st, so, V, N), stream_of(stream))
+    _calls.launch(op, _bindable(out, it, tt, ot), (), [(k, (T, _grid_y(op, _cdiv(N, k.constexprs["BLOCK"])), 1),
+                                                        (it, tt, ot, st, so, V, N))], s)
     return res
