@@ -65,36 +65,6 @@ def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_
 
 
 @triton.jit
-def decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr,
-                        scale, num_kv_heads, group, num_splits,
-                        stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
-                        block_size, max_blocks, num_blocks,
-                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
-    pid = tl.program_id(0)
-    split = pid % num_splits
-    bh = pid // num_splits
-    kvh = bh % num_kv_heads
-    b = (bh // num_kv_heads).to(tl.int64)
-    num_q_heads = num_kv_heads * group
-
-    n_lo, n_hi = _split_range(seqlen_ptr, b, split, num_splits, max_blocks, block_size, BLOCK_N)
-
-    r = tl.arange(0, QB)
-    rmask = r < group
-    hq = kvh * group + r
-    prow = (b * num_q_heads + hq) * num_splits + split  # int64
-    if n_lo < n_hi:
-        d = tl.arange(0, D)
-        out, lse = _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask,
-                                 n_lo, n_hi, scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
-                                 block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
-        tl.store(part_o_ptr + prow[:, None] * D + d[None, :], out, mask=rmask[:, None])
-        tl.store(part_lse_ptr + prow, lse, mask=rmask)
-    else:
-        tl.store(part_lse_ptr + prow, tl.full([QB], float("-inf"), tl.float32), mask=rmask)
-
-
-@triton.jit
 def _split_range(seqlen_ptr, b, split, num_splits, max_blocks, block_size, BLOCK_N: tl.constexpr):
     """Sequence b's clamped length and split `split`'s key range [n_lo, n_hi) (empty past the end)."""
     L = tl.minimum(tl.load(seqlen_ptr + b), max_blocks * block_size)
@@ -104,11 +74,14 @@ def _split_range(seqlen_ptr, b, split, num_splits, max_blocks, block_size, BLOCK
 
 
 @triton.jit
-def decode_fused_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-                        o_ptr, gate_ptr, scale, num_kv_heads, group, num_splits,
-                        stride_qb, stride_qh, stride_ob, stride_oh, stride_gb, stride_gh,
-                        stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
-                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr):
+def _split_partials(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr,
+                    scale, num_kv_heads, group, num_splits,
+                    stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
+                    block_size, max_blocks, num_blocks,
+                    D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
+    """This program's split of one (sequence, kv head): attend over its key range and store the group's normalized
+    partial outputs and log2-sum-exps at rows (b * Hq + hq) * num_splits + split (lse -inf: an empty split).
+    Returns what a merge of the group needs: (b, b * Hkv + kv head, q heads, their mask, first partial row)."""
     pid = tl.program_id(0)
     split = pid % num_splits
     bh = pid // num_splits
@@ -119,9 +92,9 @@ def decode_fused_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
     r = tl.arange(0, QB)
     rmask = r < group
     hq = kvh * group + r
-    d = tl.arange(0, D)
     prow0 = (b * num_q_heads + hq) * num_splits  # int64, split 0 of each q row
     if n_lo < n_hi:
+        d = tl.arange(0, D)
         out, lse = _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask,
                                  n_lo, n_hi, scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
                                  block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
@@ -129,6 +102,31 @@ def decode_fused_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
         tl.store(part_lse_ptr + prow0 + split, lse, mask=rmask)
     else:
         tl.store(part_lse_ptr + prow0 + split, tl.full([QB], float("-inf"), tl.float32), mask=rmask)
+    return b, bh, hq, rmask, prow0
+
+
+@triton.jit
+def decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr,
+                        scale, num_kv_heads, group, num_splits,
+                        stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
+                        block_size, max_blocks, num_blocks,
+                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
+    _split_partials(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr,
+                    scale, num_kv_heads, group, num_splits, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
+                    stride_bt, block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
+
+
+@triton.jit
+def decode_fused_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr, count_ptr,
+                        o_ptr, gate_ptr, scale, num_kv_heads, group, num_splits,
+                        stride_qb, stride_qh, stride_ob, stride_oh, stride_gb, stride_gh,
+                        stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
+                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr):
+    b, bh, hq, rmask, prow0 = _split_partials(
+        q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr, scale, num_kv_heads, group,
+        num_splits, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks,
+        num_blocks, D, BLOCK_N, QB)
+    d = tl.arange(0, D)
     tl.debug_barrier()  # every thread's partials are written before the ticket is taken (release below)
     ticket = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
     if ticket == num_splits - 1:  # the other splits of this (b, kv head) have published their partials
