@@ -630,7 +630,8 @@ class Launcher {
 // implementation of the same contract). Guarded per tensor slot: the exact Python type, is_cuda,
 // get_device(), dtype (identity), shape, stride() and data_ptr() % align == 0 (the alignment the recorded
 // pointer had, capped at 16); per scalar: exact type and value; the current CUDA context; the stream
-// where a launch uses global scratch. run() returns false, with no side effect, as soon as one fact
+// where a launch uses global scratch; per relation between two slots, that their byte spans do not overlap
+// (disjoint) or that their pointers are equal (same), as validation found them. run() returns false, with no side effect, as soon as one fact
 // differs (the op then validates again and records a new BoundCall); on a match the parameter buffers
 // packed at bind time get the slots' current pointers and are launched in order.
 namespace {
@@ -685,8 +686,10 @@ class BoundCall {
     // slots: [(type, shape, strides, dtype, device, align)]; scalars: a tuple compared by exact type and value;
     // launches: [(Launcher, gx, gy, gz, args, patches, scratch)] with args the visible values at bind time and
     // patches [(arg index, slot index)] the pointer arguments taken from a slot; ctx: the context the kernels
-    // were loaded in; stream: the stream every launch must use (-1: any; set when a launch has scratch).
-    BoundCall(unsigned long long ctx, py::list slots, py::tuple scalars, py::list launches, long long stream)
+    // were loaded in; stream: the stream every launch must use (-1: any; set when a launch has scratch);
+    // relations: [(kind, slot i, slot j, span i, span j)], kind 0 = byte spans [ptr, ptr + span) disjoint, 1 = same ptr.
+    BoundCall(unsigned long long ctx, py::list slots, py::tuple scalars, py::list launches, long long stream,
+              py::list relations)
         : ctx_(ctx), scalars_(scalars), stream_(stream) {
         intern_names();
         for (auto item : slots) {
@@ -728,6 +731,16 @@ class BoundCall {
             b.empty = b.gx == 0 || b.gy == 0 || b.gz == 0;
             bound_.push_back(std::move(b));
         }
+        for (auto item : relations) {
+            py::tuple t = item.cast<py::tuple>();
+            if (t.size() != 5) throw py::value_error("a relation is (kind, slot i, slot j, span i, span j)");
+            Relation r{t[0].cast<int>(), t[1].cast<int>(), t[2].cast<int>(), t[3].cast<unsigned long long>(),
+                       t[4].cast<unsigned long long>()};
+            if ((r.kind != 0 && r.kind != 1) || r.i < 0 || r.j < 0 || (size_t)r.i >= slots_.size() ||
+                (size_t)r.j >= slots_.size())
+                throw py::value_error("bad relation");
+            relations_.push_back(r);
+        }
     }
 
     bool run(py::handle tensors_h, py::handle scalars_h, unsigned long long stream) {
@@ -751,6 +764,10 @@ class BoundCall {
         for (auto& b : bound_) {
             for (const auto& p : b.patches)
                 if (p.div > 1 && ptrs[p.slot] % (unsigned long long)p.div) return false;  // covered by align; kept
+        }
+        for (const auto& r : relations_) {
+            unsigned long long a = ptrs[r.i], b = ptrs[r.j];
+            if (r.kind == 1 ? a != b : (a < b + r.span_j && b < a + r.span_i)) return false;
         }
         ++hits_;
         alignas(16) char buf[kMaxParamBytes];
@@ -779,6 +796,10 @@ class BoundCall {
         uint32_t offset;
         int slot;
         int div;
+    };
+    struct Relation {
+        int kind, i, j;
+        unsigned long long span_i, span_j;
     };
     struct Bound {
         py::object owner;  // keeps the Launcher alive
@@ -846,6 +867,7 @@ class BoundCall {
     long long stream_;
     std::vector<Slot> slots_;
     std::vector<Bound> bound_;
+    std::vector<Relation> relations_;
     long long hits_ = 0;
 };
 
@@ -995,8 +1017,9 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("function", &Launcher::function)
         .def_property_readonly("param_bytes", &Launcher::param_bytes);
     py::class_<BoundCall>(m, "BoundCall")
-        .def(py::init<unsigned long long, py::list, py::tuple, py::list, long long>(), py::arg("ctx"),
-             py::arg("slots"), py::arg("scalars"), py::arg("launches"), py::arg("stream"))
+        .def(py::init<unsigned long long, py::list, py::tuple, py::list, long long, py::list>(), py::arg("ctx"),
+             py::arg("slots"), py::arg("scalars"), py::arg("launches"), py::arg("stream"),
+             py::arg("relations") = py::list())
         .def("run", &BoundCall::run, py::arg("tensors"), py::arg("scalars"), py::arg("stream"),
              "Launch with the slots' current pointers if every guarded fact holds; False (nothing done) otherwise.")
         .def_property_readonly("hits", &BoundCall::hits)

@@ -200,15 +200,33 @@ def _gdn_decode_call(G):
     return lambda: G.recurrent_decode(*args, out=out)
 
 
-@pytest.mark.parametrize("which", ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul",
-                                   "sigmoid_mul", "embedding", "recurrent_decode"])
+def _conv_call(Cv, which):
+    n, C, B = 40, 8192, 4
+    if which == "causal_conv1d":
+        args = (T((n, C)), T((C, 4)), T((3,), I32))
+        st = dict(conv_state=T((10, 3, C)), slot_idx=T((2,), I32))
+        out = T((n, C))
+        return lambda: Cv.causal_conv1d(*args, **st, out=out)
+    x = T((B, C))
+    args = (T((C, 4)), T((10, 3, C)), T((B,), I32))
+    out = x if which == "causal_conv1d_update_inplace" else T((B, C))
+    return lambda: Cv.causal_conv1d_update(x, *args, out=out)
+
+
+OTHER_OPS = ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul", "sigmoid_mul", "embedding",
+             "recurrent_decode", "causal_conv1d", "causal_conv1d_update", "causal_conv1d_update_inplace"]
+
+
+@pytest.mark.parametrize("which", OTHER_OPS)
 def test_other_ops_bind_too(monkeypatch, which):
-    """The norm-family ops and the GDN decode step: three calls, each on its own tensors of one layout, look up a
-    kernel (validate) once with bound calls and three times without, and launch the same (pointers included)."""
+    """The norm-family ops, the GDN decode step and the conv ops: three calls, each on its own tensors of one layout,
+    look up a kernel (validate) once with bound calls and three times without, and launch the same (pointers
+    included)."""
     from tests.ops_fakes import Recorder
-    from vkc_runtime.ops import gdn_decode as G, norm as N
-    mod = G if which == "recurrent_decode" else N
-    calls = [_gdn_decode_call(G) if which == "recurrent_decode" else _norm_call(N, which) for _ in range(3)]
+    from vkc_runtime.ops import conv as Cv, gdn_decode as G, norm as N
+    mod = G if which == "recurrent_decode" else Cv if which.startswith("causal") else N
+    calls = [_gdn_decode_call(G) if mod is G else _conv_call(Cv, which) if mod is Cv else _norm_call(N, which)
+             for _ in range(3)]
     res = {}
     for fast in ("0", "1"):
         monkeypatch.setenv("VKC_FASTPATH", fast)
@@ -222,3 +240,37 @@ def test_other_ops_bind_too(monkeypatch, which):
     assert len(res["0"][0]) == 3 and res["0"][1] == 3 and res["1"][1] == 1
     assert res["1"][0] == res["0"][0]
     assert len({args for _, _, args in res["1"][0]}) == 3  # each call launched with its own pointers
+
+
+def test_unhashable_option_values_are_not_bound(rec, decode_once):
+    """An option value that cannot key a bound call (a list) is never bound: each call validates -- here decode
+    reads it as int(...) and refuses it with a clear error, before any launch."""
+    with pytest.raises(TypeError):
+        decode_once(num_splits=[2])
+    assert not rec.calls
+
+
+def test_conv_relations_are_guarded(rec, monkeypatch):
+    """causal_conv1d_update binds "out is x" (in place) and "out does not overlap x" as relations: after a bound
+    in-place call, an out that overlaps x without being x is refused by validation, and a separate out validates
+    and binds anew."""
+    from tests.ops_fakes import Recorder
+    from vkc_runtime.ops import conv as Cv
+    r = Recorder()
+    lookups = []
+    monkeypatch.setattr(Cv, "get_kernel", lambda base: lookups.append(base) or r(base))
+    B, C = 4, 8192
+    w, st, sl = T((C, 4)), T((10, 3, C)), T((B,), I32)
+    for _ in range(2):
+        x = T((B, C))
+        Cv.causal_conv1d_update(x, w, st, sl, out=x)
+    assert len(lookups) == 1
+    big = T((B + 1, C))  # two row-views of one buffer, one row apart: same layout, overlapping spans
+    x, y = T((B, C)), T((B, C))
+    x._ptr, y._ptr = big.data_ptr(), big.data_ptr() + 2 * C
+    with pytest.raises(OpError, match="must not overlap"):
+        Cv.causal_conv1d_update(x, w, st, sl, out=y)
+    Cv.causal_conv1d_update(T((B, C)), w, st, sl, out=T((B, C)))
+    Cv.causal_conv1d_update(T((B, C)), w, st, sl, out=T((B, C)))
+    assert len(lookups) == 2  # the overlapping call was refused before any lookup, the first disjoint one
+    # validated and bound, the second replayed

@@ -691,3 +691,39 @@ def test_bind_call_declines_what_it_cannot_guard(tmp_path, fake_cu, clean_env):
     assert launch.bind_call((rx, rx), (), [(k, 1, (rx, 64, 0.5))], 0) is None  # one TensorRef in two slots
     clean_env.setenv("VKC_FASTPATH", "0")
     assert launch.bind_call((rx,), (), [(k, 1, (rx, 64, 0.5))], 0) is None
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bound_call_relations(tmp_path, fake_cu, clean_env, request, native):
+    """Relations between two slots, re-checked on every run: "disjoint" refuses overlapping byte spans (one byte
+    is enough), "same" refuses two different pointers."""
+    from tests.ops_fakes import TorchLike as T
+    from vkc_runtime import memory
+    if native:
+        h = request.getfixturevalue("fake_libcuda")
+        h.set_sizes("ppifpp")
+        h.fake_set_ctx(ctypes.c_size_t(0xC0C0))
+    else:
+        clean_env.setenv("VKC_NATIVE", "0")
+        fake_cu.param_sizes = [8, 8, 4, 4, 8, 8]
+    root = make_root(tmp_path, bases=("norm.k",), sig=SIG2)
+    fake_cu.current = 0xC0C0
+    k = _kernel(root)
+    x, y = T((4, 64), "torch.float32"), T((4, 64), "torch.float32")  # 4 * 64 * 4 = 1024 bytes each
+    rx, ry = memory.as_tensor(x), memory.as_tensor(y)
+    launches = [(k, 1, (rx, ry, 64, 0.5))]
+    launch.run_launches(launches, 0)
+    disjoint = launch.bind_call((rx, ry), (), launches, 0, relations=[("disjoint", rx, ry)])
+    same = launch.bind_call((rx, ry), (), launches, 0, relations=[("same", rx, ry)])
+    assert type(disjoint).__name__ == ("BoundCall" if native else "_PyBoundCall")
+
+    def pair(gap):  # two [4, 64] fp32 tensors whose pointers are `gap` bytes apart (16-byte aligned)
+        a, b = T((4, 64), "torch.float32"), T((4, 64), "torch.float32")
+        b._ptr = a.data_ptr() + gap
+        return a, b
+    assert disjoint.run(pair(1024), (), 0)          # adjacent: fine
+    assert not disjoint.run(pair(1008), (), 0)      # 16 bytes of overlap
+    assert not disjoint.run(pair(0), (), 0)
+    a, _ = pair(0)
+    assert same.run((a, a), (), 0) and not same.run(pair(1024), (), 0)
+    assert (disjoint.hits, same.hits) == (1, 1)

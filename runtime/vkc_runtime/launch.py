@@ -571,7 +571,8 @@ class Kernel:
 # An op validates its inputs (dozens of Python-level checks, ~10-20 us of host time per call) and turns them into
 # launches. A *bound call* records the facts that validation read -- per tensor: exact type, is_cuda, device,
 # dtype, shape, strides and the pointer's alignment (capped at 16); per scalar: type and value; the CUDA
-# context; the stream where a kernel uses global scratch -- together with the launches, their arguments packed
+# context; the stream where a kernel uses global scratch; the relations between two tensors' pointers that
+# validation checked (byte spans disjoint, or one pointer for both) -- together with the launches, their arguments packed
 # once and the pointer arguments that come from each tensor. A later call with the same facts skips validation:
 # the tensors' metadata is re-read (in C++ with the native launcher), compared, and the packed launches run with
 # the new pointers. Every check an op does is a function of those facts (its kernel choice too: a pointer with
@@ -608,8 +609,9 @@ class _PyBoundCall:
     """The reference implementation of a bound call (the native ``_native.BoundCall`` keeps the same contract);
     used without the native launcher and for kernels that are not :class:`Kernel` objects (tests)."""
 
-    def __init__(self, ctx, slots, scalars, launches):
+    def __init__(self, ctx, slots, scalars, launches, relations=()):
         self.ctx, self.slots, self.scalars, self.launches = ctx, slots, scalars, launches
+        self.relations = relations
         self.hits = 0
 
     def run(self, tensors, scalars, stream) -> bool:
@@ -632,6 +634,10 @@ class _PyBoundCall:
                 ptrs.append(p)
         except Exception:  # a property that raised: the op's validation names it
             return False
+        for kind, i, j, span_i, span_j in self.relations:
+            a, b = ptrs[i], ptrs[j]
+            if (a != b) if kind == _SAME else (a < b + span_j and b < a + span_i):
+                return False
         self.hits += 1
         for k, grid, args, patches in self.launches:
             a = list(args)
@@ -641,13 +647,26 @@ class _PyBoundCall:
         return True
 
 
-def bind_call(slots, scalars: tuple, launches, stream: int):
+_DISJOINT, _SAME = 0, 1
+_RELATIONS = {"disjoint": _DISJOINT, "same": _SAME}
+
+
+def _span(ref: TensorRef) -> int:
+    """Bytes from the first to one past the last element of ``ref`` (0 when empty)."""
+    if any(n == 0 for n in ref.shape):
+        return 0
+    return (sum((n - 1) * abs(st) for n, st in zip(ref.shape, ref.strides)) + 1) * ref.itemsize
+
+
+def bind_call(slots, scalars: tuple, launches, stream: int, relations=()):
     """A bound call for launches just made from validated inputs, or None when the call cannot be bound.
 
     ``slots``: the call's tensor arguments as the op read them (TensorRefs, in the order :meth:`run` will get
     the objects); ``scalars``: host values the op's choices depended on (compared by type and value);
     ``launches``: ``[(kernel, grid, args)]`` as given to :func:`run_launches` -- a TensorRef among ``args``
-    that is one of ``slots`` (by identity) is re-read on every run, any other value is fixed."""
+    that is one of ``slots`` (by identity) is re-read on every run, any other value is fixed; ``relations``:
+    ``[("disjoint" | "same", a, b)]`` for two slots whose pointers validation compared (their byte spans do not
+    overlap / they are one pointer), re-checked on every run."""
     if not fastpath_enabled():
         return None
     guards = []
@@ -659,6 +678,11 @@ def bind_call(slots, scalars: tuple, launches, stream: int):
     index = {id(r): i for i, r in enumerate(slots)}
     if len(index) != len(slots):
         return None
+    rels = []
+    for kind, a, b in relations:
+        if id(a) not in index or id(b) not in index:
+            return None
+        rels.append((_RELATIONS[kind], index[id(a)], index[id(b)], _span(a), _span(b)))
     bound = []
     for k, grid, args in launches:
         patches = [(i, index[id(a)]) for i, a in enumerate(args) if type(a) is TensorRef and id(a) in index]
@@ -675,9 +699,9 @@ def bind_call(slots, scalars: tuple, launches, stream: int):
             if scratch:
                 fixed_stream = stream
             nl.append((lau, gx, gy, gz, args, patches, scratch))
-        return _native.BoundCall(ctxs.pop() if ctxs else 0, guards, tuple(scalars), nl, fixed_stream)
+        return _native.BoundCall(ctxs.pop() if ctxs else 0, guards, tuple(scalars), nl, fixed_stream, rels)
     ctx = kernels[0].ctx if kernels and all(type(k) is Kernel for k in kernels) else 0
-    return _PyBoundCall(ctx, guards, tuple(scalars), bound)
+    return _PyBoundCall(ctx, guards, tuple(scalars), bound, rels)
 
 
 _call_caches: "weakref.WeakSet[CallCache]" = weakref.WeakSet()  # cleared by clear_cache()
@@ -693,22 +717,29 @@ class CallCache:
         _call_caches.add(self)
 
     def run(self, key, tensors: tuple, scalars: tuple, stream: int) -> bool:
-        calls = self._calls.get(key)
+        try:
+            calls = self._calls.get(key)
+        except TypeError:  # an unhashable option value: never bound, the op validates (and names what is wrong)
+            return False
         if calls:
             for c in calls:
                 if c.run(tensors, scalars, stream):
                     return True
         return False
 
-    def launch(self, key, slots, scalars: tuple, launches, stream: int) -> None:
+    def launch(self, key, slots, scalars: tuple, launches, stream: int, relations=()) -> None:
         """:func:`run_launches`, then record them as a bound call under ``key`` (``slots`` None: do not bind,
         e.g. the op allocated its output)."""
         run_launches(launches, stream)
         if slots is not None:
-            self.record(key, slots, scalars, launches, stream)
+            self.record(key, slots, scalars, launches, stream, relations)
 
-    def record(self, key, slots, scalars: tuple, launches, stream: int) -> None:
-        c = bind_call(slots, scalars, launches, stream)
+    def record(self, key, slots, scalars: tuple, launches, stream: int, relations=()) -> None:
+        try:
+            hash(key)
+        except TypeError:
+            return
+        c = bind_call(slots, scalars, launches, stream, relations)
         if c is None:
             return
         calls = self._calls.get(key)

@@ -240,6 +240,42 @@ def test_conv_update(ops, B, C):
     assert np.array_equal(np64(state), st_ref)
 
 
+def test_conv_bound_calls_match_validated_calls(ops, monkeypatch):
+    """causal_conv1d (varlen, with states) and causal_conv1d_update (separate out, and in place): three calls each on
+    their own tensors; with bound calls the first validates and two replay (pointer relations re-checked).
+    Outputs and conv states byte-identical to validated calls (VKC_FASTPATH=0)."""
+    from vkc_runtime import launch
+    conv, _ = ops
+    C, B = 8192, 16
+    lens = [1, 17, 0, 100, 3]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    T = int(cu[-1])
+    slots = torch.tensor([3, -1, 0, 7, 9], dtype=torch.int32, device="cuda")
+    uslots = torch.randperm(B + 4, device="cuda")[:B].to(torch.int32)
+    res = {}
+    for fast in ("0", "1"):
+        monkeypatch.setenv("VKC_FASTPATH", fast)
+        launch.clear_bound_calls()
+        got = []
+        for i in range(3):
+            g = gen(700 + i)
+            w = rnd(g, C, 4, scale=0.5)
+            x, st = rnd(g, T, C, scale=2.0), rnd(g, 16, 3, C, scale=2.0)
+            y = torch.full((T, C), float("nan"), device="cuda", dtype=torch.bfloat16)
+            conv.causal_conv1d(x, w, cu, conv_state=st, slot_idx=slots, out=y)
+            xu, stu = rnd(g, B, C, scale=2.0), rnd(g, B + 4, 3, C, scale=2.0)
+            yu = torch.full((B, C), float("nan"), device="cuda", dtype=torch.bfloat16)
+            conv.causal_conv1d_update(xu, w, stu, uslots, out=yu)
+            xi, sti = rnd(g, B, C, scale=2.0), rnd(g, B + 4, 3, C, scale=2.0)
+            conv.causal_conv1d_update(xi, w, sti, uslots, out=xi)  # in place
+            got += [y, st, yu, stu, xi, sti]
+        torch.cuda.synchronize()
+        assert conv._calls.hits == (6 if fast == "1" else 0)
+        res[fast] = got
+    for a, b in zip(res["0"], res["1"]):
+        assert not torch.isnan(a.float()).any() and torch.equal(a, b)
+
+
 def test_prefill_then_decode_equals_full_conv_and_gdn(ops):
     """Conv prefill of a prompt then decode steps (conv update + GDN decode step) continue it exactly as
     a conv over the whole sequence and a token-by-token recurrence would."""
