@@ -1,7 +1,8 @@
 """GPU (H200) checks of the attention family through vkc_runtime.ops.attention: shuffled paged caches,
 lengths at block boundaries and 4097, mixed batches, prefix + chunk, GQA 6 and 8, D 256/128, the gate
 epilogue, poisoned outputs/scratch/unused cache slots, graph replay == eager. Reference: float32 math on
-de-paged K/V in torch (== float64 numpy within bf16 noise); relative errors are printed (pytest -s)."""
+de-paged K/V in torch (== float64 numpy within bf16 noise); relative errors per case in
+$VKC_ERR_DIR/attn_errors.json (tests/gpu/errlog.py)."""
 from __future__ import annotations
 
 
@@ -12,6 +13,8 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 TOL = 1e-2
+
+from tests.gpu.errlog import record  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +117,14 @@ def test_prefill_mixed(A, D, Hq, Hkv, gate, bs, use_tma):
     # on the H200 the TMA kernel takes every block size that is a multiple of its key tile
     assert tma == (bs % (64 if D == 256 else 128) == 0 and use_tma is not False)
     err = prefill_case(A, q_lens, prefix, Hq, Hkv, D, bs, gate, use_tma=use_tma, interleaved=bs == 128)
-    print(f"prefill D={D} {Hq}/{Hkv} bs={bs} gate={gate} tma={tma}: rel err {err:.2e}")
+    record("attn", what=f"prefill mixed D={D} {Hq}/{Hkv} bs={bs} gate={gate} tma={tma}", rel_err=err)
     assert err < TOL
 
 
 @pytest.mark.parametrize("T,bs", [(4097, 16), (8192, 16), (4097, 64), (8192, 64)])
 def test_prefill_long_single(A, T, bs):
     err = prefill_case(A, [T], [0], 24, 4, 256, bs, True)
-    print(f"prefill single T={T} bs={bs}: rel err {err:.2e}")
+    record("attn", what=f"prefill single T={T} bs={bs}", rel_err=err)
     assert err < TOL
 
 
@@ -161,7 +164,7 @@ def test_decode_mixed(A, D, Hq, Hkv, gate):
     ws.part_lse.fill_bytes(0xFF)
     torch.cuda.synchronize()
     err, out = decode_case(A, lens, Hq, Hkv, D, 16, gate, workspace=ws)
-    print(f"decode D={D} {Hq}/{Hkv} gate={gate}: rel err {err:.2e}")
+    record("attn", what=f"decode mixed D={D} {Hq}/{Hkv} gate={gate}", rel_err=err)
     assert err < TOL
     assert torch.all(out[7] == 0)
 
@@ -170,7 +173,7 @@ def test_decode_mixed(A, D, Hq, Hkv, gate):
 def test_decode_sizes(A, B, L):
     lens = [L - (i % 7) for i in range(B)]
     err, _ = decode_case(A, lens, 24, 4, 256, 16, True)
-    print(f"decode B={B} L={L}: rel err {err:.2e}")
+    record("attn", what=f"decode B={B} L={L}", rel_err=err)
     assert err < TOL
 
 
@@ -185,7 +188,7 @@ def test_decode_forced_splits(A, splits, fused):
     ws.part_lse.fill_bytes(0xFF)
     torch.cuda.synchronize()
     err, out = decode_case(A, lens, 24, 4, 256, 16, True, workspace=ws, num_splits=splits, fused=fused)
-    print(f"decode splits={splits} fused={fused}: rel err {err:.2e}")
+    record("attn", what=f"decode splits={splits} fused={fused}", rel_err=err)
     assert err < TOL
     assert torch.all(out[7] == 0)
     assert not ws.counters.to_numpy().any()

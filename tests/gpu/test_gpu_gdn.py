@@ -2,17 +2,16 @@
 references of tests/refs_gdn.py, plus HF transformers' torch_chunk_gated_delta_rule and FLA's
 chunk_gated_delta_rule when importable. Fresh random data, poisoned outputs / workspace / untouched state
 slots, mixed varlen batches, both Qwen3.6 head configurations, extreme gates, graph replay == eager.
-Relative errors are printed (pytest -s) and collected in tests/gpu/_gdn_errors.json when VKC_GDN_ERR_JSON is set."""
+Relative errors are printed (pytest -s) and collected in $VKC_ERR_DIR/gdn_errors.json (tests/gpu/errlog.py)."""
 from __future__ import annotations
 
 import inspect
-import json
-import os
 
 import numpy as np
 import pytest
 
 from tests import refs_gdn
+from tests.gpu.errlog import record
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -20,16 +19,10 @@ torch = pytest.importorskip("torch")
 DK = DV = 128
 TOL = 1.5e-2  # typical 4e-3..6e-3 (bf16 intermediates as in FLA)
 HEADS = [(16, 48), (16, 32)]
-_ERRS: list[dict] = []
 
 
 def _record(**kw):
-    _ERRS.append(kw)
-    print(json.dumps(kw))
-    path = os.environ.get("VKC_GDN_ERR_JSON")
-    if path:
-        with open(path, "w") as f:
-            json.dump(_ERRS, f, indent=1)
+    record("gdn", **kw)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests import refs
+from tests.gpu.errlog import record
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -43,6 +44,7 @@ def check(out, ref, what):
     o = np64(out) if isinstance(out, torch.Tensor) else out
     assert not np.isnan(o).any(), f"{what}: NaN in output (unwritten or bad math)"
     err = refs.rel_err(o, ref)
+    record("norm", what=what, rel_err=err)
     assert err < TOL, f"{what}: rel err {err:.3e}"
     return err
 

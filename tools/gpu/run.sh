@@ -2,8 +2,8 @@
 # The one GPU script (run through the device tool on the H200, from the repository root):
 #   builds the sm_90a wheel from the working tree (native launcher + sm_90a artifacts only), installs it
 #   apart from the source tree, runs `vkc doctor`, the GPU tests and the benchmarks, and writes to $OUT:
-#   env.txt (device, import, doctor), build.log, gpu-tests.log and results.json (every benchmark's JSON,
-#   keyed by name; split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
+#   env.txt (device, import, doctor), build.log, gpu-tests.log and results.json (every benchmark's JSON and the
+#   GPU tests' per-case relative errors, <family>_errors.json via tests/gpu/errlog.py, keyed by name; split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
 #   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|bench|tune|ncu] [pytest -k expression]
 #   ncu: Nsight Compute on the cases in $NCU_CASES (';'-separated argument lists of benchmarks/ncu_case.py,
 #   default the 27B GDN prefill at 32k), sections in ncu-<n>.txt (speed of light, occupancy, warp stalls,
@@ -101,7 +101,7 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
     MEXPR="gpu and not peer"
   fi
   echo "== GPU tests (-m '$MEXPR')"
-  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" VKC_GDN_ERR_JSON="$WORK/gdn_errors.json" timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -v -rs -p no:cacheprovider \
+  VKC_BENCH_OUT="$WORK/runtime_bench.jsonl" VKC_ERR_DIR="$WORK" timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -v -rs -p no:cacheprovider \
     --durations=20 ${PEER_ARGS:-} -m "$MEXPR" tests/gpu ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu-tests.log" 2>&1
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
