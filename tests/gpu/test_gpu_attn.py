@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.gpu.errlog import record
+from tests.gpu.paths import validated_then_bound
+
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 TOL = 1e-2
-
-from tests.gpu.errlog import record  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +307,6 @@ def test_bound_calls_match_validated_calls(A, monkeypatch):
     """Four layers per op with their own tensors: the first call validates and binds, the other three replay the
     bound call (no revalidation; the native BoundCall re-reads each torch tensor and patches its pointer). Every
     output is byte-identical to validated calls (VKC_FASTPATH=0) on the same inputs, NaN-poisoned first."""
-    from vkc_runtime import launch
     Hq, Hkv, D = 24, 4, 256
     lens = [17, 300, 4097, 1]
     B, n = len(lens), 4
@@ -324,9 +324,7 @@ def test_bound_calls_match_validated_calls(A, monkeypatch):
     kv = [(rnd(37, Hkv, D), rnd(37, Hkv, D)) for _ in range(n)]
     slots = torch.randperm(kc.shape[0] * 16, device="cuda")[:37].to(torch.int32)
     outs = {}
-    for fast in ("0", "1"):
-        monkeypatch.setenv("VKC_FASTPATH", fast)
-        launch.clear_bound_calls()
+    for fast in validated_then_bound(monkeypatch):
         dplan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=16, workspace=ws)
         pplan = A.PrefillPlan(cu, psl, pbt, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=64,
                               max_seqlen_q=max(q_lens))

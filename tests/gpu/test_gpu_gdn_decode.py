@@ -10,6 +10,8 @@ import pytest
 from tests import refs_gdn_decode as R
 from tests.refs import rel_err
 
+from tests.gpu.paths import validated_then_bound
+
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
@@ -150,13 +152,10 @@ def test_decode_bound_calls_match_validated_calls(ops, monkeypatch):
     """Three decode steps, each on its own tensors (one layout), state updated in place: with bound calls the
     first step validates and the other two replay through _native.BoundCall; outputs and states byte-identical
     to validated calls (VKC_FASTPATH=0)."""
-    from vkc_runtime import launch
     _, G = ops
     B, hk, hv = 16, 16, 48
     res = {}
-    for fast in ("0", "1"):
-        monkeypatch.setenv("VKC_FASTPATH", fast)
-        launch.clear_bound_calls()
+    for fast in validated_then_bound(monkeypatch):
         got = []
         for step in range(3):
             qkv, a, b, A_log, dt_bias, state, slots = make_decode(50 + step, B, hk, hv, 40)
@@ -244,7 +243,6 @@ def test_conv_bound_calls_match_validated_calls(ops, monkeypatch):
     """causal_conv1d (varlen, with states) and causal_conv1d_update (separate out, and in place): three calls each on
     their own tensors; with bound calls the first validates and two replay (pointer relations re-checked).
     Outputs and conv states byte-identical to validated calls (VKC_FASTPATH=0)."""
-    from vkc_runtime import launch
     conv, _ = ops
     C, B = 8192, 16
     lens = [1, 17, 0, 100, 3]
@@ -253,9 +251,7 @@ def test_conv_bound_calls_match_validated_calls(ops, monkeypatch):
     slots = torch.tensor([3, -1, 0, 7, 9], dtype=torch.int32, device="cuda")
     uslots = torch.randperm(B + 4, device="cuda")[:B].to(torch.int32)
     res = {}
-    for fast in ("0", "1"):
-        monkeypatch.setenv("VKC_FASTPATH", fast)
-        launch.clear_bound_calls()
+    for fast in validated_then_bound(monkeypatch):
         got = []
         for i in range(3):
             g = gen(700 + i)

@@ -7,6 +7,7 @@ import pytest
 
 from tests import refs
 from tests.gpu.errlog import record
+from tests.gpu.paths import validated_then_bound
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -205,7 +206,6 @@ def test_bound_calls_match_validated_calls(N, monkeypatch):
     """Every norm-family op, three calls each on its own tensors (one layout): with bound calls the first validates
     and the other two replay through _native.BoundCall; every output (and add_rmsnorm's in-place residual) is
     byte-identical to validated calls (VKC_FASTPATH=0) on the same inputs, NaN-poisoned first."""
-    from vkc_runtime import launch
     M, H = 9, 48
 
     def inputs(i):  # the same values in both runs (seeded), fresh tensors (new pointers) per call
@@ -221,9 +221,7 @@ def test_bound_calls_match_validated_calls(N, monkeypatch):
                                       generator=torch.Generator(device="cuda").manual_seed(s + 13)),
                     table=rnd(1000, 2048, seed=s + 14))
     outs = {}
-    for fast in ("0", "1"):
-        monkeypatch.setenv("VKC_FASTPATH", fast)
-        launch.clear_bound_calls()
+    for fast in validated_then_bound(monkeypatch):
         got = []
         for i in range(3):
             a = inputs(i)
