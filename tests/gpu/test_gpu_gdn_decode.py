@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from tests import refs_gdn_decode as R
-from tests.refs import rel_err
-
 from tests.gpu.paths import validated_then_bound
+from tests.refs import rel_err
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
