@@ -545,11 +545,7 @@ class Kernel:
             stream = resolve_stream(stream)
         if type(args) is not tuple:
             args = tuple(args)
-        scratch = 0
-        if self._scratch_size and gx > 0 and gy > 0 and gz > 0:
-            _check_grid(self.base, gx, gy, gz, self.spec.num_ctas)
-            n = scratch_nbytes(gx, gy, gz, self.spec.num_ctas, self._scratch_size)
-            scratch = scratch_pool(self.ctx).get(n, self.spec.global_scratch_align, stream, what=self.base)
+        scratch = self._scratch(gx, gy, gz, stream) if self._scratch_size else 0
         lau.launch(gx, gy, gz, stream, args, scratch)
 
     __call__ = launch
@@ -560,11 +556,15 @@ class Kernel:
         lau = self._launcher or self.load()
         gx, gy, gz = _grid3(self.base, grid)
         _check_grid(self.base, gx, gy, gz, self.spec.num_ctas)
-        scratch = 0
-        if self._scratch_size and gx > 0 and gy > 0 and gz > 0:
-            n = scratch_nbytes(gx, gy, gz, self.spec.num_ctas, self._scratch_size)
-            scratch = scratch_pool(self.ctx).get(n, self.spec.global_scratch_align, stream, what=self.base)
-        return lau, gx, gy, gz, scratch
+        return lau, gx, gy, gz, self._scratch(gx, gy, gz, stream)
+
+    def _scratch(self, gx: int, gy: int, gz: int, stream: int) -> int:
+        """The global-scratch pointer of a launch on this grid and stream (0: the kernel needs none / empty grid)."""
+        if not self._scratch_size or gx <= 0 or gy <= 0 or gz <= 0:
+            return 0
+        _check_grid(self.base, gx, gy, gz, self.spec.num_ctas)
+        n = scratch_nbytes(gx, gy, gz, self.spec.num_ctas, self._scratch_size)
+        return scratch_pool(self.ctx).get(n, self.spec.global_scratch_align, stream, what=self.base)
 
 
 # ----------------------------------------------------------------------------------- bound calls
@@ -572,8 +572,8 @@ class Kernel:
 # launches. A *bound call* records the facts that validation read -- per tensor: exact type, is_cuda, device,
 # dtype, shape, strides and the pointer's alignment (capped at 16); per scalar: type and value; the CUDA
 # context; the stream where a kernel uses global scratch; the relations between two tensors' pointers that
-# validation checked (byte spans disjoint, or one pointer for both) -- together with the launches, their arguments packed
-# once and the pointer arguments that come from each tensor. A later call with the same facts skips validation:
+# validation checked (byte spans disjoint, or one pointer for both) -- together with the launches, their
+# arguments packed once and the pointer arguments that come from each tensor. A later call with the same facts skips validation:
 # the tensors' metadata is re-read (in C++ with the native launcher), compared, and the packed launches run with
 # the new pointers. Every check an op does is a function of those facts (its kernel choice too: a pointer with
 # at least the recorded alignment passes every alignment check the recorded one passed), so a replay launches
@@ -617,13 +617,13 @@ class _PyBoundCall:
     def run(self, tensors, scalars, stream) -> bool:
         if len(tensors) != len(self.slots) or len(scalars) != len(self.scalars):
             return False
-        for a, b in zip(scalars, self.scalars):
-            if a is not b and (type(a) is not type(b) or a != b):
-                return False
-        if self.ctx and driver.current_context() != self.ctx:
-            return False
         ptrs = []
         try:
+            for a, b in zip(scalars, self.scalars):
+                if a is not b and (type(a) is not type(b) or not bool(a == b)):
+                    return False
+            if self.ctx and driver.current_context() != self.ctx:
+                return False
             for t, (tp, shape, strides, dtype, dev, align) in zip(tensors, self.slots):
                 if (type(t) is not tp or t.is_cuda is not True or t.get_device() != dev or t.dtype is not dtype
                         or tuple(t.shape) != shape or tuple(t.stride()) != strides):
@@ -632,7 +632,7 @@ class _PyBoundCall:
                 if type(p) is not int or p < 0 or p % align:
                     return False
                 ptrs.append(p)
-        except Exception:  # a property that raised: the op's validation names it
+        except Exception:  # a property or comparison that raised: the op's validation names it
             return False
         for kind, i, j, span_i, span_j in self.relations:
             a, b = ptrs[i], ptrs[j]
