@@ -317,6 +317,25 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
 _prefill_calls = CallCache()
 
 
+class _LayerCalls:
+    """The bound calls of a plan's per-layer run (q, caches, out, optional gate; keyed by whether a gate is
+    passed), shared by PrefillPlan and DecodePlan."""
+
+    def __init__(self):
+        self.calls = CallCache(max_keys=2)
+
+    def replay(self, q, k_cache, v_cache, out, gate, scale, stream: int) -> bool:
+        tensors = (q, k_cache, v_cache, out) if gate is None else (q, k_cache, v_cache, out, gate)
+        return self.calls.run(gate is None, tensors, (scale,), stream)
+
+    def launch(self, qt, cache, ot, gslot, gate, scale, launches, stream: int) -> None:
+        self.calls.launch(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, stream)
+
+    @property
+    def hits(self) -> int:
+        return self.calls.hits
+
+
 class PrefillPlan:
     """Prefill of one packed batch layout for several layers (plan once per step, run per layer), in the
     spirit of :class:`DecodePlan`: ``cu_seqlens_q``, ``seq_lens`` and ``block_tables`` are checked once and
@@ -334,13 +353,12 @@ class PrefillPlan:
         self.Hq, self.Hkv, self.D, self.BS = int(num_q_heads), int(num_kv_heads), int(head_dim), int(block_size)
         self.use_tma = use_tma
         self.batch = _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q)
-        self._calls = CallCache(max_keys=2)
+        self._calls = _LayerCalls()
 
     def run(self, q, k_cache, v_cache, scale, *, out, gate=None, stream=None):
         """q, out [T, Hq, D] bf16 (out required: a plan is meant for graph capture and per-layer reuse)."""
         s = stream_of(stream)
-        if self._calls.run(gate is None, (q, k_cache, v_cache, out) if gate is None else (q, k_cache, v_cache, out, gate),
-                           (scale,), s):
+        if self._calls.replay(q, k_cache, v_cache, out, gate, scale, s):
             return out
         op = "PrefillPlan.run"
         p = self.batch
@@ -351,7 +369,7 @@ class PrefillPlan:
         same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
         if T and p.N:
             launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, self.use_tma)
-            self._calls.launch(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, s)
+            self._calls.launch(qt, cache, ot, gslot, gate, scale, launches, s)
         return out
 
 
@@ -478,7 +496,7 @@ class DecodePlan:
         self.batch = _decode_batch(op, block_tables, seq_lens, sl.shape[0], int(num_q_heads), int(num_kv_heads),
                                    int(head_dim), int(block_size), max_seq_len, workspace, num_splits, fused,
                                    sl.device)
-        self._calls = CallCache(max_keys=2)
+        self._calls = _LayerCalls()
 
     @property
     def num_splits(self) -> int:
@@ -487,8 +505,7 @@ class DecodePlan:
     def run(self, q, k_cache, v_cache, scale, *, out, gate=None, stream=None):
         """out [B, Hq, D] bf16 (required: a plan is meant for graph capture and per-layer reuse)."""
         s = stream_of(stream)
-        if self._calls.run(gate is None, (q, k_cache, v_cache, out) if gate is None else (q, k_cache, v_cache, out, gate),
-                           (scale,), s):
+        if self._calls.replay(q, k_cache, v_cache, out, gate, scale, s):
             return out
         op = "DecodePlan.run"
         p = self.batch
@@ -498,7 +515,7 @@ class DecodePlan:
         same_device(op, qt, cache[0], cache[1], ot, p.bt, p.sl)
         if p.B:
             launches, gslot = _decode_launches(op, p, qt, cache, ot, gate, scale)
-            self._calls.launch(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, s)
+            self._calls.launch(qt, cache, ot, gslot, gate, scale, launches, s)
         return out
 
 
