@@ -15,8 +15,8 @@ from pathlib import Path
 
 from cuda.bindings import driver as _real
 
-from vkc_runtime import abi
-from vkc_runtime.integrity import sha256_bytes
+from vkc_contract import abi
+from vkc_contract.hashing import sha256_bytes
 
 S = _real.CUresult.CUDA_SUCCESS
 DA = _real.CUdevice_attribute

@@ -24,7 +24,7 @@ pytest.importorskip("triton", reason="regen needs the pinned Triton (pip install
 
 
 def make_tree(dst: Path) -> Path:
-    for rel in ("aot", "runtime"):
+    for rel in ("aot", "contract", "runtime"):
         shutil.copytree(REPO / rel, dst / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     (dst / "kernels_src").mkdir(parents=True)
     shutil.copy2(REPO / "kernels_src/__init__.py", dst / "kernels_src/__init__.py")
@@ -212,7 +212,7 @@ def test_wrong_arch_cubin(tree):
     (tree / "vendored/sm_90a/selftest/empty.cubin").write_bytes(src)
 
     def fix(doc):  # a careful forger updates hash and size too
-        from vkc_runtime.integrity import sha256_bytes
+        from vkc_contract.hashing import sha256_bytes
         art = doc["kernels"]["selftest.empty"]["artifact"]
         art["sha256"], art["size"] = sha256_bytes(src), len(src)
     edit_manifest(tree, "sm_90a", fix)
@@ -293,7 +293,7 @@ def test_noncanonical_manifest(tree):
 def test_cli_verify_exit_code(tree):
     (tree / "vendored/sm_80/selftest/empty.cubin").unlink()
     env = {**os.environ}
-    out = subprocess.run([sys.executable, "-m", "vkc.cli", "verify", "--root", str(tree), "--arch", "sm_80"],
+    out = subprocess.run([sys.executable, "-m", "vkc_cli", "verify", "--root", str(tree), "--arch", "sm_80"],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 1
     assert "DRIFT sm_80: selftest.empty: artifact vendored/sm_80/selftest/empty.cubin is missing" in out.stderr

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from vkc_runtime import arch as A
+from vkc_contract import arch as A
 from vkc_runtime import artifacts
 from vkc_runtime.errors import ArtifactError, MissingKernelError
-from vkc_runtime.integrity import IntegrityError, sha256_bytes
+from vkc_contract.hashing import IntegrityError, sha256_bytes
 
 try:
     from .runtime_support import add_kernel, clean_env, make_root  # noqa: F401

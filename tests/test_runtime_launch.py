@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vkc_runtime import abi, artifacts, driver, launch
+from vkc_contract import abi
+from vkc_runtime import artifacts, driver, launch
 from vkc_runtime.errors import ArtifactError, CudaError, LaunchError
-from vkc_runtime.integrity import IntegrityError
+from vkc_contract.hashing import IntegrityError
 
 try:
     from .runtime_support import (no_real_driver, FakeCu, add_kernel, build_fake_libcuda, clean_env, fake_cu,  # noqa: F401

@@ -186,7 +186,7 @@ def test_import_without_driver_is_quick_and_submodules_light():
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, check=True)
     dt, status = out.stdout.split()
     assert status == "no-device" and float(dt) < 5.0
-    code = ("import sys, vkc_runtime.arch, vkc_runtime.abi, vkc_runtime.integrity; "
+    code = ("import sys, vkc_contract.arch, vkc_contract.abi, vkc_contract.hashing, vkc_contract.layout; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cuda', 'numpy', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], env=_env(VKC_IMPORT_CHECK="0"), capture_output=True,
                          text=True, check=True)
@@ -200,8 +200,8 @@ def test_runtime_sources_import_only_numpy_and_cuda():
     import ast
     allowed_third_party = {"numpy", "cuda"}
     stdlib = set(sys.stdlib_module_names)
-    pkg = REPO / "runtime" / "vkc_runtime"
-    for f in sorted(pkg.rglob("*.py")):
+    files = sorted((REPO / "runtime" / "vkc_runtime").rglob("*.py")) + sorted((REPO / "contract").rglob("*.py"))
+    for f in files:
         tree = ast.parse(f.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -212,7 +212,9 @@ def test_runtime_sources_import_only_numpy_and_cuda():
                 continue
             for m in mods:
                 top = m.split(".")[0]
-                assert top in stdlib or top in allowed_third_party or top == "vkc_runtime", (f, m)
+                assert top in stdlib or top in allowed_third_party or top in ("vkc_runtime", "vkc_contract"), (f, m)
+            if "contract" in f.parts:
+                assert top in stdlib or top == "vkc_contract", (f, m)  # the contract: standard library only
 
 
 # ----------------------------------------------------------------------------------- doctor

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vkc_runtime import abi
-from vkc_runtime.arch import get as get_arch
+from vkc_contract import abi
+from vkc_contract.arch import get as get_arch
 
 from vkc.spec import ResolvedSpec, SpecError
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vkc.spec import KernelSpec, SpecError, with_family
-from vkc_runtime.integrity import sha256_file
+from vkc_contract.hashing import sha256_file
 
 KERNELS_DIR = "kernels_src"
 SPEC_FILE = "spec.py"
@@ -165,7 +165,7 @@ GENERATOR_FILES = (
     # everything whose change can change an artifact or a manifest byte
     "aot/vkc/spec.py", "aot/vkc/discover.py", "aot/vkc/compile.py", "aot/vkc/manifest.py",
     "aot/vkc/regen.py", "aot/vkc/toolchain.py", "aot/vkc/elf.py",
-    "runtime/vkc_runtime/abi.py", "runtime/vkc_runtime/arch.py",
+    "contract/vkc_contract/abi.py", "contract/vkc_contract/arch.py", "contract/vkc_contract/layout.py",
 )
 
 

@@ -1,4 +1,4 @@
-"""Manifest documents (DESIGN.md section 4): canonical JSON, digest, atomic writes, schema validation."""
+"""Manifest documents: canonical JSON, digest, atomic writes, schema validation (constants: :mod:`vkc_contract.layout`)."""
 from __future__ import annotations
 
 import json
@@ -7,14 +7,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vkc_runtime.integrity import sha256_bytes
+from vkc_contract.hashing import sha256_bytes
+from vkc_contract.layout import SCHEMA_RELPATH as SCHEMA_PATH
+from vkc_contract.layout import SCHEMA_VERSION, manifest_path
 
-SCHEMA_VERSION = 1
-SCHEMA_PATH = "manifests/schema.json"
-
-
-def manifest_path(root: Path, arch: str) -> Path:
-    return root / "manifests" / f"{arch}.json"
+__all__ = ["SCHEMA_VERSION", "SCHEMA_PATH", "manifest_path", "canonical", "digest", "seal", "atomic_write", "load",
+           "load_schema", "schema_errors"]
 
 
 def canonical(doc: dict[str, Any]) -> bytes:

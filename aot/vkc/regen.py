@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import vkc_runtime
-from vkc_runtime.arch import ALL_ARCHS
-from vkc_runtime.arch import get as get_arch
-from vkc_runtime.integrity import sha256_bytes, sha256_file
+import vkc_contract
+from vkc_contract.arch import ALL_ARCHS
+from vkc_contract.arch import get as get_arch
+from vkc_contract.hashing import sha256_bytes, sha256_file
+from vkc_contract.layout import artifact_relpath
 
 import vkc
 from vkc import discover, manifest, toolchain
@@ -82,7 +83,7 @@ def _compile_task(root: str, rs: ResolvedSpec) -> TaskResult:
 
 def check_generator(root: Path) -> None:
     """The running vkc must be the checkout's own generator (its hash goes into the manifest)."""
-    pkgs = {"aot/vkc/": Path(vkc.__file__).parent, "runtime/vkc_runtime/": Path(vkc_runtime.__file__).parent}
+    pkgs = {"aot/vkc/": Path(vkc.__file__).parent, "contract/vkc_contract/": Path(vkc_contract.__file__).parent}
     for rel in discover.GENERATOR_FILES:
         for prefix, pkg in pkgs.items():
             if rel.startswith(prefix):
@@ -104,11 +105,6 @@ def check_resources(arch: str, base: str, r: TaskResult, allow_spills: bool) -> 
     if smem > a.max_smem_optin:
         problems.append(f"{base}: shared memory {smem} B exceeds {arch}'s {a.max_smem_optin} B")
     return problems
-
-
-def artifact_relpath(arch: str, base: str) -> str:
-    family, name = base.split(".", 1)
-    return f"vendored/{arch}/{family}/{name}.cubin"
 
 
 def build_manifest(root: Path, arch: str, bases: list[discover.Base], results: dict[str, TaskResult],

@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vkc_runtime import abi
-from vkc_runtime.arch import ALL_ARCHS
+from vkc_contract import abi
+from vkc_contract.arch import ALL_ARCHS
 
 _NAME_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

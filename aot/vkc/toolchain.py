@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vkc_runtime.integrity import sha256_file
+from vkc_contract.hashing import sha256_file
 
 TRITON_VERSION = "3.9.0"
 # cubins do not depend on the Python version, but Triton's frontend might; the manifest records it and

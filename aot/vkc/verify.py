@@ -10,10 +10,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vkc_runtime import abi
-from vkc_runtime.arch import ALL_ARCHS
-from vkc_runtime.arch import get as get_arch
-from vkc_runtime.integrity import sha256_file
+from vkc_contract import abi
+from vkc_contract.arch import ALL_ARCHS
+from vkc_contract.arch import get as get_arch
+from vkc_contract.hashing import sha256_file
+from vkc_contract.layout import artifact_relpath
 
 from vkc import discover, elf, manifest, toolchain
 from vkc.compile import params_of
@@ -142,7 +143,7 @@ def _check_artifact(root: Path, arch: str, name: str, k: dict[str, Any]) -> list
     a = get_arch(arch)
     art = k["artifact"]
     rel = art["path"]
-    expected_rel = f"vendored/{arch}/{name.split('.', 1)[0]}/{name.split('.', 1)[1]}.cubin"
+    expected_rel = artifact_relpath(arch, name)
     if rel != expected_rel:
         P.append(f"{arch}: {name}: artifact path {rel} != {expected_rel}; {fix}")
     f = root / rel
@@ -214,7 +215,7 @@ def rebuild_compare(root: Path, archs: list[str], jobs: int | None = None) -> li
     P: list[str] = []
     with tempfile.TemporaryDirectory(prefix="vkc-rebuild-") as tmp:
         copy = Path(tmp) / "tree"
-        for rel in ("aot", "runtime", "kernels_src"):
+        for rel in ("aot", "contract", "runtime", "kernels_src"):
             shutil.copytree(root / rel, copy / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         (copy / "manifests").mkdir(parents=True)
         shutil.copy2(root / manifest.SCHEMA_PATH, copy / manifest.SCHEMA_PATH)

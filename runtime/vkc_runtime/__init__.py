@@ -1,6 +1,6 @@
 """vkc_runtime: load vkc's vendored cubins through the CUDA driver API and launch them (numpy + cuda-bindings).
 
-Public API (imported lazily, so ``import vkc_runtime.arch`` / ``.abi`` / ``.integrity`` stay cheap)::
+Public API (imported lazily; the arch table and the ABI live in :mod:`vkc_contract`)::
 
     DeviceArray, TensorRef, as_tensor, empty, zeros, full, from_numpy     (vkc_runtime.memory)
     Stream, Graph, resolve_stream, is_capturing                           (vkc_runtime.stream)
@@ -28,8 +28,7 @@ _LAZY = {
     "IntegrityError": "errors", "LaunchError": "errors", "ArtifactError": "errors", "VkcError": "errors",
     "require": "registry",
 }
-_SUBMODULES = ("abi", "arch", "artifacts", "doctor", "driver", "errors", "integrity", "launch", "memory", "ops",
-               "registry", "stream")
+_SUBMODULES = ("artifacts", "doctor", "driver", "errors", "launch", "memory", "ops", "registry", "stream")
 
 __all__ = sorted([*_LAZY, "doctor", "__version__"])
 

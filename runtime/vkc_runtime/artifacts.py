@@ -12,7 +12,7 @@ Root discovery (:func:`find_root`), first hit wins:
 
 Arch selection (:func:`select_arch`): env ``VKC_ARCH`` if set (must be a known arch that can run on the
 device and have a manifest), else the device's exact arch, else its documented plain fallbacks
-(:func:`vkc_runtime.arch.candidates_for_cc`); the first candidate whose manifest exists wins.
+(:func:`vkc_contract.arch.candidates_for_cc`); the first candidate whose manifest exists wins.
 """
 from __future__ import annotations
 
@@ -22,17 +22,17 @@ import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import abi
-from . import arch as _arch
+from vkc_contract import abi
+from vkc_contract import arch as _arch
 from .errors import ArtifactError, MissingKernelError
-from .integrity import IntegrityError, sha256_bytes, sha256_file
+from vkc_contract.hashing import IntegrityError, sha256_bytes, sha256_file
+from vkc_contract.layout import SCHEMA_VERSION, manifest_path
 
 __all__ = [
     "SCHEMA_VERSION", "find_root", "find_root_info", "manifest_path", "load_manifest", "select_arch",
     "select_arch_info", "ArtifactSet", "repair_hint",
 ]
 
-SCHEMA_VERSION = 1
 _PKG_ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 _lock = threading.Lock()
 _manifest_cache: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
@@ -69,10 +69,6 @@ def repair_hint(arch: str | None) -> str:
 
 
 # --------------------------------------------------------------------------------------- manifests
-
-def manifest_path(root: str | Path, arch: str) -> Path:
-    return Path(root) / "manifests" / f"{arch}.json"
-
 
 def load_manifest(root: str | Path, arch: str) -> dict[str, Any]:
     """Read and sanity-check ``manifests/<arch>.json`` (cached, re-read when the file changes).
@@ -261,7 +257,7 @@ class ArtifactSet:
 # --------------------------------------------------------------------------------------- launch spec
 
 class LaunchSpec:
-    """The launch-relevant part of a manifest entry, validated against :mod:`vkc_runtime.abi`."""
+    """The launch-relevant part of a manifest entry, validated against :mod:`vkc_contract.abi`."""
 
     __slots__ = ("base", "arch", "name", "num_warps", "num_ctas", "shared", "global_scratch_size",
                  "global_scratch_align", "profile_scratch_size", "profile_scratch_align", "launch_pdl",

@@ -12,7 +12,7 @@ import platform
 import sys
 from typing import Any
 
-from . import arch as _arch
+from vkc_contract import arch as _arch
 
 __all__ = ["report", "format_report", "main"]
 

@@ -1,7 +1,7 @@
 """Exception types of vkc_runtime (stdlib only; importing this module has no side effects)."""
 from __future__ import annotations
 
-from .integrity import IntegrityError
+from vkc_contract.hashing import IntegrityError
 
 __all__ = [
     "VkcError", "CudaError", "DriverUnavailable", "MissingKernelError", "ArtifactError",

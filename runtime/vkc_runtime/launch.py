@@ -21,7 +21,9 @@ import threading
 import weakref
 from typing import Any, Sequence
 
-from . import abi, artifacts, driver
+from vkc_contract import abi
+
+from . import artifacts, driver
 from .artifacts import ArtifactSet, LaunchSpec
 from .errors import ArtifactError, CudaError, LaunchError, MissingKernelError
 from .memory import TensorRef, torch_source

@@ -67,8 +67,8 @@ def check_import(*, force: bool = False, import_ops: bool = True, root=None, dev
     Returns a status dict (``status`` in ``skipped | no-device | nothing-required | ok``); raises
     :class:`MissingKernelError` on missing kernels or when no arch of the device has artifacts.
     """
-    from . import arch as _arch
-    from . import artifacts, driver  # deferred: keep `import vkc_runtime.arch` light
+    from vkc_contract import arch as _arch
+    from . import artifacts, driver  # deferred: keep `import vkc_runtime` light
 
     if not force and os.environ.get("VKC_IMPORT_CHECK", "1").strip() == "0":
         return _set(status="skipped", reason="VKC_IMPORT_CHECK=0")

@@ -89,7 +89,7 @@ try:
 except Exception as e:
     print("peer fla not importable:", e)
 PY
-python3 -m vkc.cli doctor 2>&1 | tee -a "$ENV_TXT"; echo "doctor rc=${PIPESTATUS[0]}" | tee -a "$ENV_TXT"
+python3 -m vkc_cli doctor 2>&1 | tee -a "$ENV_TXT"; echo "doctor rc=${PIPESTATUS[0]}" | tee -a "$ENV_TXT"
 
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
   # `tests`/`all`: every GPU test but the peer comparisons (FLA JIT-compiles for minutes on first use);
@@ -127,7 +127,7 @@ if [ "$WHAT" = tune ]; then
     name=$(basename "$d")
     fam=$(python3 -c "import glob, json, sys; print(json.load(open(sorted(glob.glob(sys.argv[1] + '*/candidate.json'))[0]))['family'])" "$d") || continue
     echo "== vkc tune run: $name ($fam)"
-    python3 -m vkc.cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$WORK/tune_$name.json" 2>&1 | tail -20 || rc=1
+    python3 -m vkc_cli tune run "$d" --bench "benchmarks/tune_$fam.py" --out "$WORK/tune_$name.json" 2>&1 | tail -20 || rc=1
     merge > /dev/null
   done
 fi

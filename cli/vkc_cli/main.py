@@ -1,4 +1,5 @@
-"""The `vkc` command line: regen, verify, inspect, tune, doctor."""
+"""The `vkc` command line: regen, verify, inspect, tune (the build side, package ``vkc``) and doctor (the runtime,
+``vkc_runtime``). Each subcommand imports its side when it runs."""
 from __future__ import annotations
 
 import json
@@ -7,12 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-# The build tools read vkc_runtime's tables; they must not run its import-time device check.
-os.environ.setdefault("VKC_IMPORT_CHECK", "0")
+import click
 
-import click  # noqa: E402
-
-from vkc_runtime.arch import ALL_ARCHS, ARCHS, RUNTIME_VERIFIED  # noqa: E402
+from vkc_contract.arch import ALL_ARCHS, ARCHS, RUNTIME_VERIFIED
 
 ARCH_CHOICE = click.Choice(list(ALL_ARCHS))
 
@@ -204,6 +202,8 @@ def tune_apply(results, mirror, root) -> None:
 @click.option("--deep", is_flag=True, help="also sha256 every artifact")
 def doctor(as_json: bool, deep: bool) -> None:
     """Device, driver, selected arch and artifact completeness (works without a GPU)."""
+    # doctor reports missing kernels itself: importing vkc_runtime must not refuse first
+    os.environ.setdefault("VKC_IMPORT_CHECK", "0")
     from vkc_runtime import doctor as D  # noqa: PLC0415
 
     rep = D.report(deep=deep)
