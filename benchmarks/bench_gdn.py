@@ -1,13 +1,16 @@
 """GDN chunked prefill on the H200: vkc (ops.gdn.chunk_gated_delta_rule) side by side with FLA's
-chunk_gated_delta_rule in the same process (skipped cleanly if FLA is not importable).
+chunk_gated_delta_rule in the same process (rows without FLA say why, fla_error).
 
-Shapes: Qwen3.6-27B (16 key / 48 value heads) and 35B-A3B (16 / 32), K = V = 128, 1x2048, 1x8192, 1x32768 and
-a mixed varlen batch (8192 tokens in 11 sequences). vkc: one call captured in a vkc CUDA graph, replays
-timed with CUDA events (device time), plus eager event timing; FLA: eager event timing (Triton JIT launches;
-warm-up first so autotuning is done) and, stricter, its summed kernel device time from torch.profiler
-(fla_device_ms: FLA's host overhead excluded). Median of repeats. vkc's time includes the q/k split + L2 norm and the
-gate math (g, beta from a, b, A_log, dt_bias); FLA gets g, beta precomputed and does the L2 norm in-kernel
-(use_qk_l2norm_in_kernel=True). Usage: python benchmarks/bench_gdn.py OUT.json
+Shapes: Qwen3.6-27B (16 key / 48 value heads) and 35B-A3B (16 / 32), K = V = 128 (bench_common.GDN_HEADS,
+gdn_prefill_cases: 1x2048, 1x8192, 1x32768 and a mixed varlen batch of 8192 tokens in 11 sequences).
+Both sides are timed the same three ways (bench_common modes): device = the call captured in a CUDA graph
+(vkc_runtime.Graph / torch.cuda.CUDAGraph; FLA's JIT and autotune are done by the eager calls before capture;
+a case FLA cannot be captured for gets fla_graph_error and fla_graph_status "capture failed"), eager = CUDA
+events around back-to-back calls (host cost included), host = wall clock per call. FLA's summed kernel
+time from torch.profiler (fla_device_ms) is kept as a cross-check of its graph time. vkc's time includes the
+q/k split + L2 norm and the gate math (g, beta from a, b, A_log, dt_bias); FLA gets g, beta precomputed outside
+its timing and does the L2 norm in-kernel (use_qk_l2norm_in_kernel=True), q/k at the key heads where its
+version supports it (fla_mode). Usage: python benchmarks/bench_gdn.py OUT.json
 """
 from __future__ import annotations
 
@@ -20,11 +23,11 @@ import traceback
 import numpy as np
 import torch
 
-import vkc_runtime
 from vkc_runtime.ops import gdn as G
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import events_ms, graph_ms  # noqa: E402
+import bench_common as C  # noqa: E402
+from timing import events_ms, graph_ms, host_us, method  # noqa: E402
 
 DK = DV = 128
 
@@ -134,62 +137,80 @@ def fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, state0):
     return run, mode
 
 
+def gdn_comparisons(cmp, row):
+    case = f"{row['heads']} {row['case']}"
+    lim, limit = row["floor_ms"], "HBM floor of the compulsory bytes at 4.8 TB/s (a lower bound only)"
+    cmp.add("gdn_prefill", case, "device", "op", row.get("vkc_graph_ms"), "fla_chunk", row.get("fla_graph_ms"),
+            pct_limit=C.pct(lim, row.get("vkc_graph_ms")), limit=limit)
+    cmp.add("gdn_prefill", case, "device", "op", row.get("vkc_graph_ms"), "fla_chunk_profiler_kernel_sum",
+            row.get("fla_device_ms"), pct_limit=C.pct(lim, row.get("vkc_graph_ms")), limit=limit)
+    cmp.add("gdn_prefill", case, "eager", "op", row.get("vkc_eager_ms"), "fla_chunk", row.get("fla_ms"),
+            pct_limit=C.pct(lim, row.get("vkc_eager_ms")), limit=limit)
+    cmp.add("gdn_prefill", case, "host", "op", row.get("vkc_host_us"), "fla_chunk", row.get("fla_host_us"), unit="us")
+
+
 def main(out_path):
     torch.manual_seed(0)
-    rows = []
+    rows, cmp = [], C.Comparisons()
     try:
         import fla  # noqa: F401
         have_fla = True
         fla_version = getattr(fla, "__version__", "?")
     except Exception as e:
         have_fla, fla_version = False, f"not importable: {type(e).__name__}: {e}"
-    mixed = [1, 17, 64, 65, 129, 500, 1000, 1024, 1500, 1800, 2093]
-    cases = [("1x2048", [2048]), ("1x8192", [8192]), ("1x32768", [32768]), ("mixed11x8192", mixed)]
-    for hk, hv in ((16, 48), (16, 32)):
-        for name, lens in cases:
+    for hk, hv in C.GDN_HEADS:
+        for name, lens in C.gdn_prefill_cases():
             T, N = sum(lens), len(lens)
             call, (qkv, a, b, A_log, dt, cu), ws = vkc_case(lens, hk, hv)
             row = {"heads": f"{hk}/{hv}", "case": name, "tokens": T, "seqs": N,
-                   "workspace_mb": ws.nbytes / 1e6}
-            row["vkc_graph_ms"] = graph_ms(lambda i, st: call(st), vkc=True)
+                   "workspace_mb": ws.nbytes / 1e6, "bytes": C.gdn_prefill_bytes(T, N, hk, hv)}
+            row["floor_ms"] = C.floor_ms(row["bytes"], C.HBM_NOMINAL_TBS)
             row["vkc_eager_ms"] = events_ms(lambda i, st: call(st))
+            row["vkc_graph_ms"] = graph_ms(lambda i, st: call(st), vkc=True)
+            row["vkc_host_us"] = host_us(lambda i, st: call(st), n=30)
             try:
                 row["vkc_stage_ms"] = stage_ms(call)
             except Exception as e:  # the breakdown is diagnostic: never lose the row for it
                 row["vkc_stage_ms"] = {}
                 row["vkc_stage_error"] = f"{type(e).__name__}: {e}"
-            if have_fla:
+            if not have_fla:
+                row["fla_error"] = fla_version
+            else:
                 try:
                     run, mode = fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, torch.zeros(N, hv, DK, DV, device="cuda"))
-                    row["fla_ms"] = events_ms(lambda i, st: run())
                     row["fla_mode"] = mode
-                    row["speedup_vs_fla"] = row["fla_ms"] / row["vkc_graph_ms"]
-                    # FLA's device time alone (its host launch overhead excluded): the stricter comparison
+                    row["fla_ms"] = events_ms(lambda i, st: run())  # also finishes FLA's JIT + autotune
+                    row["fla_host_us"] = host_us(lambda i, st: run(), n=30)
+                    try:  # graph vs graph: FLA captured like vkc
+                        row["fla_graph_ms"] = graph_ms(lambda i, st: run(), vkc=False)
+                        row["fla_graph_status"] = "captured"
+                    except Exception as e:  # noqa: BLE001 - recorded explicitly, no fallback
+                        row["fla_graph_status"] = "capture failed"
+                        row["fla_graph_error"] = C.err(e)
+                        traceback.print_exc()
+                        try:
+                            torch.cuda.synchronize()
+                        except Exception:  # noqa: BLE001
+                            pass
+                    # FLA's summed kernel device time (torch.profiler): cross-check of the graph time
                     row["fla_kernels_ms"], row["fla_device_ms"] = profiled_kernels_ms(run)
-                    row["speedup_vs_fla_device"] = row["fla_device_ms"] / row["vkc_graph_ms"]
                 except Exception as e:
-                    row["fla_error"] = f"{type(e).__name__}: {e}"
+                    row["fla_error"] = C.err(e)
                     traceback.print_exc()
+            gdn_comparisons(cmp, row)
             rows.append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "fla_kernels_ms"}), flush=True)
             call = ws = qkv = None  # free this case before the next one
             torch.cuda.empty_cache()
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fla": fla_version,
-           "vkc_arch": vkc_runtime.doctor.report()["selected_arch"],
-           "method": "vkc: CUDA-graph replay (device time) and eager events; FLA: eager events after warm-up; "
-                     "median of 30 x 5 calls",
-           "rows": rows}
-    with open(out_path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"{'heads':<7}{'case':<14}{'T':>7}{'vkc graph ms':>14}{'vkc eager ms':>14}{'FLA ms':>10}{'x FLA':>8}"
-          f"{'FLA dev ms':>12}{'x dev':>7}")
-    for r in rows:
-        fl, sp = r.get("fla_ms"), r.get("speedup_vs_fla")
-        fd, sd = r.get("fla_device_ms"), r.get("speedup_vs_fla_device")
-        fl_s = f"{fl:.3f}" if fl else "-"
-        sp_s = f"{sp:.2f}" if sp else "-"
-        print(f"{r['heads']:<7}{r['case']:<14}{r['tokens']:>7}{r['vkc_graph_ms']:>14.3f}{r['vkc_eager_ms']:>14.3f}"
-              f"{fl_s:>10}{sp_s:>8}{(f'{fd:.3f}' if fd else '-'):>12}{(f'{sd:.2f}' if sd else '-'):>7}   " + " ".join(f"{b.split('.', 1)[1]}={t:.3f}" for b, t in r["vkc_stage_ms"].items()))
+    meth = method(eager_used={"inner": 5, "reps": 30, "warm": 3}, graph_used={"inner": 5, "reps": 20},
+                  host_used={"n": 30, "warm": 3},
+                  inputs="fresh torch.randn per case (qkv >= 42 MB at T = 2048; one set), zero initial states",
+                  peer=f"fla {fla_version} chunk_gated_delta_rule, initial_state and output_final_state as vkc")
+    res = C.result("gdn", method=meth, limits=C.hbm_limits(None), rows=rows, comparisons=cmp, fla=fla_version)
+    C.write(out_path, res)
+    import summarize
+    print(summarize.markdown({"gdn.json": res}))
+
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "gdn_bench.json")
