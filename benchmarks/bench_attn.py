@@ -35,6 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as C  # noqa: E402
 import timing  # noqa: E402
 
+DEVICE = "cuda"  # the CPU dry run (tests/test_bench_logic.py) sets "cpu"
+
 BS = 16  # decode block size
 PREFILL_BS = 64
 EAGER = {"inner": 1, "reps": 20, "warm": 3}   # events around single calls
@@ -59,9 +61,10 @@ def host_us(fn, n_sets=1):
     return timing.host_us(lambda i, st: fn(i), n=HOST_N, n_sets=n_sets)
 
 
-def paged(B, L, Hkv, D, bs=BS, dense=True, device="cuda", bt=None):
+def paged(B, L, Hkv, D, bs=BS, dense=True, device=None, bt=None):
     """Cache of B sequences of L tokens each, blocks shuffled (or laid out by the given block table bt);
     returns (kc, vc, bt, k, v contiguous [B, Hkv, L, D]) (k, v are None when dense=False)."""
+    device = device or DEVICE
     nblk = -(-L // bs)
     nb = B * nblk
     kc = torch.randn(nb, bs, Hkv, D, device=device, dtype=torch.bfloat16)
@@ -77,9 +80,10 @@ def paged(B, L, Hkv, D, bs=BS, dense=True, device="cuda", bt=None):
     return kc, vc, bt, k, v
 
 
-def decode_inputs(B, L, Hq=24, Hkv=4, D=256, dense=True, device="cuda", bt=None):
+def decode_inputs(B, L, Hq=24, Hkv=4, D=256, dense=True, device=None, bt=None):
     """A decode batch of B sequences of L tokens: (kc, vc, bt, k, v, q, seq_lens, out); k, v are the de-paged
     copies (None when dense=False)."""
+    device = device or DEVICE
     kc, vc, bt, k, v = paged(B, L, Hkv, D, dense=dense, device=device, bt=bt)
     q = torch.randn(B, Hq, D, device=device, dtype=torch.bfloat16)
     sl = torch.full((B,), L, dtype=torch.int32, device=device)
@@ -100,8 +104,9 @@ def sdpa_gqa(q, k, v, causal):
 
 
 def measure_peer(r, backend, run, *, graph_inner, host, n_sets=1):
-    """Peer `sdpa_<backend>` into r: eager ms, host us, graph ms, and the kernels it ran eagerly / in its graph.
-    A peer that cannot run or cannot be captured gets *_error / *_graph_error; nothing is dropped silently."""
+    """Peer `sdpa_<backend>` into r: eager ms, host us, graph ms. A peer that cannot run or cannot be captured
+    gets *_error / *_graph_error; nothing is dropped silently. Which kernels it ran is checked afterwards by
+    verify_backends (the profiler would slow every later launch if it ran before the timings)."""
     name = f"sdpa_{backend}"
     with sdpa_ctx(backend):  # outside every timed region and around the capture
         try:
@@ -110,27 +115,57 @@ def measure_peer(r, backend, run, *, graph_inner, host, n_sets=1):
         except Exception as e:  # noqa: BLE001 - backend unavailable for this shape/GPU
             r[f"{name}_error"] = C.err(e)
             return
-        try:
-            names = timing.kernel_names(lambda: run(0))
-        except Exception as e:  # noqa: BLE001 - diagnostic only
-            names = [f"<profiler failed: {C.err(e)}>"]
-        r[f"{name}_kernels_eager"], r[f"{name}_backend_eager"] = names, C.sdpa_backend_of(names)
         r[f"{name}_ms"] = time_ms(run, n_sets)
         if host:
             r[f"{name}_host_us"] = host_us(run, n_sets)
         try:
-            ks = []
-            r[f"{name}_graph_ms"] = graph_ms(lambda i, st: run(i), graph_inner, n_sets, kernels=ks, vkc=False)
-            r[f"{name}_kernels_graph"], r[f"{name}_backend_graph"] = ks, C.sdpa_backend_of(ks)
+            r[f"{name}_graph_ms"] = graph_ms(lambda i, st: run(i), graph_inner, n_sets, vkc=False)
         except Exception as e:  # noqa: BLE001 - reported, not fatal
             r[f"{name}_graph_error"] = C.err(e)
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize()
-    r[f"{name}_backend_ok"] = (r.get(f"{name}_backend_eager") == backend
-                               and r.get(f"{name}_backend_graph", backend) == backend)
 
 
-def bench_prefill(rows, cmp, copy_tbs):
+def verify_backends(rows):
+    """After every timing: for each row and each peer that ran, the CUDA kernels (torch.profiler) of one eager
+    call and of one replay of a captured call, under the same forced backend, on fresh inputs of the row's
+    shapes -> sdpa_<be>_kernels_eager/_graph, _backend_eager/_graph (bench_common.sdpa_backend_of), _backend_ok."""
+    for r in rows:
+        if r["kind"] == "prefill":
+            B, Lq, L, causal = 1, r["T"], r["T"], True
+        elif r["kind"] == "decode":
+            B, Lq, L, causal = r["B"], 1, r["L"], False
+        else:
+            continue
+        peers = [k[len("sdpa_"):-len("_ms")] for k in r if k.startswith("sdpa_") and k.endswith("_ms")
+                 and not k.endswith(("_graph_ms",))]
+        if not peers:
+            continue
+        q = torch.randn(B, r["Hq"], Lq, r["D"], device=DEVICE, dtype=torch.bfloat16)
+        k = torch.randn(B, r["Hkv"], L, r["D"], device=DEVICE, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        for be in peers:
+            name = f"sdpa_{be}"
+            with sdpa_ctx(be):
+                try:
+                    names = timing.kernel_names(lambda: sdpa_gqa(q, k, v, causal))
+                except Exception as e:  # noqa: BLE001 - diagnostic only
+                    names = [f"<profiler failed: {C.err(e)}>"]
+                r[f"{name}_kernels_eager"], r[f"{name}_backend_eager"] = names, C.sdpa_backend_of(names)
+                if f"{name}_graph_ms" in r:
+                    ks = []
+                    try:
+                        timing.graph_ms(lambda i, st: sdpa_gqa(q, k, v, causal), vkc=False, inner=1, reps=1, kernels=ks)
+                    except Exception as e:  # noqa: BLE001
+                        ks.append(f"<capture failed: {C.err(e)}>")
+                    r[f"{name}_kernels_graph"], r[f"{name}_backend_graph"] = ks, C.sdpa_backend_of(ks)
+            r[f"{name}_backend_ok"] = (r[f"{name}_backend_eager"] == be
+                                       and r.get(f"{name}_backend_graph", be) == be)
+        q = k = v = None
+        torch.cuda.empty_cache()
+
+
+def bench_prefill(rows, copy_tbs):
     D = C.ATTN_HEAD_DIM
     for Hq, Hkv, T in C.attn_prefill_cases():
         set_bytes = C.attn_prefill_set_bytes(T, Hq, Hkv, D)
@@ -139,11 +174,11 @@ def bench_prefill(rows, cmp, copy_tbs):
         sets = []
         for _ in range(n):  # one block table for all sets (a PrefillPlan is made for one)
             kc, vc, bt, k, v = paged(1, T, Hkv, D, PREFILL_BS, bt=bt)
-            q = torch.randn(T, Hq, D, device="cuda", dtype=torch.bfloat16)
+            q = torch.randn(T, Hq, D, device=DEVICE, dtype=torch.bfloat16)
             sets.append({"kc": kc, "vc": vc, "k": k, "v": v, "q": q, "out": torch.empty_like(q),
                          "qc": q.permute(1, 0, 2).unsqueeze(0).contiguous()})  # [1, Hq, T, D] for SDPA
-        cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
-        sl = torch.tensor([T], dtype=torch.int32, device="cuda")
+        cu = torch.tensor([0, T], dtype=torch.int32, device=DEVICE)
+        sl = torch.tensor([T], dtype=torch.int32, device=DEVICE)
         flops = C.attn_prefill_flops(T, Hq, D)
         r = {"kind": "prefill", "Hq": Hq, "Hkv": Hkv, "D": D, "T": T, "block_size": PREFILL_BS, "flops": flops,
              "tma": A.prefill_uses_tma(sets[0]["kc"]), "peak_ms": flops / (C.BF16_DENSE_TFLOPS * 1e12) * 1e3,
@@ -175,13 +210,12 @@ def bench_prefill(rows, cmp, copy_tbs):
         for be in PREFILL_PEERS:
             measure_peer(r, be, lambda i: sdpa_gqa(sets[i]["qc"], sets[i]["k"], sets[i]["v"], True),
                          graph_inner=PREFILL_GRAPH_INNER, host=host, n_sets=n)
-        C.attn_comparisons(cmp, r, PREFILL_PEERS)
         rows.append(r)
         sets = plan = None  # free this case before the next one
         torch.cuda.empty_cache()
 
 
-def bench_decode(rows, cmp, copy_tbs):
+def bench_decode(rows, copy_tbs):
     Hq, Hkv, D = 24, 4, C.ATTN_HEAD_DIM
     warm_host()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -230,7 +264,6 @@ def bench_decode(rows, cmp, copy_tbs):
                          graph_inner=DECODE_GRAPH_INNER, host=host, n_sets=n)
             if f"sdpa_{be}_graph_ms" in r:
                 r[f"sdpa_{be}_pct_floor"] = C.pct(r["floor_ms"], r[f"sdpa_{be}_graph_ms"])
-        C.attn_comparisons(cmp, r, DECODE_PEERS)
         rows.append(r)
         sets = plan = ws = None  # free this case before the next one
         torch.cuda.empty_cache()
@@ -303,16 +336,22 @@ def main(path):
     copy_tbs = C.measured_copy_tbs()
     parts = os.environ.get("BENCH_ATTN", "prefill decode").split()  # e.g. BENCH_ATTN=decode
     if "prefill" in parts:
-        bench_prefill(rows, cmp, copy_tbs)
+        bench_prefill(rows, copy_tbs)
     if "decode" in parts:
-        bench_decode(rows, cmp, copy_tbs)
+        bench_decode(rows, copy_tbs)
         rows.append({"kind": "decode_host", **host_profile()})
+    verify_backends(rows)  # last: the profiler leaves CUPTI attached, which slows every later launch
+    for r in rows:
+        if r["kind"] in ("prefill", "decode"):
+            C.attn_comparisons(cmp, r, PREFILL_PEERS if r["kind"] == "prefill" else DECODE_PEERS)
     method = timing.method(
         eager_used=EAGER, host_used={"n": HOST_N, "warm": 3},
         graph_used={"prefill_inner": PREFILL_GRAPH_INNER, "decode_inner": DECODE_GRAPH_INNER, "reps": GRAPH_REPS},
         peers="torch SDPA, native GQA (enable_gqa=True) on contiguous de-paged K/V [B, Hkv, L, D]; one backend "
-              "per peer forced by torch.nn.attention.sdpa_kernel entered around the peer's whole measurement; "
-              "sdpa_<be>_backend_eager/_graph: the backend the recorded kernels belong to",
+              "per peer forced by torch.nn.attention.sdpa_kernel([backend]) (no fallback) entered around the "
+              "peer's whole measurement; after all timings, sdpa_<be>_kernels_eager/_graph record the kernels one "
+              "eager call and one graph replay ran (torch.profiler) and _backend_eager/_graph the backend they "
+              "belong to",
         vkc="prefill at block size 64 (TMA on sm_90a), decode at block size 16; eager calls with out= are bound "
             "calls after the first; *_validated_*: VKC_FASTPATH=0",
         inputs="bf16 torch.randn; a case whose bytes are under 2.5 x the 60 MB L2 rotates over n_sets copies "

@@ -255,6 +255,19 @@ def write(path, res):
         json.dump(res, f, indent=1, default=str)
 
 
+def rel_err(a, b):
+    """||a - b|| / ||b|| of two tensors of one shape (float), inf when the shapes differ."""
+    if tuple(a.shape) != tuple(b.shape):
+        return float("inf")
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+# A peer's output vs vkc's on the same inputs, to tell whether a peer call variant computes the same function:
+# far above bf16 rounding of two implementations (~1e-2), far below a wrong head mapping (~1).
+PEER_REL_TOL = 0.1
+
+
 def err(e):
     return f"{type(e).__name__}: {str(e)[:300]}"
 

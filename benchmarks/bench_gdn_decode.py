@@ -25,10 +25,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as BC  # noqa: E402
 from timing import events_ms, graph_ms, host_us, method  # noqa: E402
 
+DEVICE = "cuda"  # the CPU dry run (tests/test_bench_logic.py) sets "cpu"
+
 HBM_TBS = BC.HBM_NOMINAL_TBS
 L2_BYTES = BC.L2_BYTES
 D = 128
 EAGER = {"inner": 50, "reps": 20, "warm": 2}
+DECODE_HV = (48, 32)   # value heads (16 key heads): Qwen3.6-27B, 35B-A3B
+CONV_C = (10240, 8192)
+CONV_UPDATE_B = (1, 64, 256)
+CONV_PREFILL_LENS = ([8192], [512] * 16, [37, 1000, 3, 2000, 130] * 4)
 HOST_N = 100
 
 
@@ -49,16 +55,16 @@ def bench_decode(B, hk, hv, fla, copy_tbs):
     state_bytes = BC.gdn_decode_bytes(B, hv, D)
     per_set = B * hv * D * D * 4
     n_sets = max(2, min(32, int(2.5 * L2_BYTES // per_set) + 1))
-    g = torch.Generator(device="cuda").manual_seed(B * hv)
+    g = torch.Generator(device=DEVICE).manual_seed(B * hv)
     C = 2 * hk * D + hv * D
-    qkv = [(torch.randn(B, C, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
-    a = [(torch.randn(B, hv, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
-    b = [(torch.randn(B, hv, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
-    A_log = torch.rand(hv, device="cuda") * 2 - 1
-    dt_bias = torch.randn(hv, device="cuda") * 0.5
-    pool = torch.randn(n_sets * B, hv, D, D, device="cuda") * 0.1  # distinct slots per set: > L2 in total
-    slots = [torch.arange(i * B, (i + 1) * B, device="cuda", dtype=torch.int32) for i in range(n_sets)]
-    out = torch.empty(B, hv, D, device="cuda", dtype=torch.bfloat16)
+    qkv = [(torch.randn(B, C, device=DEVICE, generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
+    a = [(torch.randn(B, hv, device=DEVICE, generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
+    b = [(torch.randn(B, hv, device=DEVICE, generator=g)).to(torch.bfloat16) for _ in range(n_sets)]
+    A_log = torch.rand(hv, device=DEVICE) * 2 - 1
+    dt_bias = torch.randn(hv, device=DEVICE) * 0.5
+    pool = torch.randn(n_sets * B, hv, D, D, device=DEVICE) * 0.1  # distinct slots per set: > L2 in total
+    slots = [torch.arange(i * B, (i + 1) * B, device=DEVICE, dtype=torch.int32) for i in range(n_sets)]
+    out = torch.empty(B, hv, D, device=DEVICE, dtype=torch.bfloat16)
     row = {"op": "gdn_decode", "B": B, "Hk": hk, "Hv": hv, "state_bytes": state_bytes,
            "floor_us": state_bytes / (HBM_TBS * 1e12) * 1e6,
            "floor_copy_us": BC.floor_ms(state_bytes, copy_tbs) * 1e3, "n_sets": n_sets}
@@ -96,12 +102,25 @@ def bench_decode(B, hk, hv, fla, copy_tbs):
             q, k, v, gg, beta, st = inp
             return fla(q, k, v, g=gg, beta=beta, scale=D ** -0.5, initial_state=st, output_final_state=True,
                        use_qk_l2norm_in_kernel=True)
+        # the same-result check: vkc once on set 0 from a copy of its states, FLA from that copy
+        st0 = pool[0:B].clone()
+        GD.recurrent_decode(qkv[0], a[0], b[0], A_log, dt_bias, pool, slots[0], hk, hv, out=out)
+        vkc_o = out.clone()
+
+        def check(rep):
+            o = call(fla_inputs(0, rep)[:5] + (st0,))[0]
+            return BC.rel_err(o.reshape(B, hv, D), vkc_o)
+        rep, row["fla_mode"] = 1, "native GQA"
         try:  # q/k at the key heads (FLA versions that group value heads); else expanded before timing
-            call(fla_inputs(0, 1))
-            torch.cuda.synchronize()
-            rep, row["fla_mode"] = 1, "native GQA"
+            rel = check(1)
+            if not rel <= BC.PEER_REL_TOL:
+                row["fla_mode"] = f"q/k expanded to Hv heads (native output rel err {rel:.3g} vs vkc)"
         except Exception as e:  # noqa: BLE001
-            rep, row["fla_mode"] = hv // hk, f"q/k expanded to Hv heads ({BC.err(e)[:80]})"
+            row["fla_mode"] = f"q/k expanded to Hv heads (native: {BC.err(e)[:80]})"
+        if row["fla_mode"] != "native GQA":
+            rep = hv // hk
+            rel = check(rep)
+        row["fla_vs_vkc_rel_err"] = rel
         ins = [fla_inputs(i, rep) for i in range(n_sets)]
 
         def f_fla(i, stream=None):
@@ -125,11 +144,11 @@ def bench_conv_update(B, C, copy_tbs):
     nbytes = B * C * 2 * 2 + 2 * B * 3 * C * 2 + C * 4 * 2  # x + y, state read + write, weights
     per_set = B * 3 * C * 2 + B * C * 4
     n_sets = max(2, min(64, int(2.5 * L2_BYTES // per_set) + 1))
-    xs = [torch.randn(B, C, device="cuda").to(torch.bfloat16) for _ in range(n_sets)]
-    w = (torch.randn(C, 4, device="cuda") * 0.5).to(torch.bfloat16)
-    pool = torch.randn(n_sets * B, 3, C, device="cuda").to(torch.bfloat16)
-    slots = [torch.arange(i * B, (i + 1) * B, device="cuda", dtype=torch.int32) for i in range(n_sets)]
-    y = torch.empty(B, C, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(B, C, device=DEVICE).to(torch.bfloat16) for _ in range(n_sets)]
+    w = (torch.randn(C, 4, device=DEVICE) * 0.5).to(torch.bfloat16)
+    pool = torch.randn(n_sets * B, 3, C, device=DEVICE).to(torch.bfloat16)
+    slots = [torch.arange(i * B, (i + 1) * B, device=DEVICE, dtype=torch.int32) for i in range(n_sets)]
+    y = torch.empty(B, C, device=DEVICE, dtype=torch.bfloat16)
 
     def f(i, stream=None):
         CV.causal_conv1d_update(xs[i], w, pool, slots[i], out=y, stream=stream)
@@ -145,12 +164,12 @@ def bench_conv_prefill(lens, C, copy_tbs):
     N = len(lens)
     nbytes = 2 * T * C * 2 + 2 * N * 3 * C * 2
     n_sets = max(2, min(16, int(2.5 * L2_BYTES // (2 * T * C * 2)) + 1))
-    xs = [torch.randn(T, C, device="cuda").to(torch.bfloat16) for _ in range(n_sets)]
-    ys = [torch.empty(T, C, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
-    w = (torch.randn(C, 4, device="cuda") * 0.5).to(torch.bfloat16)
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), device="cuda", dtype=torch.int32)
-    pool = torch.randn(N, 3, C, device="cuda").to(torch.bfloat16)
-    slots = torch.arange(N, device="cuda", dtype=torch.int32)
+    xs = [torch.randn(T, C, device=DEVICE).to(torch.bfloat16) for _ in range(n_sets)]
+    ys = [torch.empty(T, C, device=DEVICE, dtype=torch.bfloat16) for _ in range(n_sets)]
+    w = (torch.randn(C, 4, device=DEVICE) * 0.5).to(torch.bfloat16)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), device=DEVICE, dtype=torch.int32)
+    pool = torch.randn(N, 3, C, device=DEVICE).to(torch.bfloat16)
+    slots = torch.arange(N, device=DEVICE, dtype=torch.int32)
 
     def f(i, stream=None):
         CV.causal_conv1d(xs[i], w, cu, conv_state=pool, slot_idx=slots, out=ys[i], stream=stream)
@@ -176,15 +195,15 @@ def main(out_path: str) -> None:
     fla = _fla()
     copy_tbs = BC.measured_copy_tbs()
     rows, cmp = [], BC.Comparisons()
-    for hv in (48, 32):
+    for hv in DECODE_HV:
         for B in BC.GDN_DECODE_B:
             r = bench_decode(B, 16, hv, fla, copy_tbs)
             decode_comparisons(cmp, r)
             rows.append(r)
-    for Cn in (10240, 8192):
-        for B in (1, 64, 256):
+    for Cn in CONV_C:
+        for B in CONV_UPDATE_B:
             rows.append(bench_conv_update(B, Cn, copy_tbs))
-        for lens in ([8192], [512] * 16, [37, 1000, 3, 2000, 130] * 4):
+        for lens in CONV_PREFILL_LENS:
             rows.append(bench_conv_prefill(lens, Cn, copy_tbs))
     fla_version = None if fla is None else getattr(sys.modules.get("fla"), "__version__", "?")
     meth = method(eager_used=EAGER, graph_used={"inner": 50, "reps": 20, "conv_prefill_inner": 20},

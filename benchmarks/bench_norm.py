@@ -22,10 +22,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as C  # noqa: E402
 import timing  # noqa: E402
 
+DEVICE = "cuda"  # the CPU dry run (tests/test_bench_logic.py) sets "cpu"
+
 HBM_TBS = C.HBM_NOMINAL_TBS
 L2_BYTES = C.L2_BYTES
 HOST_N = 200
 COPY_TBS = None  # measured in main()
+OTHERS_T = 8192
 
 
 def _inner(sets):
@@ -97,10 +100,10 @@ def main(out_path: str) -> None:
     global COPY_TBS
     torch.manual_seed(0)
     COPY_TBS = C.measured_copy_tbs()
-    bf = dict(device="cuda", dtype=torch.bfloat16)
+    bf = dict(device=DEVICE, dtype=torch.bfloat16)
     rows = []
     for hidden in C.NORM_HIDDEN:
-        w = (torch.randn(hidden, device="cuda") * 0.1).to(torch.bfloat16)
+        w = (torch.randn(hidden, device=DEVICE) * 0.1).to(torch.bfloat16)
         w1 = (1.0 + w.float()).to(torch.bfloat16)
         for T in C.NORM_TOKENS:
             host = T <= C.NORM_HOST_MAX_TOKENS
@@ -118,7 +121,7 @@ def main(out_path: str) -> None:
                 lambda: (torch.randn(T, hidden, **bf), torch.randn(T, hidden, **bf), torch.empty(T, hidden, **bf)),
                 lambda x, r, y, stream=0: N.add_rmsnorm(x, r, w, 1e-6, out=y, stream=stream),
                 torch_add_norm, "r.add_(x); F.rms_norm(r, w+1)", host))
-    T = 8192  # the other memory-bound ops at Qwen3.6-27B shapes
+    T = OTHERS_T  # the other memory-bound ops at Qwen3.6-27B shapes
     for args in _others(T):
         rows.append(measure(args[0], 0, T, *args[1:]))
     cmp = C.Comparisons()
@@ -141,11 +144,11 @@ def main(out_path: str) -> None:
 
 
 def _others(T):
-    bf = dict(device="cuda", dtype=torch.bfloat16)
+    bf = dict(device=DEVICE, dtype=torch.bfloat16)
     H, D, Hkv, I = 24, 256, 4, 17408
     wq, wk = torch.randn(D, **bf), torch.randn(D, **bf)
     wg = torch.randn(128, **bf)
-    pos = torch.arange(T, device="cuda", dtype=torch.int32)
+    pos = torch.arange(T, device=DEVICE, dtype=torch.int32)
 
     def torch_silu_mul(x, y):
         g, u = x.chunk(2, dim=-1)

@@ -250,3 +250,252 @@ def test_timing_method_describes_every_mode():
     import timing
     m = timing.method(graph_used={"inner": 3})
     assert {"device", "eager", "host", "statistic"} <= set(m) and m["graph_used"] == {"inner": 3}
+
+
+# ------------------------------------------------------------------------------------ CPU dry runs of main()
+# Each benchmark's main() runs end to end on CPU at tiny sizes: the timers call the functions they time (a few
+# times, every input set) and return fixed numbers, the vkc ops are stand-ins that check each call binds to
+# the real op's signature, the peers are real torch (SDPA on CPU) or stand-ins for FLA. What this catches:
+# wrong call signatures, missing keys, broken result JSON, comparisons that mix modes.
+
+import inspect  # noqa: E402
+import types  # noqa: E402
+
+FLASH_NAME = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>(Flash_fwd_params)"
+
+
+def _binder(real, ret=None):
+    sig = inspect.signature(real)
+
+    def f(*a, **k):
+        sig.bind(*a, **k)
+        return ret(*a, **k) if callable(ret) else ret
+    return f
+
+
+def _plan_cls(real):
+    init, run = inspect.signature(real.__init__), inspect.signature(real.run)
+
+    class Plan:
+        def __init__(self, *a, **k):
+            init.bind(self, *a, **k)
+
+        def run(self, *a, **k):
+            run.bind(self, *a, **k)
+            return k.get("out")
+    return Plan
+
+
+@pytest.fixture
+def dry(monkeypatch):
+    """Fake timers and CUDA calls; returns the log of timer calls."""
+    import timing
+    log = []
+
+    def events_ms(fn, *, n_sets=1, inner=5, reps=30, warm=3):
+        log.append(("eager", n_sets))
+        for i in range(n_sets):
+            fn(i, None)
+        return 1.0
+
+    def graph_ms(fn, *, vkc, n_sets=1, inner=5, reps=20, kernels=None):
+        log.append(("graph", vkc, n_sets, inner))
+        assert inner >= 1
+        for i in range(inner):
+            fn(i % n_sets, 7 if vkc else None)
+        if kernels is not None:
+            kernels.append(FLASH_NAME)
+        return 0.5
+
+    def host_us(fn, *, n=100, warm=3, n_sets=1):
+        log.append(("host", n_sets))
+        for i in range(n_sets + 1):
+            fn(i % n_sets, None)
+        return 10.0
+
+    def kernel_names(fn, n=1):
+        fn()
+        return [FLASH_NAME]
+    for name, f in (("events_ms", events_ms), ("graph_ms", graph_ms), ("host_us", host_us),
+                    ("kernel_names", kernel_names)):
+        monkeypatch.setattr(timing, name, f)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda *a: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(C, "measured_copy_tbs", lambda *a, **k: 4.0)
+    return log, {"events_ms": events_ms, "graph_ms": graph_ms, "host_us": host_us}
+
+
+def _check_result(path, bench, families):
+    res = json.loads(path.read_text())
+    assert res["schema"] == C.SCHEMA and res["bench"] == bench
+    assert res["meta"]["commit"] and res["meta"]["date_utc"] and "torch" in res["meta"] and res["method"]
+    assert res["limits"]["hbm_nominal_tbs"] == 4.8
+    assert {c["family"] for c in res["comparisons"]} == set(families)
+    for c in res["comparisons"]:
+        assert c["mode"] in C.MODES and c["ratio"] == c["peer_time"] / c["vkc_time"]
+    md = summarize.markdown({f"{bench}.json": res})
+    assert "Ratio ranges" in md
+    return res
+
+
+def test_dry_run_bench_attn(dry, monkeypatch, tmp_path):
+    import bench_attn as M
+    from vkc_runtime.ops import attention as A
+    monkeypatch.setattr(M, "DEVICE", "cpu")
+    monkeypatch.setattr(C, "ATTN_HEAD_DIM", 64)
+    monkeypatch.setattr(C, "attn_prefill_cases", lambda: [(6, 2, 40)])
+    monkeypatch.setattr(C, "attn_decode_cases", lambda Hkv=4, D=64: [(2, 33), (1, 2000)])
+    monkeypatch.setattr(C, "HOST_VISIBLE_DECODE", 100)
+    fake = types.SimpleNamespace(
+        prefill=_binder(A.prefill), decode=_binder(A.decode), PrefillPlan=_plan_cls(A.PrefillPlan),
+        DecodePlan=_plan_cls(A.DecodePlan), decode_workspace=_binder(A.decode_workspace, object()),
+        prefill_uses_tma=_binder(A.prefill_uses_tma, True), num_splits_for=A.num_splits_for)
+    monkeypatch.setattr(M, "A", fake)
+    monkeypatch.setattr(M, "get_kernel", lambda base: types.SimpleNamespace(max_active_blocks=lambda: 2))
+    monkeypatch.setattr(M, "warm_host", lambda *a: None)
+    monkeypatch.setattr(M, "host_profile", lambda *a: {"B": 1, "L": 512})
+    out = tmp_path / "attn.json"
+    M.main(str(out))
+    res = _check_result(out, "attn", ["attn_prefill", "attn_decode"])
+    pre, dec1, dec2, host = res["rows"]
+    assert pre["kind"] == "prefill" and dec1["kind"] == "decode" and host["kind"] == "decode_host"
+    for r, peers in ((pre, M.PREFILL_PEERS), (dec1, M.DECODE_PEERS)):
+        assert r["sdpa_flash_backend_ok"] is True and r["sdpa_flash_backend_graph"] == "flash"
+        for be in peers:  # CPU torch has no cuDNN / mem-efficient SDPA: recorded, not dropped
+            assert f"sdpa_{be}_ms" in r or f"sdpa_{be}_error" in r
+    assert "sdpa_cudnn_error" in pre and {c["peer"] for c in res["comparisons"]} == {"sdpa_flash"}
+    assert pre["n_sets"] > 1 and dec1["n_sets"] > 1  # tiny inputs rotate
+    assert "vkc_validated_host_us" in pre and "vkc_validated_host_us" in dec1 and "vkc_host_us" not in dec2
+    assert dec1["split_sweep_graph_ms"] == {}  # L = 33 < 64: no forced split fits
+    assert dec1["vkc_pct_floor"] == 100 * dec1["floor_ms"] / 0.5
+    modes = {(c["family"], c["mode"], c["vkc"]) for c in res["comparisons"]}
+    assert ("attn_decode", "device", "plan") in modes and ("attn_prefill", "host", "op_validated") in modes
+    log, _ = dry
+    assert all(e[3] >= e[2] for e in log if e[0] == "graph")  # every rotated set is in the graph
+
+
+def _fake_fla_modules(monkeypatch, chunk=None, recurrent=None):
+    fla = types.ModuleType("fla")
+    fla.__version__ = "0.0-fake"
+    ops = types.ModuleType("fla.ops")
+    gdr = types.ModuleType("fla.ops.gated_delta_rule")
+    gdr.chunk_gated_delta_rule = chunk
+    gdr.fused_recurrent_gated_delta_rule = recurrent
+    for name, m in (("fla", fla), ("fla.ops", ops), ("fla.ops.gated_delta_rule", gdr)):
+        monkeypatch.setitem(sys.modules, name, m)
+
+
+def _fill_out(*a, **k):
+    k["out"].fill_(1.0)  # the stand-in's "result", which the same-result check compares the peer with
+    return k["out"]
+
+
+@pytest.mark.parametrize("capture_ok,native_ok", [(True, True), (False, True), (True, False)])
+def test_dry_run_bench_gdn(dry, monkeypatch, tmp_path, capture_ok, native_ok):
+    import bench_gdn as M
+    from vkc_runtime.ops import gdn as G
+    calls = []
+    hk, hv = 2, 4
+
+    def fla_chunk(q, k, v, g, beta, *, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel):
+        T = v.shape[1]
+        assert q.shape == k.shape and q.shape[:2] == (1, T) and g.shape == beta.shape == (1, T, hv)
+        assert cu_seqlens.dtype == torch.long and initial_state.shape[0] == len(cu_seqlens) - 1
+        assert not initial_state.any()  # FLA starts from the zero state vkc's check call started from
+        calls.append(q.shape[2])
+        o = torch.ones_like(v) if (native_ok or q.shape[2] == hv) else 3 * torch.ones_like(v)
+        return o, torch.empty_like(initial_state)
+    _fake_fla_modules(monkeypatch, chunk=fla_chunk)
+    monkeypatch.setattr(M, "DEVICE", "cpu")
+    monkeypatch.setattr(C, "GDN_HEADS", ((hk, hv),))
+    monkeypatch.setattr(C, "gdn_prefill_cases", lambda: [("1x64", [64]), ("mixed", [1, 30, 33])])
+    monkeypatch.setattr(M, "G", types.SimpleNamespace(workspace_for=_binder(G.workspace_for,
+                                                                           types.SimpleNamespace(nbytes=1e6)),
+                                                      chunk_gated_delta_rule=_binder(G.chunk_gated_delta_rule,
+                                                                                     _fill_out),
+                                                      get_kernel=G.get_kernel))
+    log, fakes = dry
+    monkeypatch.setattr(M, "events_ms", fakes["events_ms"])
+    monkeypatch.setattr(M, "host_us", fakes["host_us"])
+
+    def graph_ms(fn, *, vkc, **k):
+        if not vkc and not capture_ok:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return fakes["graph_ms"](fn, vkc=vkc, **k)
+    monkeypatch.setattr(M, "graph_ms", graph_ms)
+    monkeypatch.setattr(M, "profiled_kernels_ms", lambda run, reps=5: ({"k": 0.4}, 0.4))
+    out = tmp_path / "gdn.json"
+    M.main(str(out))
+    res = _check_result(out, "gdn", ["gdn_prefill"])
+    for r in res["rows"]:
+        assert r["fla_ms"] == 1.0 and r["fla_host_us"] == 10.0 and r["fla_vs_vkc_rel_err"] == 0.0
+        assert r["fla_device_ms"] == 0.4  # the profiler pass after all timings
+        if native_ok:
+            assert r["fla_mode"] == "native GQA"
+        else:
+            assert r["fla_mode"].startswith("q/k expanded to Hv heads (native output rel err 2")
+        if capture_ok:
+            assert r["fla_graph_status"] == "captured" and r["fla_graph_ms"] == 0.5
+        else:
+            assert r["fla_graph_status"] == "capture failed" and "fla_graph_ms" not in r and r["fla_graph_error"]
+    assert set(calls) == ({hk} if native_ok else {hk, hv})  # the timed calls use the checked variant
+    peers = {(c["mode"], c["peer"]) for c in res["comparisons"]}
+    assert (("device", "fla_chunk") in peers) == capture_ok
+    assert ("eager", "fla_chunk") in peers and ("device", "fla_chunk_profiler_kernel_sum") in peers
+
+
+def test_dry_run_bench_gdn_decode(dry, monkeypatch, tmp_path):
+    import bench_gdn_decode as M
+    from vkc_runtime.ops import conv as CV
+    from vkc_runtime.ops import gdn_decode as GD
+    heads = []
+
+    def fla(q, k, v, *, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+        heads.append(q.shape[2])
+        assert q.shape == k.shape and v.shape[:2] == q.shape[:2] and initial_state.shape[0] == q.shape[0]
+        return torch.ones_like(v), torch.empty_like(initial_state)
+    monkeypatch.setattr(M, "_fla", lambda: fla)
+    monkeypatch.setattr(M, "DEVICE", "cpu")
+    monkeypatch.setattr(M, "DECODE_HV", (4,))
+    monkeypatch.setattr(C, "GDN_DECODE_B", (1, 2))
+    monkeypatch.setattr(M, "CONV_C", (64,))
+    monkeypatch.setattr(M, "CONV_UPDATE_B", (1, 3))
+    monkeypatch.setattr(M, "CONV_PREFILL_LENS", ([5, 9],))
+    monkeypatch.setattr(M, "GD", types.SimpleNamespace(recurrent_decode=_binder(GD.recurrent_decode, _fill_out)))
+    monkeypatch.setattr(M, "CV", types.SimpleNamespace(causal_conv1d_update=_binder(CV.causal_conv1d_update),
+                                                       causal_conv1d=_binder(CV.causal_conv1d)))
+    log, fakes = dry
+    for name in ("events_ms", "graph_ms", "host_us"):
+        monkeypatch.setattr(M, name, fakes[name])
+    out = tmp_path / "gdn_decode.json"
+    M.main(str(out))
+    res = _check_result(out, "gdn_decode", ["gdn_decode"])
+    dec = [r for r in res["rows"] if r["op"] == "gdn_decode"]
+    assert len(dec) == 2 and all(r["fla_mode"] == "native GQA" and r["fla_vs_vkc_rel_err"] == 0.0 for r in dec)
+    assert set(heads) == {16}
+    assert all(r["speedup_vs_fla"] == 1.0 and r["eager_speedup_vs_fla"] == 1.0 for r in dec)
+    assert {r["op"] for r in res["rows"]} == {"gdn_decode", "conv_update", "conv_prefill"}
+    assert all("vkc_pct_copy" in r for r in res["rows"])
+
+
+def test_dry_run_bench_norm(dry, monkeypatch, tmp_path):
+    import bench_norm as M
+    from vkc_runtime.ops import norm as N
+    monkeypatch.setattr(M, "DEVICE", "cpu")
+    monkeypatch.setattr(C, "NORM_HIDDEN", (64,))
+    monkeypatch.setattr(C, "NORM_TOKENS", (1, 4000))
+    monkeypatch.setattr(M, "OTHERS_T", 4)
+    monkeypatch.setattr(M, "N", types.SimpleNamespace(**{n: _binder(getattr(N, n)) for n in (
+        "rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul", "sigmoid_mul")}))
+    out = tmp_path / "norm.json"
+    M.main(str(out))
+    res = _check_result(out, "norm", ["norm"])
+    by = {(r["op"], r["tokens"]): r for r in res["rows"]}
+    assert set(by) >= {("rmsnorm", 1), ("add_rmsnorm", 4000), ("silu_mul", 4), ("qk_norm_rope", 4)}
+    small = by[("rmsnorm", 1)]
+    assert {"vkc_host_us", "torch_host_us", "vkc_validated_host_us", "vkc_validated_us"} <= set(small)
+    assert "vkc_host_us" not in by[("rmsnorm", 4000)]
+    hosts = [c for c in res["comparisons"] if c["mode"] == "host"]
+    assert {c["vkc"] for c in hosts} == {"op", "op_validated"} and all(c["case"].endswith("T=1") for c in hosts)
