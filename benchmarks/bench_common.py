@@ -236,6 +236,13 @@ def meta(**extra):
     if torch is not None and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         m.update(device=torch.cuda.get_device_name(0), sm_count=p.multi_processor_count, cuda=torch.version.cuda)
+        try:
+            q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm",
+                                "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            if q.returncode == 0:
+                m["nvidia_smi"] = q.stdout.strip().splitlines()[0]  # driver, SM clock now, max SM clock
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
     try:
         import vkc_runtime
         m["vkc_arch"] = vkc_runtime.doctor.report()["selected_arch"]
