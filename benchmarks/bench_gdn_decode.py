@@ -140,7 +140,7 @@ def bench_decode(B, hk, hv, fla, copy_tbs):
     return row
 
 
-def bench_conv_update(B, C, copy_tbs):
+def bench_conv_update(B, C, copy_tbs=None):
     nbytes = B * C * 2 * 2 + 2 * B * 3 * C * 2 + C * 4 * 2  # x + y, state read + write, weights
     per_set = B * 3 * C * 2 + B * C * 4
     n_sets = max(2, min(64, int(2.5 * L2_BYTES // per_set) + 1))
@@ -156,10 +156,10 @@ def bench_conv_update(B, C, copy_tbs):
     return {"op": "conv_update", "B": B, "C": C, "bytes": nbytes, "vkc_graph_us": t * 1e3,
             "vkc_eager_us": events_ms(f, n_sets=n_sets, inner=50, reps=20, warm=2) * 1e3,
             "vkc_tbs": nbytes / (t * 1e-3) / 1e12, "vkc_pct_hbm": 100 * nbytes / (t * 1e-3) / 1e12 / HBM_TBS,
-            "vkc_pct_copy": 100 * nbytes / (t * 1e-3) / 1e12 / copy_tbs}
+            "vkc_pct_copy": 100 * nbytes / (t * 1e-3) / 1e12 / copy_tbs if copy_tbs else None}
 
 
-def bench_conv_prefill(lens, C, copy_tbs):
+def bench_conv_prefill(lens, C, copy_tbs=None):
     T = sum(lens)
     N = len(lens)
     nbytes = 2 * T * C * 2 + 2 * N * 3 * C * 2
@@ -176,7 +176,7 @@ def bench_conv_prefill(lens, C, copy_tbs):
     t = vkc_graph_ms(f, n_sets, inner=20)
     return {"op": "conv_prefill", "T": T, "N": N, "C": C, "bytes": nbytes, "vkc_graph_us": t * 1e3,
             "vkc_tbs": nbytes / (t * 1e-3) / 1e12, "vkc_pct_hbm": 100 * nbytes / (t * 1e-3) / 1e12 / HBM_TBS,
-            "vkc_pct_copy": 100 * nbytes / (t * 1e-3) / 1e12 / copy_tbs}
+            "vkc_pct_copy": 100 * nbytes / (t * 1e-3) / 1e12 / copy_tbs if copy_tbs else None}
 
 
 def decode_comparisons(cmp, r):

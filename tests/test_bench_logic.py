@@ -4,11 +4,13 @@ vkc's reference on the de-paged caches with native GQA (CPU torch)."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -25,11 +27,31 @@ import summarize  # noqa: E402
 from tests import refs_attn  # noqa: E402
 
 
-@pytest.mark.parametrize("mod", ["bench_attn", "bench_gdn", "bench_gdn_decode", "bench_norm", "timing"])
+@pytest.mark.parametrize("mod", ["bench_attn", "bench_gdn", "bench_gdn_decode", "bench_norm", "timing", "summarize",
+                                 "tune_attn", "tune_conv", "tune_gdn", "tune_norm", "ncu_case"])
 def test_benchmarks_import_on_cpu(mod):
     m = importlib.import_module(mod)
-    if mod != "timing":
+    if mod.startswith("bench_"):
         assert callable(m.main) and m.main.__code__.co_argcount == 1  # python3 benchmarks/bench_X.py OUT.json
+
+
+def test_helpers_other_scripts_use_keep_their_signatures():
+    """tune_attn / tune_conv / tune_gdn / ncu_case call into the benchmarks: the call shapes they use."""
+    import bench_attn
+    import bench_gdn
+    import bench_gdn_decode
+    seen = []
+    orig = bench_attn.timing.events_ms
+    try:
+        bench_attn.timing.events_ms = lambda fn, **k: (fn(0, None), seen.append(k))[1] or 1.0
+        assert bench_attn.time_ms(lambda i: seen.append(i)) == 1.0 and seen[0] == 0  # tune_attn: fn(i)
+    finally:
+        bench_attn.timing.events_ms = orig
+    assert list(inspect.signature(bench_gdn_decode.bench_conv_prefill).parameters)[:2] == ["lens", "C"]
+    assert inspect.signature(bench_gdn_decode.bench_conv_prefill).parameters["copy_tbs"].default is None
+    assert list(inspect.signature(bench_gdn.vkc_case).parameters)[:3] == ["lens", "hk", "hv"]
+    kc, vc, bt, k, v, q, sl, out = bench_attn.decode_inputs(2, 20, dense=False, device="cpu")  # ncu_case
+    assert k is None and q.shape == (2, 24, 256) and sl.tolist() == [20, 20]
 
 
 def test_case_lists():
@@ -257,9 +279,6 @@ def test_timing_method_describes_every_mode():
 # times, every input set) and return fixed numbers, the vkc ops are stand-ins that check each call binds to
 # the real op's signature, the peers are real torch (SDPA on CPU) or stand-ins for FLA. What this catches:
 # wrong call signatures, missing keys, broken result JSON, comparisons that mix modes.
-
-import inspect  # noqa: E402
-import types  # noqa: E402
 
 FLASH_NAME = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>(Flash_fwd_params)"
 
