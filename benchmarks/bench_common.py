@@ -215,16 +215,22 @@ def git_commit(repo=None):
 
 
 def versions():
+    """Python, torch, triton and FLA versions: from the imported module, else the installed distribution
+    (importlib.metadata: nothing is imported just to be named), else "not installed"."""
+    from importlib import metadata
     v = {"python": platform.python_version()}
-    for mod in ("torch", "triton", "fla"):
+    for mod, dists in (("torch", ("torch",)), ("triton", ("triton",)), ("fla", ("fla-core", "flash-linear-attention"))):
         m = sys.modules.get(mod)
-        if m is None:
+        if m is not None and getattr(m, "__version__", None):
+            v[mod] = m.__version__
+            continue
+        v[mod] = "not installed"
+        for d in dists:
             try:
-                m = __import__(mod)
-            except Exception as e:  # noqa: BLE001 - a missing peer is recorded, not fatal
-                v[mod] = f"not importable: {type(e).__name__}"
+                v[mod] = metadata.version(d)
+                break
+            except metadata.PackageNotFoundError:
                 continue
-        v[mod] = getattr(m, "__version__", "?")
     return v
 
 
