@@ -146,7 +146,7 @@ def _fmt_x(x):
 
 
 def _fmt_pct(p):
-    return "–" if p is None else f"{p:.0f}%"
+    return "–" if p is None else (f"{p:.1f}%" if p < 10 else f"{p:.0f}%")
 
 
 def _ordered(seq):

@@ -226,7 +226,7 @@ def test_summarize_single_file_and_result_builder(tmp_path):
     p = tmp_path / "norm.json"
     C.write(str(p), res)
     md = summarize.markdown(summarize.load(str(p)))
-    assert "| rmsnorm h=2048 T=1 | op | 1.000 | 2.000 | 2.00× | 5% |" in md
+    assert "| rmsnorm h=2048 T=1 | op | 1.000 | 2.000 | 2.00× | 5.0% |" in md
 
 
 LEGACY = os.path.join(ROOT, "benchmarks", "results", "2026-11-30-h200-session6", "final")
