@@ -1,13 +1,17 @@
 """GDN chunked prefill on the H200: vkc (ops.gdn.chunk_gated_delta_rule) side by side with FLA's
-chunk_gated_delta_rule in the same process (skipped cleanly if FLA is not importable).
+chunk_gated_delta_rule in the same process (rows without FLA say why, fla_error).
 
-Shapes: Qwen3.6-27B (16 key / 48 value heads) and 35B-A3B (16 / 32), K = V = 128, 1x2048, 1x8192, 1x32768 and
-a mixed varlen batch (8192 tokens in 11 sequences). vkc: one call captured in a vkc CUDA graph, replays
-timed with CUDA events (device time), plus eager event timing; FLA: eager event timing (Triton JIT launches;
-warm-up first so autotuning is done) and, stricter, its summed kernel device time from torch.profiler
-(fla_device_ms: FLA's host overhead excluded). Median of repeats. vkc's time includes the q/k split + L2 norm and the
-gate math (g, beta from a, b, A_log, dt_bias); FLA gets g, beta precomputed and does the L2 norm in-kernel
-(use_qk_l2norm_in_kernel=True). Usage: python benchmarks/bench_gdn.py OUT.json
+Shapes: Qwen3.6-27B (16 key / 48 value heads) and 35B-A3B (16 / 32), K = V = 128 (bench_common.GDN_HEADS,
+gdn_prefill_cases: 1x2048, 1x8192, 1x32768 and a mixed varlen batch of 8193 tokens in 11 sequences).
+Both sides are timed the same three ways (bench_common modes): device = the call captured in a CUDA graph
+(vkc_runtime.Graph / torch.cuda.CUDAGraph; FLA's JIT and autotune are done by the eager calls before capture;
+a case FLA cannot be captured for gets fla_graph_error and fla_graph_status "capture failed", never a
+fallback), eager = CUDA events around back-to-back calls (host cost included), host = wall clock per call.
+FLA's summed kernel time from torch.profiler (fla_device_ms), a cross-check of its graph time, is taken after
+all timings. vkc's time includes the q/k split + L2 norm and the gate math (g, beta from a, b, A_log,
+dt_bias); FLA gets g, beta precomputed outside its timing and does the L2 norm in-kernel
+(use_qk_l2norm_in_kernel=True), q/k at the key heads where its version supports it (fla_mode).
+Usage: python benchmarks/bench_gdn.py OUT.json
 """
 from __future__ import annotations
 
@@ -20,11 +24,13 @@ import traceback
 import numpy as np
 import torch
 
-import vkc_runtime
 from vkc_runtime.ops import gdn as G
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import events_ms, graph_ms  # noqa: E402
+import bench_common as C  # noqa: E402
+from timing import events_ms, graph_ms, host_us, method  # noqa: E402
+
+DEVICE = "cuda"  # the CPU dry run (tests/test_bench_logic.py) sets "cpu"
 
 DK = DV = 128
 
@@ -80,116 +86,177 @@ def profiled_kernels_ms(fn, reps=5):
 
 
 def make(lens, hk, hv, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     T = int(sum(lens))
     C = 2 * hk * DK + hv * DV
-    qkv = torch.nn.functional.silu(torch.randn(T, C, generator=g, device="cuda")).to(torch.bfloat16)
-    a = (torch.randn(T, hv, generator=g, device="cuda") * 2).to(torch.bfloat16)
-    b = (torch.randn(T, hv, generator=g, device="cuda") * 2).to(torch.bfloat16)
-    A_log = (torch.rand(hv, generator=g, device="cuda") * 2 - 1).float()
-    dt = (torch.randn(hv, generator=g, device="cuda") * 0.5).float()
-    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    qkv = torch.nn.functional.silu(torch.randn(T, C, generator=g, device=DEVICE)).to(torch.bfloat16)
+    a = (torch.randn(T, hv, generator=g, device=DEVICE) * 2).to(torch.bfloat16)
+    b = (torch.randn(T, hv, generator=g, device=DEVICE) * 2).to(torch.bfloat16)
+    A_log = (torch.rand(hv, generator=g, device=DEVICE) * 2 - 1).float()
+    dt = (torch.randn(hv, generator=g, device=DEVICE) * 0.5).float()
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=DEVICE)
     return qkv, a, b, A_log, dt, cu
 
 
 def vkc_case(lens, hk, hv, seed=0):
     """One prefill call on fresh inputs with a workspace, output and zero-initialized slot states allocated
-    up front (graph-capturable): returns (call(stream=None), inputs, workspace)."""
+    up front (graph-capturable): returns (call(stream=None), inputs, workspace); call.out and call.state are
+    the output and the slot states it writes."""
     T, N = int(sum(lens)), len(lens)
     inputs = make(lens, hk, hv, seed)
     ws = G.workspace_for(T, N, hk, hv)
-    out = torch.empty(T, hv, DV, device="cuda", dtype=torch.bfloat16)
-    state = torch.zeros(N, hv, DK, DV, device="cuda")
-    slot = torch.arange(N, dtype=torch.int32, device="cuda")
+    out = torch.empty(T, hv, DV, device=DEVICE, dtype=torch.bfloat16)
+    state = torch.zeros(N, hv, DK, DV, device=DEVICE)
+    slot = torch.arange(N, dtype=torch.int32, device=DEVICE)
 
     def call(stream=None):
         G.chunk_gated_delta_rule(*inputs, hk, hv, state=state, slot_idx=slot, out=out, workspace=ws, stream=stream)
+    call.out, call.state = out, state
     return call, inputs, ws
 
 
-def fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, state0):
+def fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, state0, vkc_out=None, expand=False):
+    """FLA's call on the same inputs: q/k at the key heads (native GQA) when FLA accepts them and its output
+    matches vkc_out (vkc's output from the same zero initial state), else (or with expand=True) q/k expanded
+    to the value heads outside the timed region. Returns (run, mode, rel err vs vkc_out or None)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
     T = qkv.shape[0]
     q = qkv[:, :hk * DK].reshape(1, T, hk, DK)
     k = qkv[:, hk * DK:2 * hk * DK].reshape(1, T, hk, DK)
-    v = qkv[:, 2 * hk * DK:].reshape(1, T, hv, DV)
+    vv = qkv[:, 2 * hk * DK:].reshape(1, T, hv, DV).contiguous()
     g = (-A_log.exp() * torch.nn.functional.softplus(a.float() + dt)).view(1, T, hv).contiguous()
     beta = b.float().sigmoid().view(1, T, hv).contiguous()
     cul = cu.long()
-    mode = "native GQA"
-    try:  # FLA versions with grouped value heads take q, k at Hk heads
-        fla_chunk(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, initial_state=state0,
-                  output_final_state=True, cu_seqlens=cul, use_qk_l2norm_in_kernel=True)
-        qq, kk = q.contiguous(), k.contiguous()
-    except Exception:
-        mode = "q/k expanded to Hv heads"
+
+    def call(qq, kk):
+        return fla_chunk(qq, kk, vv, g, beta, initial_state=state0, output_final_state=True, cu_seqlens=cul,
+                         use_qk_l2norm_in_kernel=True)
+
+    def check(qq, kk):
+        o = call(qq, kk)[0]
+        return None if vkc_out is None else C.rel_err(o[0], vkc_out)
+    qq, kk = q.contiguous(), k.contiguous()
+    mode, rel = "native GQA", None
+    if expand:
+        mode = "q/k expanded to Hv heads (as in the timed pass)"
+    else:
+        try:  # FLA versions with grouped value heads take q, k at Hk heads
+            rel = check(qq, kk)
+            if rel is not None and not rel <= C.PEER_REL_TOL:
+                mode = f"q/k expanded to Hv heads (native output rel err {rel:.3g} vs vkc)"
+        except Exception as e:  # noqa: BLE001
+            mode = f"q/k expanded to Hv heads (native: {C.err(e)[:80]})"
+    if mode != "native GQA":
         rep = hv // hk
         qq = q.repeat_interleave(rep, dim=2).contiguous()
         kk = k.repeat_interleave(rep, dim=2).contiguous()
-    vv = v.contiguous()
+        rel = check(qq, kk)
 
     def run():
-        return fla_chunk(qq, kk, vv, g, beta, initial_state=state0, output_final_state=True, cu_seqlens=cul,
-                         use_qk_l2norm_in_kernel=True)
-    return run, mode
+        return call(qq, kk)
+    return run, mode, rel
+
+
+def fla_kernel_pass(rows):
+    """After every timing: FLA's summed kernel device time per case (torch.profiler over a few eager calls on
+    fresh inputs of the case's shapes), a cross-check of its graph time: fla_kernels_ms, fla_device_ms."""
+    for row in rows:
+        if "fla_ms" not in row:
+            continue
+        hk, hv = map(int, row["heads"].split("/"))
+        lens = dict(C.gdn_prefill_cases())[row["case"]]
+        try:
+            qkv, a, b, A_log, dt, cu = make(lens, hk, hv, seed=1)
+            state0 = torch.zeros(len(lens), hv, DK, DV, device=DEVICE)
+            run = fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, state0, expand=row["fla_mode"] != "native GQA")[0]
+            row["fla_kernels_ms"], row["fla_device_ms"] = profiled_kernels_ms(run)
+        except Exception as e:  # noqa: BLE001 - a cross-check only
+            row["fla_kernels_error"] = C.err(e)
+        qkv = a = b = run = None
+        torch.cuda.empty_cache()
+
+
+def gdn_comparisons(cmp, row):
+    case = f"{row['heads']} {row['case']}"
+    lim, limit = row["floor_ms"], "HBM floor of the compulsory bytes at 4.8 TB/s (a lower bound only)"
+    cmp.add("gdn_prefill", case, "device", "op", row.get("vkc_graph_ms"), "fla_chunk", row.get("fla_graph_ms"),
+            pct_limit=C.pct(lim, row.get("vkc_graph_ms")), limit=limit)
+    cmp.add("gdn_prefill", case, "device", "op", row.get("vkc_graph_ms"), "fla_chunk_profiler_kernel_sum",
+            row.get("fla_device_ms"), pct_limit=C.pct(lim, row.get("vkc_graph_ms")), limit=limit)
+    cmp.add("gdn_prefill", case, "eager", "op", row.get("vkc_eager_ms"), "fla_chunk", row.get("fla_ms"),
+            pct_limit=C.pct(lim, row.get("vkc_eager_ms")), limit=limit)
+    cmp.add("gdn_prefill", case, "host", "op", row.get("vkc_host_us"), "fla_chunk", row.get("fla_host_us"), unit="us")
 
 
 def main(out_path):
     torch.manual_seed(0)
-    rows = []
+    rows, cmp = [], C.Comparisons()
     try:
         import fla  # noqa: F401
         have_fla = True
         fla_version = getattr(fla, "__version__", "?")
     except Exception as e:
         have_fla, fla_version = False, f"not importable: {type(e).__name__}: {e}"
-    mixed = [1, 17, 64, 65, 129, 500, 1000, 1024, 1500, 1800, 2093]
-    cases = [("1x2048", [2048]), ("1x8192", [8192]), ("1x32768", [32768]), ("mixed11x8192", mixed)]
-    for hk, hv in ((16, 48), (16, 32)):
-        for name, lens in cases:
+    for hk, hv in C.GDN_HEADS:
+        for name, lens in C.gdn_prefill_cases():
             T, N = sum(lens), len(lens)
             call, (qkv, a, b, A_log, dt, cu), ws = vkc_case(lens, hk, hv)
             row = {"heads": f"{hk}/{hv}", "case": name, "tokens": T, "seqs": N,
-                   "workspace_mb": ws.nbytes / 1e6}
-            row["vkc_graph_ms"] = graph_ms(lambda i, st: call(st), vkc=True)
+                   "workspace_mb": ws.nbytes / 1e6, "bytes": C.gdn_prefill_bytes(T, N, hk, hv)}
+            row["floor_ms"] = C.floor_ms(row["bytes"], C.HBM_NOMINAL_TBS)
+            row["footprint_mb"] = (row["bytes"] + ws.nbytes) / 1e6  # one set: inputs, outputs, workspace > L2
             row["vkc_eager_ms"] = events_ms(lambda i, st: call(st))
+            row["vkc_graph_ms"] = graph_ms(lambda i, st: call(st), vkc=True)
+            row["vkc_host_us"] = host_us(lambda i, st: call(st), n=30)
             try:
                 row["vkc_stage_ms"] = stage_ms(call)
             except Exception as e:  # the breakdown is diagnostic: never lose the row for it
                 row["vkc_stage_ms"] = {}
                 row["vkc_stage_error"] = f"{type(e).__name__}: {e}"
-            if have_fla:
+            if not have_fla:
+                row["fla_error"] = fla_version
+            else:
                 try:
-                    run, mode = fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, torch.zeros(N, hv, DK, DV, device="cuda"))
-                    row["fla_ms"] = events_ms(lambda i, st: run())
-                    row["fla_mode"] = mode
-                    row["speedup_vs_fla"] = row["fla_ms"] / row["vkc_graph_ms"]
-                    # FLA's device time alone (its host launch overhead excluded): the stricter comparison
-                    row["fla_kernels_ms"], row["fla_device_ms"] = profiled_kernels_ms(run)
-                    row["speedup_vs_fla_device"] = row["fla_device_ms"] / row["vkc_graph_ms"]
+                    call.state.zero_()  # vkc once from the zero state FLA starts from: the same-result check
+                    call()
+                    torch.cuda.synchronize()
+                    state0 = torch.zeros(N, hv, DK, DV, device=DEVICE)
+                    run, mode, rel = fla_setup(qkv, a, b, A_log, dt, cu, hk, hv, state0, call.out.clone())
+                    row["fla_mode"], row["fla_vs_vkc_rel_err"] = mode, rel
+                    row["fla_ms"] = events_ms(lambda i, st: run())  # also finishes FLA's JIT + autotune
+                    row["fla_host_us"] = host_us(lambda i, st: run(), n=30)
+                    try:  # graph vs graph: FLA captured like vkc
+                        row["fla_graph_ms"] = graph_ms(lambda i, st: run(), vkc=False)
+                        row["fla_graph_status"] = "captured"
+                    except Exception as e:  # noqa: BLE001 - recorded explicitly, no fallback
+                        row["fla_graph_status"] = "capture failed"
+                        row["fla_graph_error"] = C.err(e)
+                        traceback.print_exc()
+                        try:
+                            torch.cuda.synchronize()
+                        except Exception:  # noqa: BLE001
+                            pass
                 except Exception as e:
-                    row["fla_error"] = f"{type(e).__name__}: {e}"
+                    row["fla_error"] = C.err(e)
                     traceback.print_exc()
             rows.append(row)
             print(json.dumps(row), flush=True)
             call = ws = qkv = None  # free this case before the next one
             torch.cuda.empty_cache()
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fla": fla_version,
-           "vkc_arch": vkc_runtime.doctor.report()["selected_arch"],
-           "method": "vkc: CUDA-graph replay (device time) and eager events; FLA: eager events after warm-up; "
-                     "median of 30 x 5 calls",
-           "rows": rows}
-    with open(out_path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"{'heads':<7}{'case':<14}{'T':>7}{'vkc graph ms':>14}{'vkc eager ms':>14}{'FLA ms':>10}{'x FLA':>8}"
-          f"{'FLA dev ms':>12}{'x dev':>7}")
-    for r in rows:
-        fl, sp = r.get("fla_ms"), r.get("speedup_vs_fla")
-        fd, sd = r.get("fla_device_ms"), r.get("speedup_vs_fla_device")
-        fl_s = f"{fl:.3f}" if fl else "-"
-        sp_s = f"{sp:.2f}" if sp else "-"
-        print(f"{r['heads']:<7}{r['case']:<14}{r['tokens']:>7}{r['vkc_graph_ms']:>14.3f}{r['vkc_eager_ms']:>14.3f}"
-              f"{fl_s:>10}{sp_s:>8}{(f'{fd:.3f}' if fd else '-'):>12}{(f'{sd:.2f}' if sd else '-'):>7}   " + " ".join(f"{b.split('.', 1)[1]}={t:.3f}" for b, t in r["vkc_stage_ms"].items()))
+    if have_fla:  # last: the profiler leaves CUPTI attached, which slows every later launch
+        fla_kernel_pass(rows)
+    for row in rows:
+        gdn_comparisons(cmp, row)
+    meth = method(eager_used={"inner": 5, "reps": 30, "warm": 3}, graph_used={"inner": 5, "reps": 20},
+                  host_used={"n": 30, "warm": 3},
+                  inputs="fresh torch.randn per case, one set: inputs + outputs + workspace (footprint_mb) exceed "
+                         "the 60 MB L2 at every case; zero initial states",
+                  peer=f"fla {fla_version} chunk_gated_delta_rule, initial_state and output_final_state as vkc")
+    res = C.result("gdn", method=meth, limits=C.hbm_limits(None), rows=rows, comparisons=cmp, fla=fla_version)
+    C.write(out_path, res)
+    import summarize
+    print(summarize.markdown({"gdn.json": res}))
+
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "gdn_bench.json")

@@ -1,26 +1,34 @@
 """Achieved HBM bandwidth of the norm-family kernels vs torch doing the same op, in one process (H200).
 
-Bytes = each input read once + each output written once. Inputs are rotated over enough copies to
-exceed the 60 MB L2. CUDA events around many launches, after warm-up; median of repeats.
+Bytes = each input read once + each output written once; % of limit at the nominal 4.8 TB/s (vkc_pct_hbm)
+and at the copy bandwidth measured in this process (vkc_pct_copy). Inputs rotate over enough copies to exceed
+the 60 MB L2. Both sides are timed the same three ways (bench_common modes): device = many calls in one CUDA
+graph (vkc_runtime.Graph / torch.cuda.CUDAGraph), eager = CUDA events around back-to-back Python calls (host
+cost included), host = wall clock per call at tokens <= 1024 for vkc's bound calls (out= given: no
+revalidation after the first call), vkc with VKC_FASTPATH=0 (every call validated) and torch.
 Usage: python benchmarks/bench_norm.py OUT.json
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-import vkc_runtime
 from vkc_runtime.ops import norm as N
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as C  # noqa: E402
 import timing  # noqa: E402
 
-HBM_TBS = 4.26  # measured device-to-device copy ceiling (DESIGN.md section 8)
-L2_BYTES = 60e6
+DEVICE = "cuda"  # the CPU dry run (tests/test_bench_logic.py) sets "cpu"
+
+HBM_TBS = C.HBM_NOMINAL_TBS
+L2_BYTES = C.L2_BYTES
+HOST_N = 200
+COPY_TBS = None  # measured in main()
+OTHERS_T = 8192
 
 
 def _inner(sets):
@@ -47,31 +55,63 @@ def make_sets(make, nbytes):
     return [(make(), nbytes) for _ in range(copies)]
 
 
-def measure(name, hidden, T, nb, make, f_vkc, f_torch, tdesc):
+def host_us(fn, sets):
+    """Host us per call, rotating over the sets (back-to-back calls, no sync inside)."""
+    return timing.host_us(lambda i, st: fn(*sets[i][0]), n=HOST_N, n_sets=len(sets))
+
+
+def measure(name, hidden, T, nb, make, f_vkc, f_torch, tdesc, host=False):
     sets = make_sets(make, nb)
     t_vkc, t_torch = time_ms(f_vkc, sets), time_ms(f_torch, sets)
     g_vkc, g_torch = graph_ms(f_vkc, sets, vkc=True), graph_ms(f_torch, sets, vkc=False)
-    return {"op": name, "hidden": hidden, "tokens": T, "bytes": nb, "torch_impl": tdesc,
-            "vkc_us": t_vkc * 1e3, "torch_us": t_torch * 1e3, "vkc_graph_us": g_vkc * 1e3,
-            "torch_graph_us": g_torch * 1e3,
-            "vkc_tbs": nb / (g_vkc * 1e-3) / 1e12, "torch_tbs": nb / (g_torch * 1e-3) / 1e12,
-            "vkc_pct_hbm": 100 * nb / (g_vkc * 1e-3) / 1e12 / HBM_TBS,
-            "speedup_vs_torch": g_torch / g_vkc, "eager_speedup_vs_torch": t_torch / t_vkc}
+    r = {"op": name, "hidden": hidden, "tokens": T, "bytes": nb, "torch_impl": tdesc, "n_sets": len(sets),
+         "vkc_us": t_vkc * 1e3, "torch_us": t_torch * 1e3, "vkc_graph_us": g_vkc * 1e3,
+         "torch_graph_us": g_torch * 1e3,
+         "vkc_tbs": nb / (g_vkc * 1e-3) / 1e12, "torch_tbs": nb / (g_torch * 1e-3) / 1e12,
+         "floor_us": C.floor_ms(nb, HBM_TBS) * 1e3, "floor_copy_us": C.floor_ms(nb, COPY_TBS) * 1e3,
+         "vkc_pct_hbm": 100 * nb / (g_vkc * 1e-3) / 1e12 / HBM_TBS,
+         "vkc_pct_copy": 100 * nb / (g_vkc * 1e-3) / 1e12 / COPY_TBS,
+         "speedup_vs_torch": g_torch / g_vkc, "eager_speedup_vs_torch": t_torch / t_vkc}
+    if host:
+        r["vkc_host_us"], r["torch_host_us"] = host_us(f_vkc, sets), host_us(f_torch, sets)
+        with C.validated():
+            r["vkc_validated_host_us"] = host_us(f_vkc, sets)
+            r["vkc_validated_us"] = time_ms(f_vkc, sets) * 1e3
+    return r
+
+
+def norm_comparisons(cmp, r):
+    case = f"{r['op']} h={r['hidden']} T={r['tokens']}" if r["hidden"] else f"{r['op']} T={r['tokens']}"
+    lim, limit = r["floor_us"], "HBM floor (inputs read + outputs written) at 4.8 TB/s nominal"
+    fam = "norm"
+    cmp.add(fam, case, "device", "op", r["vkc_graph_us"], "torch", r["torch_graph_us"], unit="us",
+            pct_limit=C.pct(lim, r["vkc_graph_us"]), limit=limit, peer_backend=r["torch_impl"])
+    cmp.add(fam, case, "eager", "op", r["vkc_us"], "torch", r["torch_us"], unit="us",
+            pct_limit=C.pct(lim, r["vkc_us"]), limit=limit, peer_backend=r["torch_impl"])
+    cmp.add(fam, case, "eager", "op_validated", r.get("vkc_validated_us"), "torch", r["torch_us"], unit="us",
+            pct_limit=C.pct(lim, r.get("vkc_validated_us")), limit=limit, peer_backend=r["torch_impl"])
+    cmp.add(fam, case, "host", "op", r.get("vkc_host_us"), "torch", r.get("torch_host_us"), unit="us",
+            peer_backend=r["torch_impl"])
+    cmp.add(fam, case, "host", "op_validated", r.get("vkc_validated_host_us"), "torch", r.get("torch_host_us"),
+            unit="us", peer_backend=r["torch_impl"])
 
 
 def main(out_path: str) -> None:
+    global COPY_TBS
     torch.manual_seed(0)
-    bf = dict(device="cuda", dtype=torch.bfloat16)
+    COPY_TBS = C.measured_copy_tbs()
+    bf = dict(device=DEVICE, dtype=torch.bfloat16)
     rows = []
-    for hidden in (2048, 5120):
-        w = (torch.randn(hidden, device="cuda") * 0.1).to(torch.bfloat16)
+    for hidden in C.NORM_HIDDEN:
+        w = (torch.randn(hidden, device=DEVICE) * 0.1).to(torch.bfloat16)
         w1 = (1.0 + w.float()).to(torch.bfloat16)
-        for T in (1, 16, 128, 1024, 4096, 16384):
+        for T in C.NORM_TOKENS:
+            host = T <= C.NORM_HOST_MAX_TOKENS
             rows.append(measure(
                 "rmsnorm", hidden, T, 2 * T * hidden * 2,
                 lambda: (torch.randn(T, hidden, **bf), torch.empty(T, hidden, **bf)),
                 lambda x, y, stream=0: N.rmsnorm(x, w, 1e-6, out=y, stream=stream),
-                lambda x, y: F.rms_norm(x, (hidden,), w1, 1e-6), "F.rms_norm(x, w+1)"))
+                lambda x, y: F.rms_norm(x, (hidden,), w1, 1e-6), "F.rms_norm(x, w+1)", host))
 
             def torch_add_norm(x, r, y):
                 r.add_(x)
@@ -80,17 +120,21 @@ def main(out_path: str) -> None:
                 "add_rmsnorm", hidden, T, 4 * T * hidden * 2,
                 lambda: (torch.randn(T, hidden, **bf), torch.randn(T, hidden, **bf), torch.empty(T, hidden, **bf)),
                 lambda x, r, y, stream=0: N.add_rmsnorm(x, r, w, 1e-6, out=y, stream=stream),
-                torch_add_norm, "r.add_(x); F.rms_norm(r, w+1)"))
-    T = 8192  # the other memory-bound ops at Qwen3.6-27B shapes
+                torch_add_norm, "r.add_(x); F.rms_norm(r, w+1)", host))
+    T = OTHERS_T  # the other memory-bound ops at Qwen3.6-27B shapes
     for args in _others(T):
         rows.append(measure(args[0], 0, T, *args[1:]))
-    res = {"gpu": torch.cuda.get_device_name(), "hbm_tbs": HBM_TBS, "torch": torch.__version__,
-           "vkc_arch": vkc_runtime.doctor.report()["selected_arch"],
-           "method": "graph = CUDA-graph replay of many calls over rotated inputs > L2 (device time); eager = "
-                     "Python calls timed with events (includes host overhead); bandwidth from graph times",
-           "rows": rows}
-    with open(out_path, "w") as f:
-        json.dump(res, f, indent=1)
+    cmp = C.Comparisons()
+    for r in rows:
+        norm_comparisons(cmp, r)
+    meth = timing.method(eager_used={"inner": "max(n_sets, min(200, 2e9 // bytes))", "reps": 30, "warm": 3},
+                         graph_used={"inner": "max(n_sets, min(200, 2e9 // bytes))", "reps": 20},
+                         host_used={"n": HOST_N, "warm": 3, "tokens": f"<= {C.NORM_HOST_MAX_TOKENS}"},
+                         inputs="bf16 torch.randn, rotating n_sets copies > 2.5 x the 60 MB L2",
+                         peer="torch eager ops (torch_impl per row), the same calls captured for device time")
+    res = C.result("norm", method=meth, limits=C.hbm_limits(COPY_TBS), rows=rows, comparisons=cmp,
+                   hbm_tbs=HBM_TBS)
+    C.write(out_path, res)
     print(f"{'op':<14}{'hidden':>7}{'T':>7}{'vkc us':>9}{'torch us':>9}{'vkc TB/s':>9}{'% HBM':>7}{'x torch':>8}"
           f"{'eager vkc':>10}{'eager torch':>12}")
     for r in rows:
@@ -100,11 +144,11 @@ def main(out_path: str) -> None:
 
 
 def _others(T):
-    bf = dict(device="cuda", dtype=torch.bfloat16)
+    bf = dict(device=DEVICE, dtype=torch.bfloat16)
     H, D, Hkv, I = 24, 256, 4, 17408
     wq, wk = torch.randn(D, **bf), torch.randn(D, **bf)
     wg = torch.randn(128, **bf)
-    pos = torch.arange(T, device="cuda", dtype=torch.int32)
+    pos = torch.arange(T, device=DEVICE, dtype=torch.int32)
 
     def torch_silu_mul(x, y):
         g, u = x.chunk(2, dim=-1)

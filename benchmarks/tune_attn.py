@@ -30,7 +30,7 @@ def prefill_rows(specs):
         cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
         sl = torch.tensor([T], dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
-        ms = time_ms(lambda: A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, out=out, max_seqlen_q=T))
+        ms = time_ms(lambda i: A.prefill(q, kc, vc, bt, cu, sl, D ** -0.5, out=out, max_seqlen_q=T))
         tflops = 4 * T * T * D * Hq / 2 / (ms * 1e-3) / 1e12
         for spec in specs:
             rows.append({"spec": spec, "case": f"{Hq}/{Hkv} T={T}", "us": ms * 1e3, "tflops": tflops})
@@ -48,7 +48,7 @@ def decode_rows(specs):
         sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
         ws = A.decode_workspace(B, Hq, D, 64)
-        ms = time_ms(lambda: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L))
+        ms = time_ms(lambda i: A.decode(q, kc, vc, bt, sl, D ** -0.5, out=out, workspace=ws, max_seq_len=L))
         pct = 100 * 2 * B * L * Hkv * D * 2 / (4.26e12 * ms * 1e-3)
         for spec in specs:
             rows.append({"spec": spec, "case": f"B={B} L={L}", "us": ms * 1e3, "pct_hbm": pct})
