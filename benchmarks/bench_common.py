@@ -6,7 +6,8 @@ A result JSON (one file per benchmark, merged by tools/gpu/run.sh into results.j
 
   schema       "vkc-bench/2"
   bench        "attn" | "gdn" | "gdn_decode" | "norm"
-  meta         commit (git rev-parse HEAD where the checkout has .git, else $VKC_COMMIT, else "unknown"),
+  meta         commit ($VKC_COMMIT when set -- the device copy's .git may be stale --, else git rev-parse HEAD,
+               else "unknown"),
                commit_source, dirty, date_utc, device, torch, triton, cuda, fla, python, vkc_arch
   method       how each mode was timed (graph / eager / host: warm-up, repeats, calls per sample, median)
   limits       the physical limits used for "% of limit" (nominal and measured values, which one is used)
@@ -198,7 +199,11 @@ def attn_comparisons(cmp, r, peers):
 
 
 def git_commit(repo=None):
-    """(commit, source, dirty): git rev-parse HEAD of the checkout, else $VKC_COMMIT, else "unknown"."""
+    """(commit, source, dirty): $VKC_COMMIT when set (the run script knows what it copied; a copied .git can be
+    stale), else git rev-parse HEAD of the checkout, else "unknown"."""
+    env = os.environ.get("VKC_COMMIT", "").strip()
+    if env:
+        return env, "env VKC_COMMIT", None
     repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         h = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
@@ -208,9 +213,6 @@ def git_commit(repo=None):
             return h.stdout.strip(), "git", bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
-    env = os.environ.get("VKC_COMMIT", "").strip()
-    if env:
-        return env, "env VKC_COMMIT", None
     return "unknown", "none", None
 
 

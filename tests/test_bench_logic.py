@@ -163,11 +163,13 @@ def test_family_comparisons_of_other_benches():
     assert len(cmp) == 5 and {c["case"] for c in cmp} == {"rmsnorm h=2048 T=1"}
 
 
-def test_git_commit_and_env_fallback(monkeypatch):
+def test_git_commit_env_first_then_git(monkeypatch):
+    monkeypatch.delenv("VKC_COMMIT", raising=False)
     commit, source, _ = C.git_commit()
     if source == "git":
         assert len(commit) == 40
     monkeypatch.setenv("VKC_COMMIT", "abc1234")
+    assert C.git_commit() == ("abc1234", "env VKC_COMMIT", None)  # wins over a (possibly stale) .git
 
     def no_git(*a, **k):
         raise OSError("no git")
