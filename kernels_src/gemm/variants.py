@@ -53,8 +53,13 @@ SHAPES_NK = [(10240, 5120), (5120, 6144), (34816, 5120), (2048, 4096)]
 # arch -> the kernel module compiled for it (tools/cute/build.py imports kernels_src.gemm.<module>)
 KERNEL_MODULE = {"sm_90a": "sm90_wgmma"}
 
+# (tile_m, tile_n, stages) per sm_90a variant: the 128x256 tile does the most MMA work per byte of shared memory
+# traffic; 128x128 quantises better when few 128x256 tiles fill the last wave (e.g. M = 2048, N = 5120)
+SM90_TILES = [(128, 256, 4), (128, 128, 6)]
+
 VARIANTS: dict[str, list[GemmVariant]] = {
-    "sm_90a": [GemmVariant("sm_90a", n, k) for n, k in SHAPES_NK],
+    "sm_90a": [GemmVariant("sm_90a", n, k, tile_m=tm, tile_n=tn, stages=st)
+               for n, k in SHAPES_NK for tm, tn, st in SM90_TILES],
 }
 
 

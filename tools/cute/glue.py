@@ -7,9 +7,9 @@ it succeeded. The glue below calls the exported object's plain entry points inst
 documents, which :func:`check_header` verifies for every variant before anything is compiled.
 
 Exports: ``vkc_cute_load(device)`` (loads every variant's library once, then its kernels onto ``device``;
-idempotent, thread-safe) and one launcher per variant (see variants.py for the signature); the launcher refuses
-(CUDA_ERROR_INVALID_VALUE) null or misaligned pointers and M outside [0, 2^31), returns 0 without launching for
-M = 0, and CUDA_ERROR_NOT_INITIALIZED before ``vkc_cute_load`` succeeded.
+idempotent, thread-safe) and one launcher per variant (see variants.py for the signature); the launcher returns 0
+without launching for M = 0, refuses (CUDA_ERROR_INVALID_VALUE) null or misaligned pointers and M outside
+[0, 2^31), and returns CUDA_ERROR_NOT_INITIALIZED before ``vkc_cute_load`` succeeded.
 """
 from __future__ import annotations
 
@@ -99,9 +99,9 @@ void {h['load_to_device']}(void **);
 void {h['ciface']}(void **args, int32_t num_args);
 
 VKC_CUTE_EXPORT int32_t {v.symbol}(const void *a, const void *w, void *c, int64_t m, void *stream) {{
+    if (m == 0) return 0; /* nothing to read or write */
     if (!vkc_args_ok(a, w, c, m)) return VKC_INVALID_VALUE;
     if (!__atomic_load_n(&vkc_loaded, __ATOMIC_ACQUIRE)) return VKC_NOT_INITIALIZED;
-    if (m == 0) return 0;
     vkc_rows_desc da = {{(void *)a, {{(int32_t)m}}}};
     vkc_fixed_desc dw = {{(void *)w}};
     vkc_rows_desc dc = {{c, {{(int32_t)m}}}};
