@@ -50,10 +50,10 @@ def tool_version(exe: str) -> str:
     return out.splitlines()[0].strip()
 
 
-def dsl_subprocess(dsl_python: str, arch: str, obj_dir: Path, result: Path) -> dict:
+def dsl_subprocess(dsl_python: str, arch: str, host: str, obj_dir: Path, result: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DSL_")}
     env.update(CUTE_DSL_ARCH=arch, CUTE_DSL_DISABLE_FILE_CACHING="1", PYTHONDONTWRITEBYTECODE="1")
-    subprocess.run([dsl_python, str(HERE / "dsl_compile.py"), arch, str(obj_dir), str(result)],
+    subprocess.run([dsl_python, str(HERE / "dsl_compile.py"), arch, str(obj_dir), str(result), host],
                    env=env, cwd=str(obj_dir), check=True)
     return json.loads(result.read_text())
 
@@ -67,13 +67,13 @@ def build(arch: str, out: Path, host: str, dsl_python: str) -> dict:
         tmp = Path(tmp_s)
         objs = tmp / "obj"
         objs.mkdir()
-        dsl = dsl_subprocess(dsl_python, arch, objs, tmp / "dsl.json")
+        dsl = dsl_subprocess(dsl_python, arch, host, objs, tmp / "dsl.json")
         if dsl["dsl"]["flavor"] != "cu12":
             raise SystemExit(f"DSL flavor {dsl['dsl']['flavor']}: this build pins cu12 (install only that flavor)")
         by_name = {d["name"]: d for d in dsl["variants"]}
         for v in vs:
             glue.check_header(v, by_name[v.name]["header"])
-            elfinfo.require_machine(objs / f"{v.name}.o", host)  # the DSL emits objects for its own host
+            elfinfo.require_machine(objs / f"{v.name}.o", host)
         for f in SHIM_SOURCES:
             shutil.copyfile(SHIM_DIR / f, tmp / f)
         (tmp / "glue.c").write_text(glue.generate(vs, {v.name: by_name[v.name]["header"] for v in vs}))

@@ -1,9 +1,10 @@
 """The DSL side of tools/cute/build.py: compile and export one arch's GEMM variants (runs in the DSL's venv).
 
-    CUTE_DSL_ARCH=<arch> .venv-cute/bin/python tools/cute/dsl_compile.py <arch> <out_dir> <result.json>
+    CUTE_DSL_ARCH=<arch> .venv-cute/bin/python tools/cute/dsl_compile.py <arch> <out_dir> <result.json> [<host>]
 
 build.py starts this in a fresh process per arch because the DSL reads CUTE_DSL_ARCH once, at import. For each
-variant it writes <out_dir>/<name>.o and <name>.h (``export_to_c``) and <name>.cubin (the kernel the object
+variant it writes <out_dir>/<name>.o (host code for <host>: x86_64, the default, or aarch64 through the DSL's
+``--host-target linux-aarch64``) and <name>.h (``export_to_c``) and <name>.cubin (the kernel the object
 embeds), then <result.json>: the DSL version and toolkit flavor, and per variant the exported host symbols and
 the tensor descriptor layout read from the generated header (build.py refuses a layout it does not expect).
 """
@@ -47,7 +48,10 @@ def header_facts(header: str, prefix: str) -> dict:
     }
 
 
-def compile_variant(v, kernel_mod, out_dir: Path, dump_dir: Path) -> dict:
+HOST_OPTIONS = {"x86_64": "", "aarch64": "--host-target linux-aarch64"}
+
+
+def compile_variant(v, kernel_mod, out_dir: Path, host: str) -> dict:
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
@@ -61,7 +65,8 @@ def compile_variant(v, kernel_mod, out_dir: Path, dump_dir: Path) -> dict:
     cfg = kernel_mod.Sm90GemmConfig(n=v.n, k=v.k, tile_m=v.tile_m, tile_n=v.tile_n, stages=v.stages,
                                     epi_stages=v.epi_stages, group_m=v.group_m)
     t0 = time.perf_counter()
-    fn = cute.compile(kernel_mod.Sm90BF16Gemm(cfg), a, w, c, make_fake_stream())
+    opts = HOST_OPTIONS[host]
+    fn = cute.compile(kernel_mod.Sm90BF16Gemm(cfg), a, w, c, make_fake_stream(), **({"options": opts} if opts else {}))
     secs = time.perf_counter() - t0
     cubin = fn.__cubin__
     if not isinstance(cubin, bytes):  # the DSL hands back a path when its dump directory is missing
@@ -80,6 +85,7 @@ def compile_variant(v, kernel_mod, out_dir: Path, dump_dir: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     arch, out_dir, result = argv[1], Path(argv[2]), Path(argv[3])
+    host = argv[4] if len(argv) > 4 else "x86_64"
     if os.environ.get("CUTE_DSL_ARCH") != arch:
         raise SystemExit(f"CUTE_DSL_ARCH must be {arch} before the DSL is imported")
     sys.path.insert(0, str(ROOT))
@@ -91,7 +97,7 @@ def main(argv: list[str]) -> int:
         os.environ["CUTE_DSL_DUMP_DIR"] = dump
         import importlib
         mod = importlib.import_module(f"kernels_src.gemm.{variants.KERNEL_MODULE[arch]}")
-        done = [compile_variant(v, mod, out_dir, Path(dump)) for v in variants.variants_for(arch)]
+        done = [compile_variant(v, mod, out_dir, host) for v in variants.variants_for(arch)]
     result.write_text(json.dumps({"arch": arch, "dsl": dsl_identity(), "variants": done}, indent=1))
     return 0
 
