@@ -223,3 +223,24 @@ def test_artifact_facts_reread():
     assert set(facts["needed"]) <= elfinfo.ALLOWED_NEEDED
     assert {c["sass_arch"] for c in facts["cubins"]} == {info["arch"]}
     assert all(k["local"] == 0 for c in facts["cubins"] for k in c["kernels"]), "register spills"
+
+
+@pytest.mark.skipif(not ARTIFACT or not Path(ARTIFACT).is_file(), reason="VKC_CUTE_SO names no built artifact")
+def test_artifact_loads_without_driver():
+    """The real artifact dlopens here (its NEEDED and symbol versions resolve) and refuses cleanly."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("a CUDA driver is installed here")
+    except OSError:
+        pass
+    from tools.cute.gemm_lib import CuteGemmError, CuteGemmLib
+    lib = CuteGemmLib(ARTIFACT)
+    if lib.info["elf_machine"] != os.uname().machine:
+        pytest.skip(f"artifact for {lib.info['elf_machine']}")
+    assert lib.lib.vkc_cute_driver_status() == 3
+    with pytest.raises(CuteGemmError, match="NOT_INITIALIZED"):
+        lib.load(0)
+    for v in lib.info["variants"]:
+        fn = lib.fns[v["symbol"]]
+        assert fn(16, 32, 48, 7, None) == 3
+        assert fn(16, 33, 48, 7, None) == 1

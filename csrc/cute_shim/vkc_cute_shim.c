@@ -24,6 +24,20 @@
 
 #include "vkc_cute_shim.h"
 
+/* glibc 2.34 moved dlopen/dlsym/pthread_once into libc under a new symbol version; binding to the original
+ * versions (libc keeps them as compatibility symbols) keeps the artifact loadable on older hosts, where those
+ * functions live in libdl.so.2 / libpthread.so.0 (which tools/cute/build.py adds as NEEDED). */
+#if defined(__x86_64__)
+#define VKC_GLIBC_BASE "GLIBC_2.2.5"
+#elif defined(__aarch64__)
+#define VKC_GLIBC_BASE "GLIBC_2.17"
+#endif
+#ifdef VKC_GLIBC_BASE
+__asm__(".symver dlopen,dlopen@" VKC_GLIBC_BASE);
+__asm__(".symver dlsym,dlsym@" VKC_GLIBC_BASE);
+__asm__(".symver pthread_once,pthread_once@" VKC_GLIBC_BASE);
+#endif
+
 /* ---- the driver types used here (ABI-stable since CUDA 12.0) ---------------------------------------------- */
 typedef int CUresult;
 typedef int CUdevice;

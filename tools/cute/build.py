@@ -39,6 +39,8 @@ CFLAGS = ["-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra",
 # names and the local file symbols), .dynsym keeps only the version script's exports
 LDFLAGS = ["-shared", "-Wl,--no-undefined", "-Wl,-s", "-Wl,--hash-style=gnu", "-Wl,--build-id=sha1",
            "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now"]
+# after the objects: on glibc < 2.34 dlopen/pthread_once live in these (the shim binds their old symbol versions)
+LDLIBS = ["-Wl,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0"]
 
 
 def sha256(p: Path) -> str:
@@ -82,7 +84,7 @@ def build(arch: str, out: Path, host: str, dsl_python: str) -> dict:
         run(cc, *CFLAGS, "-c", "vkc_cute_shim.c", "-o", "vkc_cute_shim.o")
         run(cc, *CFLAGS, "-c", "glue.c", "-o", "glue.o")
         run(cc, *LDFLAGS, "-Wl,--version-script=exports.map", "-o", so_name, "glue.o", "vkc_cute_shim.o",
-            *[f"obj/{v.name}.o" for v in vs])
+            *[f"obj/{v.name}.o" for v in vs], *LDLIBS)
         so = tmp / so_name
         cubins = elfinfo.embedded_cubins(so.read_bytes())
         expected = {by_name[v.name]["cubin_sha256"] for v in vs}
@@ -111,7 +113,7 @@ def build(arch: str, out: Path, host: str, dsl_python: str) -> dict:
         "dsl": dsl["dsl"],
         "cc": tool_version(cc),
         "cflags": CFLAGS,
-        "ldflags": LDFLAGS,
+        "ldflags": LDFLAGS + LDLIBS,
         "shim_sha256": shim_sha,
         "load": variants.LOAD_C_SIGNATURE,
         "driver_status": variants.STATUS_C_SIGNATURE,
