@@ -6,10 +6,11 @@ Steps: (1) a fresh subprocess of the DSL's venv (``--dsl-python``, default .venv
 CUTE_DSL_ARCH=<arch> compiles and exports every variant of kernels_src/gemm/variants.py (tools/cute/dsl_compile.py);
 (2) the launcher glue is generated from the variants (tools/cute/glue.py) after checking the exported headers'
 descriptor layout; (3) glue + csrc/cute_shim + the exported objects are compiled and linked into one shared object
-that needs only libc (libcuda is dlopened by the shim); (4) the facts a verifier can re-read from the artifact
-(sha256, ELF machine, exported symbols, NEEDED, glibc floor, the embedded cubins' SASS arch) are written to the
-JSON next to it (tools/cute/elfinfo.py). Runs with any Python 3.10+ (stdlib only); the DSL lives only in the
-subprocess. Every input is copied into a private directory and compiled under relative names, so the result
+that needs only glibc (libc, plus libdl/libpthread for hosts older than glibc 2.34; libcuda is dlopened by the
+shim); (4) the facts a verifier can re-read from the artifact (sha256, ELF machine, exported symbols, NEEDED,
+glibc floor, the embedded cubins' SASS arch) are written to the JSON next to it (tools/cute/elfinfo.py). Runs
+with any Python 3.10+ that can import triton (for its bundled cuobjdump; or set VKC_CUOBJDUMP): the DSL lives only
+in the subprocess. Every input is copied into a private directory and compiled under relative names, so the result
 does not depend on the checkout's path.
 """
 from __future__ import annotations

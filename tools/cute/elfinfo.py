@@ -128,3 +128,30 @@ def so_facts(so: Path, cubins: list[bytes]) -> dict:
         "glibc_floor": floor,
         "cubins": [describe_cubin(c) for c in cubins],
     }
+
+
+def check_artifact(so: Path, info: dict) -> list[str]:
+    """Every recorded fact of ``info`` (the artifact's JSON) that the shared object itself contradicts (empty when
+    all agree): what ``vkc verify`` needs, with no DSL and no GPU."""
+    data = so.read_bytes()
+    problems = []
+    if hashlib.sha256(data).hexdigest() != info["sha256"]:
+        problems.append("sha256 differs")
+    cubins = embedded_cubins(data)
+    if sorted(hashlib.sha256(c).hexdigest() for c in cubins) != sorted(v["cubin_sha256"] for v in info["variants"]):
+        problems.append("embedded cubins differ from the recorded variants")
+    facts = so_facts(so, cubins)
+    for key in ("elf_machine", "needed", "exported_symbols", "imported_symbols", "glibc_floor", "cubins"):
+        if facts[key] != info.get(key):
+            problems.append(f"{key}: recorded {info.get(key)!r}, found {facts[key]!r}")
+    if facts["elf_machine"] != info.get("host"):
+        problems.append(f"ELF machine {facts['elf_machine']} is not the recorded host {info.get('host')}")
+    if not set(facts["needed"]) <= ALLOWED_NEEDED:
+        problems.append(f"NEEDED beyond glibc: {facts['needed']}")
+    archs = {c["sass_arch"] for c in facts["cubins"]}
+    if archs != {info.get("arch")}:
+        problems.append(f"cubin SASS arch {sorted(archs)} != {info.get('arch')}")
+    missing = [v["symbol"] for v in info["variants"] if v["symbol"] not in facts["exported_symbols"]]
+    if missing:
+        problems.append(f"launchers not exported: {missing}")
+    return problems
