@@ -90,7 +90,7 @@ static int vkc_args_ok(const void *a, const void *w, const void *c, int64_t m) {
 
 def generate(vs, headers: dict) -> str:
     parts = [_PRELUDE]
-    for i, v in enumerate(vs):
+    for v in vs:
         h = headers[v.name]
         parts.append(f"""
 /* ---- {v.name}: C[m, {v.n}] = A[m, {v.k}] @ W[{v.n}, {v.k}]^T */
