@@ -1,0 +1,265 @@
+"""sm_90a BF16 GEMM with TMA loads, WGMMA and a TMA-store epilogue (CuTe DSL).
+
+    C[M, N] = A[M, K] @ W[N, K]^T        A, W, C bf16 row-major; fp32 accumulation
+
+W is [N, K] as Hugging Face stores a Linear weight, so both operands are K-major and feed WGMMA straight from
+shared memory. M is a runtime value; N and K are fixed per compiled variant. The tensor-memory accelerator clips
+every load and store to the tensor bounds (zero-filled loads past M, no stores past M), so any M >= 1 is safe.
+
+CTA organisation (one output tile per CTA, not persistent, so nothing depends on the SM count):
+
+* warp group 0 is the loader: its first warp issues the TMA loads of A and W k-slices into a ring of
+  ``stages`` shared-memory buffers; the warp group gives most of its registers to the others (setmaxnreg);
+* warp groups 1..2 are the math warp groups: each owns ``tile_m / 2`` rows of the tile, waits for a stage,
+  issues the WGMMAs of that stage, keeps one batch of WGMMAs in flight and hands the stage before it back to the
+  loader; after the k loop they convert the fp32 accumulators to bf16 in chunks (stmatrix into a small staging
+  ring in shared memory) that one warp stores to global memory with TMA.
+
+Tiles are visited in groups of ``group_m`` tile rows (all tile columns of a group before the next group) so the
+A rows and W columns that a wave of CTAs reads stay in L2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+WARP_GROUP = 128           # threads in a warp group
+LOADER_REGS = 40           # registers per thread kept by the loader warp group
+MATH_REGS = 232            # registers per thread granted to each math warp group
+EPI_BARRIER_ID = 1         # named barrier among the math threads (0 is __syncthreads)
+SMEM_ALIGN = 1024          # 128B-swizzled tiles want 1 KiB-aligned buffers
+
+
+@dataclass(frozen=True)
+class Sm90GemmConfig:
+    """Compile-time shape of one kernel variant (everything but M)."""
+    n: int
+    k: int
+    tile_m: int = 128
+    tile_n: int = 256
+    stages: int = 4
+    epi_stages: int = 2
+    group_m: int = 8
+
+    def check(self) -> None:
+        if self.tile_m != 128:
+            raise ValueError("tile_m must be 128 (two math warp groups of 64 rows)")
+        if self.tile_n not in (64, 128, 256):
+            raise ValueError("tile_n must be 64, 128 or 256")
+        if self.n % 8 or self.k % 8:
+            raise ValueError("N and K must be multiples of 8 (16-byte TMA row pitch)")
+        if self.stages < 2 or self.epi_stages < 1 or self.group_m < 1:
+            raise ValueError("need stages >= 2, epi_stages >= 1, group_m >= 1")
+
+
+class Sm90BF16Gemm:
+    """Callable with ``(a, w, c, stream)``; pass it to ``cute.compile`` with fake tensors."""
+
+    TILE_K = 64  # one 128-byte swizzle row of bf16 per k-slice
+
+    def __init__(self, cfg: Sm90GemmConfig):
+        cfg.check()
+        self.cfg = cfg
+        self.n_math_wg = 2
+        self.threads = WARP_GROUP * (1 + self.n_math_wg)
+        self.math_threads = WARP_GROUP * self.n_math_wg
+        self.tile = (cfg.tile_m, cfg.tile_n, self.TILE_K)
+
+    # ---------------------------------------------------------------- host side (traced once per variant)
+    @cute.jit
+    def __call__(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, stream: cuda.CUstream):
+        cfg = self.cfg
+        ab_t = cutlass.BFloat16
+        a_major = utils.LayoutEnum.from_tensor(a)
+        w_major = utils.LayoutEnum.from_tensor(w)
+        c_major = utils.LayoutEnum.from_tensor(c)
+
+        mma = sm90.make_trivial_tiled_mma(
+            ab_t, ab_t, a_major.sm90_mma_major_mode(), w_major.sm90_mma_major_mode(),
+            cutlass.Float32, (self.n_math_wg, 1, 1), tiler_mn=(64, cfg.tile_n))
+
+        a_ring = sm90.make_smem_layout_a(a_major, self.tile, ab_t, cfg.stages)
+        w_ring = sm90.make_smem_layout_b(w_major, self.tile, ab_t, cfg.stages)
+        epi_tile = sm90.compute_tile_shape_or_override(self.tile, ab_t, is_cooperative=True)
+        c_ring = sm90.make_smem_layout_epi(ab_t, c_major, epi_tile, cfg.epi_stages)
+
+        one_a = cute.slice_(a_ring, (None, None, 0))
+        one_w = cute.slice_(w_ring, (None, None, 0))
+        load_a, tma_a = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), a, one_a, (cfg.tile_m, self.TILE_K))
+        load_w, tma_w = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), w, one_w, (cfg.tile_n, self.TILE_K))
+        store_c, tma_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), c, cute.slice_(c_ring, (None, None, 0)), epi_tile)
+        stage_bytes = cute.size_in_bytes(ab_t, one_a) + cute.size_in_bytes(ab_t, one_w)
+
+        @cute.struct
+        class Smem:
+            bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sa: cute.struct.Align[cute.struct.MemRange[ab_t, cute.cosize(a_ring)], SMEM_ALIGN]
+            sw: cute.struct.Align[cute.struct.MemRange[ab_t, cute.cosize(w_ring)], SMEM_ALIGN]
+            sc: cute.struct.Align[cute.struct.MemRange[ab_t, cute.cosize(c_ring)], SMEM_ALIGN]
+
+        self.smem_struct = Smem
+        self.stage_bytes = stage_bytes
+        self.epi_tile = epi_tile
+
+        m_tiles = (c.shape[0] + cfg.tile_m - 1) // cfg.tile_m
+        n_tiles = (cfg.n + cfg.tile_n - 1) // cfg.tile_n
+        self.device(load_a, tma_a, load_w, tma_w, store_c, tma_c, mma, a_ring, w_ring, c_ring).launch(
+            grid=(m_tiles * n_tiles, 1, 1), block=(self.threads, 1, 1), stream=stream)
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def device(self, load_a: cute.CopyAtom, tma_a: cute.Tensor, load_w: cute.CopyAtom, tma_w: cute.Tensor,
+               store_c: cute.CopyAtom, tma_c: cute.Tensor, mma: cute.TiledMma,
+               a_ring: cute.ComposedLayout, w_ring: cute.ComposedLayout, c_ring: cute.ComposedLayout):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // WARP_GROUP)
+
+        if warp == 0:
+            cpasync.prefetch_descriptor(load_a)
+            cpasync.prefetch_descriptor(load_w)
+            cpasync.prefetch_descriptor(store_c)
+
+        # ---- which output tile: grouped rasterisation over (m_tiles x n_tiles)
+        n_tiles = (cfg.n + cfg.tile_n - 1) // cfg.tile_n
+        m_tiles = (tma_c.shape[0] + cfg.tile_m - 1) // cfg.tile_m
+        per_group = cfg.group_m * n_tiles
+        group = bid // per_group
+        first_m = group * cfg.group_m
+        rows_here = cutlass.min(m_tiles - first_m, cfg.group_m)
+        in_group = bid - group * per_group
+        tile_m_idx = first_m + in_group % rows_here
+        tile_n_idx = in_group // rows_here
+
+        # ---- shared memory and the load ring's barriers
+        smem = utils.SmemAllocator().allocate(self.smem_struct)
+        ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=smem.bars.data_ptr(),
+            num_stages=cfg.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # every math warp hands a stage back once
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.math_threads // 32),
+            tx_count=self.stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        sa = smem.sa.get_tensor(a_ring.outer, swizzle=a_ring.inner)
+        sw = smem.sw.get_tensor(w_ring.outer, swizzle=w_ring.inner)
+        sc = smem.sc.get_tensor(c_ring.outer, swizzle=c_ring.inner)
+
+        # ---- this tile's slices of the global (TMA coordinate) tensors
+        coord = (tile_m_idx, tile_n_idx, None)
+        ga = cute.local_tile(tma_a, self.tile, coord, proj=(1, None, 1))   # (tm, tk, k_tiles)
+        gw = cute.local_tile(tma_w, self.tile, coord, proj=(None, 1, 1))   # (tn, tk, k_tiles)
+        gc = cute.local_tile(tma_c, self.tile, coord, proj=(1, 1, None))   # (tm, tn)
+        k_tiles = cute.size(ga, mode=[2])
+
+        if wg == 0:
+            # ================= loader warp group
+            cute.arch.setmaxregister_decrease(LOADER_REGS)
+            if warp == 0:
+                a_dst, a_src = cpasync.tma_partition(
+                    load_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2), cute.group_modes(ga, 0, 2))
+                w_dst, w_src = cpasync.tma_partition(
+                    load_w, 0, cute.make_layout(1), cute.group_modes(sw, 0, 2), cute.group_modes(gw, 0, 2))
+                put = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+                for _ in cutlass.range(k_tiles, unroll=1):
+                    ring.producer_acquire(put)
+                    full = ring.producer_get_barrier(put)
+                    cute.copy(load_a, a_src[(None, put.count)], a_dst[(None, put.index)], tma_bar_ptr=full)
+                    cute.copy(load_w, w_src[(None, put.count)], w_dst[(None, put.index)], tma_bar_ptr=full)
+                    ring.producer_commit(put)
+                    put.advance()
+                ring.producer_tail(put)
+        else:
+            # ================= math warp groups
+            cute.arch.setmaxregister_increase(MATH_REGS)
+            mtid = tidx - WARP_GROUP
+            my_mma = mma.get_slice((wg - 1) * WARP_GROUP)
+            frag_a = mma.make_fragment_A(my_mma.partition_A(sa))
+            frag_w = mma.make_fragment_B(my_mma.partition_B(sw))
+            acc = cute.make_rmem_tensor(my_mma.partition_C(gc).shape, cutlass.Float32)
+            acc.fill(0.0)
+            mma.set(warpgroup.Field.ACCUMULATE, True)
+            k_blocks = cute.size(frag_a, mode=[2])
+
+            take = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+            give = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+
+            # the first k-slice has no predecessor to hand back
+            ring.consumer_wait(take)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(k_blocks):
+                cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)], frag_w[(None, None, kb, take.index)], acc)
+            warpgroup.commit_group()
+            take.advance()
+
+            for _ in cutlass.range(1, k_tiles, unroll=1):
+                ring.consumer_wait(take)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(k_blocks):
+                    cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
+                              frag_w[(None, None, kb, take.index)], acc)
+                warpgroup.commit_group()
+                # at most this slice's WGMMAs still run: the previous slice's buffers are free
+                warpgroup.wait_group(1)
+                ring.consumer_release(give)
+                give.advance()
+                take.advance()
+            warpgroup.wait_group(0)
+            ring.consumer_release(give)
+
+            # ---- epilogue: fp32 accumulators -> bf16 -> staging ring (stmatrix) -> global (TMA store)
+            c_major = utils.LayoutEnum.ROW_MAJOR
+            r2s = cute.make_tiled_copy_S(
+                sm90.sm90_get_smem_store_op(c_major, elem_ty_d=cutlass.BFloat16, elem_ty_acc=cutlass.Float32),
+                cute.make_tiled_copy_C_atom(
+                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), cutlass.BFloat16), mma))
+            my_r2s = r2s.get_slice(mtid)
+            stage_dst = my_r2s.partition_D(sc)                  # (R2S, R2S_M, R2S_N, epi_stage)
+            acc_view = r2s.retile(acc)
+            chunk_shape = cute.shape(my_r2s.partition_S(sc))[:3]
+            chunk_f32 = cute.make_rmem_tensor(chunk_shape, cutlass.Float32)
+            chunk_bf16 = cute.make_rmem_tensor(chunk_shape, cutlass.BFloat16)
+            chunk_len = cute.size(chunk_f32)
+
+            gc_chunks = cute.zipped_divide(gc, self.epi_tile)
+            c_src, c_dst = cpasync.tma_partition(
+                store_c, 0, cute.make_layout(1), cute.group_modes(sc, 0, 2), gc_chunks)
+            chunk_grid = gc_chunks.shape[1]
+            chunk_order = cute.make_layout(chunk_grid, stride=(chunk_grid[1], 1))
+            n_chunks = cute.size(gc_chunks, mode=[1])
+
+            math_sync = pipeline.NamedBarrier(barrier_id=EPI_BARRIER_ID, num_threads=self.math_threads)
+            stores = pipeline.PipelineTmaStore.create(
+                num_stages=cfg.epi_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.math_threads))
+            storer = warp == WARP_GROUP // 32  # first warp of the first math warp group
+            for ci in cutlass.range_constexpr(n_chunks):
+                for v in cutlass.range_constexpr(chunk_len):
+                    chunk_f32[v] = acc_view[ci * chunk_len + v]
+                chunk_bf16.store(chunk_f32.load().to(cutlass.BFloat16))
+                slot = ci % cfg.epi_stages
+                cute.copy(r2s, chunk_bf16, stage_dst[(None, None, None, slot)])
+                # make the generic-proxy smem writes visible to the TMA (async proxy), then gather the threads
+                cute.arch.fence_proxy("async.shared", space="cta")
+                math_sync.arrive_and_wait()
+                if storer:
+                    cute.copy(store_c, c_src[(None, slot)], c_dst[(None, chunk_order.get_hier_coord(ci))])
+                    stores.producer_commit()
+                    stores.producer_acquire()   # the slot reused next is free again
+                math_sync.arrive_and_wait()
+            if storer:
+                stores.producer_tail()
