@@ -14,7 +14,7 @@ decode:  B in {1, 16, 64, 256} x context {512, 4096, 32768}, 24/4 x 256 (combos 
          vkc_plan_ms / vkc_plan_host_us: the same call through a DecodePlan made once, as engines do per step;
          split_sweep_unfused_graph_ms: with a separate combine launch instead of decode_fused);
          then a cProfile of the decode call's validation path (printed).
-Eager calls with out= and torch tensors are bound calls after the first (vkc_runtime.launch: no revalidation);
+Eager calls with out= and torch tensors are bound calls after the first (vkc_runtime.bound: no revalidation);
 *_validated_* columns time the same calls with VKC_FASTPATH=0 (every call validated, the pre-bound-call path).
 BENCH_ATTN="prefill decode" (default) selects the parts.
 CUDA events, warm-up, median of repeats. Usage: python benchmarks/bench_attn.py OUT.json
@@ -29,7 +29,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from vkc_runtime.launch import clear_bound_calls, get_kernel
+from vkc_runtime.bound import clear_bound_calls
+from vkc_runtime.kernels import get_kernel
 from vkc_runtime.ops import attention as A
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -69,7 +69,7 @@ def install_recorder(monkeypatch, ops_module, occupancy: int = 2) -> Recorder:
 
 class TorchLike:
     """A torch-like CUDA tensor stand-in (data_ptr / shape / stride() / dtype / is_cuda / get_device), the kind of
-    input a bound call guards on (vkc_runtime.launch.bind_call); dtype is a torch-style name ("torch.bfloat16")."""
+    input a bound call guards on (vkc_runtime.bound.bind_call); dtype is a torch-style name ("torch.bfloat16")."""
     _next = 1 << 36
 
     def __init__(self, shape, dtype="torch.bfloat16", strides=None, offset_bytes=0, device=0, is_cuda=True):

@@ -1,4 +1,4 @@
-"""Bound calls of the attention ops (vkc_runtime.launch.bind_call), driver-free: a call whose torch-like inputs
+"""Bound calls of the attention ops (vkc_runtime.bound.bind_call), driver-free: a call whose torch-like inputs
 have the layout of a recent call skips validation and replays the recorded launches with the new pointers.
 Checked here: replays launch exactly what validation launches (against VKC_FASTPATH=0 on the same inputs),
 validation really is skipped, and every change of a guarded fact -- type, dtype, shape, strides, alignment,
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.ops_fakes import TorchLike as T, install_recorder
-from vkc_runtime import launch
+from vkc_runtime import bound, kernels
 from vkc_runtime.ops import attention as A
 from vkc_runtime.ops._check import OpError
 
@@ -21,7 +21,7 @@ SCALE = D ** -0.5
 def rec(monkeypatch):
     r = install_recorder(monkeypatch, A)
     monkeypatch.delenv("VKC_FASTPATH", raising=False)
-    launch.clear_cache()
+    kernels.clear_cache()
     validated = []
     real = A._cache_pair
 
@@ -32,7 +32,7 @@ def rec(monkeypatch):
     monkeypatch.setattr(A, "_cache_pair", counting)
     r.validated = validated
     yield r
-    launch.clear_cache()
+    kernels.clear_cache()
 
 
 def caches(nb=B * 32, bs=BS):
@@ -53,7 +53,7 @@ def _prefill_layer(gate, n=70, bs=64):
 
 def _run_all(monkeypatch, rec, fastpath: bool, calls):
     monkeypatch.setenv("VKC_FASTPATH", "1" if fastpath else "0")
-    launch.clear_cache()
+    kernels.clear_cache()
     rec.calls.clear()
     rec.validated.clear()
     for c in calls:
@@ -230,7 +230,7 @@ def test_other_ops_bind_too(monkeypatch, which):
     res = {}
     for fast in ("0", "1"):
         monkeypatch.setenv("VKC_FASTPATH", fast)
-        launch.clear_bound_calls()
+        bound.clear_bound_calls()
         r = Recorder()
         lookups = []
         monkeypatch.setattr(mod, "get_kernel", lambda base: lookups.append(base) or r(base))

@@ -22,9 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def reg():
-    saved = set(registry.required())
+def reg(monkeypatch):
+    """The registry with only what a test require()s: the ops modules' BASES are hidden."""
+    saved = set(registry.required(include_ops=False))
     registry.clear()
+    monkeypatch.setattr(registry, "ops_bases", lambda optional=False: {})
     yield registry
     registry.clear()
     registry.require(*saved) if saved else None

@@ -431,7 +431,7 @@ class DeviceArray:
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """A legacy ``dltensor`` capsule (kDLCUDA). vkc does not track pending work: ``stream`` is ignored,
         so synchronise the stream that wrote this array before the consumer uses it. Needs ``_native``."""
-        from .launch import _native
+        from .native import NATIVE as _native
         if _native is None:
             raise BufferError("DeviceArray.__dlpack__ needs the vkc native module (vkc_runtime._native)")
         if copy:
@@ -588,7 +588,7 @@ def _is_torch_tensor(obj) -> bool:
 def torch_source(ref: TensorRef):
     """The torch (or torch-like: data_ptr/shape/stride/dtype/is_cuda/get_device) tensor ``ref`` was read from,
     else None. Such a tensor's metadata can be re-read cheaply, which is what a bound call
-    (:func:`vkc_runtime.launch.bind_call`) guards on."""
+    (:func:`vkc_runtime.bound.bind_call`) guards on."""
     k = ref.keepalive
     if k is None or type(k) is tuple:
         return None
