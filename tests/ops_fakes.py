@@ -24,11 +24,16 @@ class Dev:
 
 
 class Recorder:
-    def __init__(self, occupancy: int = 2):
+    """``declared``: the bases the ops module declares (BASES + OPTIONAL_BASES); asking for any other is a
+    test failure (each base name is spelled once, in the module's naming functions)."""
+
+    def __init__(self, occupancy: int = 2, declared=None):
         self.calls = []
         self.occupancy = occupancy
+        self.declared = None if declared is None else frozenset(declared)
 
     def __call__(self, base):
+        assert self.declared is None or base in self.declared, f"{base} is not among the module's declared bases"
         entry = MANIFEST["kernels"][base]  # KeyError = the op asked for a base that does not exist
         entry_base = base
         rec = self
@@ -58,9 +63,13 @@ class Recorder:
         return base in MANIFEST["kernels"]
 
 
+def declared_bases(ops_module) -> frozenset:
+    return frozenset(ops_module.BASES) | frozenset(getattr(ops_module, "OPTIONAL_BASES", ()))
+
+
 def install_recorder(monkeypatch, ops_module, occupancy: int = 2) -> Recorder:
     """Route an ops module's kernel lookups to a Recorder (and pin its SM count to the H200's 132)."""
-    r = Recorder(occupancy=occupancy)
+    r = Recorder(occupancy=occupancy, declared=declared_bases(ops_module))
     monkeypatch.setattr(ops_module, "get_kernel", r)
     monkeypatch.setattr(ops_module, "has_kernel", r.has)
     monkeypatch.setattr(ops_module, "_sm_count", lambda dev: 132)

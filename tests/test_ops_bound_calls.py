@@ -222,7 +222,7 @@ def test_other_ops_bind_too(monkeypatch, which):
     """The norm-family ops, the GDN decode step and the conv ops: three calls, each on its own tensors of one layout,
     look up a kernel (validate) once with bound calls and three times without, and launch the same (pointers
     included)."""
-    from tests.ops_fakes import Recorder
+    from tests.ops_fakes import Recorder, declared_bases
     from vkc_runtime.ops import conv as Cv, gdn_decode as G, norm as N
     mod = G if which == "recurrent_decode" else Cv if which.startswith("causal") else N
     calls = [_gdn_decode_call(G) if mod is G else _conv_call(Cv, which) if mod is Cv else _norm_call(N, which)
@@ -231,7 +231,7 @@ def test_other_ops_bind_too(monkeypatch, which):
     for fast in ("0", "1"):
         monkeypatch.setenv("VKC_FASTPATH", fast)
         bound.clear_bound_calls()
-        r = Recorder()
+        r = Recorder(declared=declared_bases(mod))
         lookups = []
         monkeypatch.setattr(mod, "get_kernel", lambda base: lookups.append(base) or r(base))
         for c in calls:
@@ -254,9 +254,9 @@ def test_conv_relations_are_guarded(rec, monkeypatch):
     """causal_conv1d_update binds "out is x" (in place) and "out does not overlap x" as relations: after a bound
     in-place call, an out that overlaps x without being x is refused by validation, and a separate out validates
     and binds anew."""
-    from tests.ops_fakes import Recorder
+    from tests.ops_fakes import Recorder, declared_bases
     from vkc_runtime.ops import conv as Cv
-    r = Recorder()
+    r = Recorder(declared=declared_bases(Cv))
     lookups = []
     monkeypatch.setattr(Cv, "get_kernel", lambda base: lookups.append(base) or r(base))
     B, C = 4, 8192
