@@ -29,6 +29,7 @@ class Recorder:
 
     def __init__(self, occupancy: int = 2, declared=None):
         self.calls = []
+        self.scratch = []  # the scratch= of each launch (None: the default)
         self.occupancy = occupancy
         self.declared = None if declared is None else frozenset(declared)
 
@@ -46,7 +47,7 @@ class Recorder:
             def max_active_blocks(self):
                 return rec.occupancy
 
-            def launch(self, grid, args, stream=0):
+            def launch(self, grid, args, stream=0, scratch=None):
                 visible = [p for p in entry["params"] if not p.get("hidden")]
                 assert len(args) == len(visible), (base, len(args), [p["name"] for p in visible])
                 for p, v in zip(visible, args):
@@ -57,6 +58,7 @@ class Recorder:
                     if p.get("divisibility"):
                         assert v % 16 == 0, (base, p["name"], v)  # the .a16 promise holds
                 rec.calls.append((base, tuple(grid), tuple(args)))
+                rec.scratch.append(scratch)
         return K()
 
     def has(self, base):

@@ -317,14 +317,17 @@ class PrefillWorkspace:
 
 def prefill_workspace(max_tokens: int, max_seqs: int, num_q_heads: int, head_dim: int, *,
                       device: int | None = None) -> PrefillWorkspace:
-    """Allocate a :class:`PrefillWorkspace` (allocates: call it before any graph capture)."""
+    """Allocate a :class:`PrefillWorkspace` and load the prefill kernels of ``head_dim`` (allocates: call it
+    before any graph capture; a capture on any stream may follow without an eager warm-up)."""
     if min(max_tokens, max_seqs, num_q_heads) < 1 or head_dim not in HEAD_DIMS:
         raise OpError(f"prefill_workspace: sizes must be positive and head_dim one of {HEAD_DIMS}")
     n = 0
     for gate in _GATES:
+        get_kernel(_prefill_base(head_dim, gate), device=device).load()  # so that a capture needs no warm-up
         base = _prefill_base(head_dim, gate, tma=True)
         if has_kernel(base, device=device):  # the largest grid _prefill_launches can make for these sizes
             k = get_kernel(base, device=device)
+            k.load()
             n_mb = _cdiv(max_tokens, k.constexprs["BLOCK_M"]) + max_seqs
             n = max(n, k.scratch_bytes((num_q_heads * n_mb, 1, 1)))
     return PrefillWorkspace(GlobalScratch(n, device=device) if n else None, int(max_tokens), int(max_seqs),

@@ -103,7 +103,8 @@ class GdnWorkspace:
 def workspace_for(max_tokens: int, max_seqs: int, num_k_heads: int, num_v_heads: int,
                   device: int | None = None) -> GdnWorkspace:
     """Allocate a :class:`GdnWorkspace` for batches of up to ``max_tokens`` tokens in up to ``max_seqs``
-    sequences (allocates: call it before any graph capture)."""
+    sequences, delta_h's global scratch included, and load the five kernels (allocates: call it before any
+    graph capture; a capture on any stream may follow without an eager warm-up)."""
     op = "gdn.workspace_for"
     Tm, S, hk, hv = int(max_tokens), int(max_seqs), int(num_k_heads), int(num_v_heads)
     if Tm < 1 or S < 1:
@@ -115,7 +116,9 @@ def workspace_for(max_tokens: int, max_seqs: int, num_k_heads: int, num_v_heads:
     def e(shape, dt):
         return memory.DeviceArray.empty(shape, dt, device=device)
 
-    seqinfo = e((S, 4), I32)  # makes the device's context current: the kernel lookup below needs it
+    seqinfo = e((S, 4), I32)  # makes the device's context current: the kernel lookups below need it
+    for k in _KERNELS:  # load them now, so that a capture right after needs no eager warm-up
+        get_kernel(_base(k), device=device).load()
     k_dh = get_kernel(_base("delta_h"), device=device)
     n_scratch = k_dh.scratch_bytes((S, hv, HEAD_V // int(k_dh.constexprs["BV"])))  # delta_h's largest grid
     return GdnWorkspace(
