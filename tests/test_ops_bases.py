@@ -75,3 +75,19 @@ def test_naming_functions_produce_only_declared_names():
             attn |= {A._prefill_base(d, g), A._prefill_base(d, g, tma=True)}
             attn |= {A._decode_base(k, d, g) for k in ("direct", "fused", "combine")}
     assert attn == set(A.BASES) | set(A.OPTIONAL_BASES)
+
+
+def test_every_kernel_with_global_scratch_gets_it_from_a_workspace():
+    """Kernels with ``global_scratch_size > 0`` (on any arch) are the ones whose ops take the scratch from a
+    workspace allocated before capture (gdn.workspace_for, attention.prefill_workspace) -- and which
+    tests/gpu/test_gpu_capture.py captures on any stream. A new one must join that list (and those tests)."""
+    from vkc_runtime.ops import attention as A
+    covered = {"gdn.delta_h", *A.OPTIONAL_BASES}
+    seen = set()
+    for m in MANIFESTS:
+        for base, e in json.loads(m.read_text())["kernels"].items():
+            if e["launch"].get("global_scratch_size", 0) > 0:
+                seen.add(base)
+                assert base in covered, (m.name, base)
+            assert e["launch"].get("profile_scratch_size", 0) == 0, (m.name, base)
+    assert seen == covered
