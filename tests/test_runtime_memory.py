@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from vkc_runtime import memory, native, pack
+from vkc_runtime import interop, memory, native, pack
 from vkc_runtime.memory import DeviceArray, TensorRef, as_tensor
 
 try:
@@ -69,13 +69,13 @@ def test_parse_numpy_capsule_legacy_and_versioned():
 def _parse_any(cap):
     """Parse a CPU capsule by flipping its device type in place to kDLCUDA (tests the layout reading)."""
     import ctypes
-    get_name, get_ptr, _ = memory._capsule_api()
+    get_name, get_ptr, _ = interop._capsule_api()
     name = get_name(cap)
     addr = get_ptr(cap, name)
     if name == b"dltensor":
-        t = memory._DLManagedTensor.from_address(addr).dl_tensor
+        t = interop._DLManagedTensor.from_address(addr).dl_tensor
     else:
-        t = memory._DLManagedTensorVersioned.from_address(addr).dl_tensor
+        t = interop._DLManagedTensorVersioned.from_address(addr).dl_tensor
     saved = t.device.device_type
     t.device.device_type = 2
     try:

@@ -33,8 +33,8 @@ _LAZY = {
     "IntegrityError": "errors", "LaunchError": "errors", "ArtifactError": "errors", "VkcError": "errors",
     "require": "registry",
 }
-_SUBMODULES = ("artifacts", "bound", "doctor", "driver", "errors", "kernels", "loaders", "memory", "native", "ops",
-               "pack", "registry", "scratch", "stream")
+_SUBMODULES = ("artifacts", "bound", "doctor", "driver", "errors", "interop", "kernels", "loaders", "memory", "native",
+               "ops", "pack", "registry", "scratch", "stream", "tensor")
 
 __all__ = sorted([*_LAZY, "doctor", "__version__"])
 

@@ -42,8 +42,9 @@ from typing import Any, NamedTuple
 
 from . import driver
 from .loaders.triton_cubin import Kernel
-from .memory import TensorRef, torch_source
+from .interop import torch_source
 from .native import NATIVE, native_available
+from .tensor import TensorRef
 
 __all__ = ["Launch", "TensorGuard", "Relation", "Patch", "BoundLaunch", "PyBoundCall", "bind_call", "run_launches",
            "CallCache", "fastpath_enabled", "clear_bound_calls", "MAX_SLOTS"]

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 import vkc_runtime as vr  # noqa: E402
-from vkc_runtime import artifacts, doctor, driver, kernels, memory, native, pack, scratch, stream  # noqa: E402
+from vkc_runtime import artifacts, doctor, driver, interop, kernels, memory, native, pack, scratch, stream  # noqa: E402
 
 
 def _sync():
@@ -169,14 +169,14 @@ def test_dlpack_with_torch():
     tb = torch.randn(4, 6, device="cuda").to(torch.bfloat16)[:, 1:5]
     r = memory.as_tensor(tb, "tb")  # duck-typed torch path
     assert (r.ptr, r.shape, r.strides, r.dtype) == (tb.data_ptr(), (4, 4), (6, 1), "bfloat16")
-    r2 = memory._from_dlpack(tb, "tb")  # the capsule path on the same tensor
+    r2 = interop._from_dlpack(tb, "tb")  # the capsule path on the same tensor
     assert (r2.ptr, r2.shape, r2.strides, r2.dtype, r2.device) == (r.ptr, r.shape, r.strides, "bfloat16", 0)
     try:  # torch < 2.11 raised TypeError for bf16 here; 2.11 reports typestr "<V2", which vkc reads as bf16
         cai = tb.__cuda_array_interface__
     except TypeError:
         return
     assert cai["typestr"] == "<V2"
-    r3 = memory._from_cai(cai, tb, "tb")
+    r3 = interop._from_cai(cai, tb, "tb")
     assert (r3.ptr, r3.shape, r3.strides, r3.dtype) == (r.ptr, r.shape, r.strides, "bfloat16")
 
 
