@@ -41,8 +41,8 @@ import weakref
 from typing import Any, NamedTuple
 
 from . import driver
-from .loaders.triton_cubin import Kernel
 from .interop import torch_source
+from .loaders.triton_cubin import Kernel
 from .native import NATIVE, native_available
 from .tensor import TensorRef
 

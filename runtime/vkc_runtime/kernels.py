@@ -30,7 +30,7 @@ _cache_lock = threading.Lock()
 _ctx_infos: dict[int, _CtxInfo] = {}
 _kernels: dict[tuple[int, str, str], object] = {}
 _known: set[str] = set()  # names check_known accepted
-_names_by_root: dict[Path, frozenset[str]] = {}
+_names_by_root: dict[Path, tuple[frozenset[str], bool]] = {}  # root -> (every manifest's names, all readable)
 
 
 def clear_cache() -> None:
@@ -46,32 +46,36 @@ def clear_cache() -> None:
     clear_bound_calls()
 
 
-def _all_names(root: Path) -> frozenset[str]:
-    names = _names_by_root.get(root)
-    if names is None:
+def _all_names(root: Path) -> tuple[frozenset[str], bool]:
+    got = _names_by_root.get(root)
+    if got is None:
         found: set[str] = set()
+        readable = True
         for p in sorted((root / "manifests").glob("*.json")):
             if p.name == "schema.json":
                 continue
             try:
                 found.update(artifacts.load_manifest(root, p.stem)["kernels"])
             except Exception:  # a broken manifest is reported when its arch is selected
-                continue
-        names = _names_by_root.setdefault(root, frozenset(found))
-    return names
+                readable = False
+        got = _names_by_root.setdefault(root, (frozenset(found), readable))
+    return got
 
 
 def check_known(base: str) -> None:
-    """Refuse a base that no manifest under the artifact root has (no driver needed)."""
+    """Refuse a base that no manifest under the artifact root has (no driver needed). Says nothing when there
+    is no root or a manifest cannot be read: arch selection then reports the real problem."""
     if base in _known:
         return
     root = artifacts.find_root()
     if root is not None:
-        if base not in _all_names(root):
+        names, readable = _all_names(root)
+        if base in names:
+            _known.add(base)
+        elif readable:
             raise MissingKernelError(
                 f"unknown kernel {base!r}: no manifest under {root} has it (a typo, or a kernel this vkc does not "
                 f"build)", missing=[base])
-        _known.add(base)
 
 
 def context_info(ctx: int) -> _CtxInfo:
