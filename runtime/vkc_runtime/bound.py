@@ -32,7 +32,8 @@ turns bound calls off.
 Two implementations of one contract: ``_native.BoundCall`` (C++, the path when the native launcher is used
 and every kernel is a native-launched :class:`~vkc_runtime.loaders.triton_cubin.Kernel`) and
 :class:`PyBoundCall` (the fallback without the native module, for kernels that are not Kernel objects --
-the tests' recorders -- and the oracle the tests compare the native one against).
+the tests' recorders -- and the oracle the tests compare the native one against). ARCHITECTURE.md, "Bound
+calls", has the decision to keep them.
 """
 from __future__ import annotations
 

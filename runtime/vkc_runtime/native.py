@@ -3,7 +3,7 @@ whether it is used.
 
 ``NATIVE`` is the module or None (not built, or it failed to import: :func:`native_reason` says why).
 ``VKC_NATIVE=0`` turns it off at run time: launches then go through :mod:`vkc_runtime.pack`'s Python
-launcher and bound calls through :class:`vkc_runtime.bound.PyBoundCall`.
+launcher and bound calls through :class:`vkc_runtime.bound.PyBoundCall` (ARCHITECTURE.md, "Launch ABI").
 """
 from __future__ import annotations
 

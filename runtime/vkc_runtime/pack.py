@@ -7,7 +7,7 @@ module is its Python twin, kept for two reasons: the fallback where the native m
 rounding, the parameter layout, the grid limits -- must change together in both places.
 
 Layout: each parameter sits at an offset aligned to its size (1/2/4/8), padding is zero, a ``void*[]``
-points at each one; the hidden scratch pointers follow the visible parameters.
+points at each one; the hidden scratch pointers follow the visible parameters (ARCHITECTURE.md, "Launch ABI").
 """
 from __future__ import annotations
 

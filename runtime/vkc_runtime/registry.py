@@ -5,7 +5,8 @@ Each ops module declares, as data next to the code that picks its kernels, the b
 paths, ``OPTIONAL_BASES`` (looked up with ``has_kernel``; e.g. the sm_90a/sm_100a TMA prefill). Both are
 built from the same small naming functions the op calls, so each base name is spelled once. The ops do not
 import this module; it imports them (the list is :data:`vkc_runtime.ops.MODULES`), one direction only.
-:func:`require` adds bases declared outside the ops (extensions, tests).
+:func:`require` adds bases declared outside the ops (extensions, tests). ARCHITECTURE.md, "Kernel names and
+completeness".
 
 ``import vkc_runtime`` then runs :func:`check_import`: if a CUDA device is usable it selects the arch
 and checks (stat only) that every required base has an artifact, raising :class:`MissingKernelError`

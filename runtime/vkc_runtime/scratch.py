@@ -12,7 +12,8 @@ Two sources, neither tied to a stream:
   same launches once eagerly -- on any stream -- first).
 
 One buffer, of either kind, must not be used by kernels running concurrently on two streams: give each
-stream that runs scratch kernels concurrently its own workspace.
+stream that runs scratch kernels concurrently its own workspace (ARCHITECTURE.md, "Global scratch and graph
+capture").
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 * ``triton-cubin`` (:mod:`.triton_cubin`): a Triton cubin, loaded with ``cuModuleLoadData`` after its sha256
   check and launched with Triton's ABI. Entries without a ``kind``/``loader`` are Triton cubins.
 * ``cute-so`` (a CuTe DSL shared object) comes with the CuTe lane; until then such an entry is refused with
-  an :class:`~vkc_runtime.errors.ArtifactError`.
+  an :class:`~vkc_runtime.errors.ArtifactError` (ARCHITECTURE.md, "Loaders and artifact kinds").
 """
 from __future__ import annotations
 

@@ -7,11 +7,12 @@ returns ``o [T, Hv, 128]`` bf16. With ``state [slots, Hv, 128, 128]`` fp32 + ``s
 state of sequence n is ``state[slot_idx[n]]`` (a negative slot: zero initial state, nothing written back) and its
 final state is written back in place to the same slot. Two sequences must not share a non-negative slot.
 
-Launches (one stream, no host sync, no allocation when ``workspace=`` and ``out=`` are given, so it is
-graph-capturable on any stream, torch's capture stream included: every buffer, Triton's hidden global scratch
-of delta_h on sm_90a too, comes from the workspace; one workspace must not be used by two streams at once): chunk_index (1,) -> prep (C, Hk) -> kkt_wy (C*Hv,) -> delta_h (N, Hv, 128/BV) ->
-chunk_o (C*Hv*128/BV,), with C = T // 64 + N, an upper bound of the number of 64-token chunks (the chunk table
-is built on the device from cu_seqlens; unused entries make their programs exit).
+Launches (one stream, no host sync, no allocation when ``workspace=`` and ``out=`` are given):
+chunk_index (1,) -> prep (C, Hk) -> kkt_wy (C*Hv,) -> delta_h (N, Hv, 128/BV) -> chunk_o (C*Hv*128/BV,), with
+C = T // 64 + N, an upper bound of the number of 64-token chunks (the chunk table is built on the device from
+cu_seqlens; unused entries make their programs exit). Graph-capturable on any stream, torch's capture stream
+included: every buffer, delta_h's hidden global scratch on sm_90a too, comes from the workspace (one workspace
+must not be used by two streams at the same time).
 
 ``cu_seqlens`` values are not read on the host (that would sync); they must be non-decreasing with
 ``cu_seqlens[0] == 0`` and ``cu_seqlens[N] == T``. The device clamps them to [0, T], so bad values give wrong
