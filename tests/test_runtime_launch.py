@@ -728,6 +728,36 @@ def test_bound_call_with_global_scratch_replays_on_any_stream(tmp_path, fake_cu,
     assert sp != 0 and fake_libcuda.fake_stream() == 0x61
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bound_call_with_workspace_scratch(tmp_path, fake_cu, clean_env, request, native):
+    """A Launch record's scratch (a workspace's GlobalScratch) is what the bound call bakes in and replays with,
+    native and Python alike; without one the launch takes the context's default arena."""
+    from tests.ops_fakes import TorchLike as T
+    from vkc_runtime import memory
+    root = make_root(tmp_path, bases=("norm.k",), gss=256, gsa=128)
+    fake_cu.current = 0xC0C0
+    if native:
+        h = request.getfixturevalue("fake_libcuda")
+        h.set_sizes("pifpp")
+        h.fake_set_ctx(ctypes.c_size_t(0xC0C0))
+        last_scratch = lambda: int.from_bytes(h.params()[16:24], "little")  # noqa: E731
+    else:
+        clean_env.setenv("VKC_NATIVE", "0")
+        fake_cu.param_sizes = [8, 4, 4, 8, 8]
+        last_scratch = lambda: int.from_bytes(fake_cu.launches[-1]["params"][3], "little")  # noqa: E731
+    k = _kernel(root)
+    ws = scratch.GlobalScratch(k.scratch_bytes(3))
+    rx = memory.as_tensor(T((4, 64)))
+    launches = [bound.Launch(k, 3, (rx, 64, 0.5), ws)]
+    bound.run_launches(launches, 0x60)
+    assert last_scratch() == ws.ptr
+    bc = bound.bind_call((rx,), (), launches, 0x60)
+    assert type(bc).__name__ == ("BoundCall" if native else "PyBoundCall")
+    assert bc.run((T((4, 64)),), (), 0x61) and last_scratch() == ws.ptr
+    bound.run_launches([bound.Launch(k, 3, (rx, 64, 0.5))], 0x60)  # no workspace: the default arena
+    assert last_scratch() not in (0, ws.ptr) and last_scratch() == scratch.arena(0xC0C0).ptr
+
+
 def test_bind_call_declines_what_it_cannot_guard(tmp_path, fake_cu, clean_env):
     from tests.ops_fakes import Dev, TorchLike as T
     from vkc_runtime import memory
