@@ -28,7 +28,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from vkc_runtime.launch import get_kernel
+from vkc_runtime.kernels import get_kernel
 from vkc_runtime.ops import attention as A
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

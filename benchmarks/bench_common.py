@@ -292,7 +292,7 @@ def err(e):
 @contextlib.contextmanager
 def validated():
     """Bound calls off: every vkc call validates its inputs (VKC_FASTPATH=0), the pre-bound-call path."""
-    from vkc_runtime.launch import clear_bound_calls
+    from vkc_runtime.bound import clear_bound_calls
     old = os.environ.get("VKC_FASTPATH")
     os.environ["VKC_FASTPATH"] = "0"
     clear_bound_calls()

@@ -34,12 +34,12 @@ def _bursts(launch, sync):
 
 def mode_vkc():
     import vkc_runtime as vr
-    from vkc_runtime import driver, launch
+    from vkc_runtime import driver, native
     k = vr.get_kernel("selftest.empty")
     buf = vr.DeviceArray.empty((256,), "uint8")
     args = (buf.ptr, 7)
     us = _bursts(lambda: k.launch((1, 1, 1), args, 0), lambda: driver.check(driver.cu.cuCtxSynchronize()))
-    return {"us_per_launch": us, "native": k.native, "native_reason": launch.native_reason()}
+    return {"us_per_launch": us, "native": k.native, "native_reason": native.native_reason()}
 
 
 def mode_graph():

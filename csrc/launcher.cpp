@@ -1,12 +1,13 @@
-// vkc_runtime._native: low-overhead launcher for Triton cubins (DESIGN.md section 3).
+// vkc_runtime._native: low-overhead launcher for Triton cubins; the owner of the launch ABI on the launch path
+// (vkc_runtime/pack.py is its Python twin: the fallback and the tests' oracle; change both together).
 //
 // Builds without CUDA headers or libraries: the few driver types and prototypes used here are declared
 // below with the layout of cuda.h (CUDA 12.x / 13.x), and libcuda.so.1 is dlopen'ed lazily on the first
 // launch (env VKC_LIBCUDA overrides the library path; the CPU tests point it at a fake driver).
 //
-// Packing contract (identical to vkc_runtime.launch.pack_args): parameters are laid out in order, each
+// Packing contract (identical to vkc_runtime.pack.pack_args): parameters are laid out in order, each
 // at an offset aligned to its own size (1, 2, 4 or 8 bytes), padding bytes are zero; the void*[] handed
-// to the driver points at each parameter. Codes are those of vkc_runtime.abi:
+// to the driver points at each parameter. Codes are those of vkc_contract.abi:
 //   p pointer (int or None -> 8 bytes)   ? i1 (1 byte, 0/1)   b/B i8/u8   h/H i16/u16   i/I i32/u32
 //   q/Q i64/u64   e fp16 (PyFloat_Pack2, round to nearest even)   E bf16 (float32 bits rounded to nearest
 //   even, NaN kept quiet)   f fp32 (4 bytes)   d fp64.
@@ -626,12 +627,13 @@ class Launcher {
 
 // ----------------------------------------------------------------------------------- BoundCall
 // A call an op validated once, replayed while every fact its validation read still holds
-// (vkc_runtime.launch.bind_call builds it; the Python class launch._PyBoundCall is the reference
-// implementation of the same contract). Guarded per tensor slot: the exact Python type, is_cuda,
-// get_device(), dtype (identity), shape, stride() and data_ptr() % align == 0 (the alignment the recorded
-// pointer had, capped at 16); per scalar: exact type and value; the current CUDA context; the stream
-// where a launch uses global scratch; per relation between two slots, that their byte spans do not overlap
-// (disjoint) or that their pointers are equal (same), as validation found them. run() returns false, with no side effect, as soon as one fact
+// (vkc_runtime.bound.bind_call builds it; vkc_runtime.bound.PyBoundCall implements the same contract in
+// Python, and that module's docstring argues why the re-checked facts suffice). Guarded per tensor slot: the
+// exact Python type, is_cuda, get_device(), dtype (identity), shape, stride() and data_ptr() % align == 0 (the
+// alignment the recorded pointer had, capped at 16); per scalar: exact type and value; the current CUDA
+// context; the stream, when `stream` >= 0 (bind_call passes -1: global scratch no longer depends on the
+// stream); per relation between two slots, that their byte spans do not overlap (disjoint) or that their
+// pointers are equal (same), as validation found them. run() returns false, with no side effect, as soon as one fact
 // differs (the op then validates again and records a new BoundCall); on a match the parameter buffers
 // packed at bind time get the slots' current pointers and are launched in order.
 namespace {
@@ -686,7 +688,7 @@ class BoundCall {
     // slots: [(type, shape, strides, dtype, device, align)]; scalars: a tuple compared by exact type and value;
     // launches: [(Launcher, gx, gy, gz, args, patches, scratch)] with args the visible values at bind time and
     // patches [(arg index, slot index)] the pointer arguments taken from a slot; ctx: the context the kernels
-    // were loaded in; stream: the stream every launch must use (-1: any; set when a launch has scratch);
+    // were loaded in; stream: the stream every launch must use (-1: any);
     // relations: [(kind, slot i, slot j, span i, span j)], kind 0 = byte spans [ptr, ptr + span) disjoint, 1 = same ptr.
     BoundCall(unsigned long long ctx, py::list slots, py::tuple scalars, py::list launches, long long stream,
               py::list relations)

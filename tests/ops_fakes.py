@@ -24,11 +24,17 @@ class Dev:
 
 
 class Recorder:
-    def __init__(self, occupancy: int = 2):
+    """``declared``: the bases the ops module declares (BASES + OPTIONAL_BASES); asking for any other is a
+    test failure (each base name is spelled once, in the module's naming functions)."""
+
+    def __init__(self, occupancy: int = 2, declared=None):
         self.calls = []
+        self.scratch = []  # the scratch= of each launch (None: the default)
         self.occupancy = occupancy
+        self.declared = None if declared is None else frozenset(declared)
 
     def __call__(self, base):
+        assert self.declared is None or base in self.declared, f"{base} is not among the module's declared bases"
         entry = MANIFEST["kernels"][base]  # KeyError = the op asked for a base that does not exist
         entry_base = base
         rec = self
@@ -41,7 +47,7 @@ class Recorder:
             def max_active_blocks(self):
                 return rec.occupancy
 
-            def launch(self, grid, args, stream=0):
+            def launch(self, grid, args, stream=0, scratch=None):
                 visible = [p for p in entry["params"] if not p.get("hidden")]
                 assert len(args) == len(visible), (base, len(args), [p["name"] for p in visible])
                 for p, v in zip(visible, args):
@@ -52,15 +58,20 @@ class Recorder:
                     if p.get("divisibility"):
                         assert v % 16 == 0, (base, p["name"], v)  # the .a16 promise holds
                 rec.calls.append((base, tuple(grid), tuple(args)))
+                rec.scratch.append(scratch)
         return K()
 
     def has(self, base):
         return base in MANIFEST["kernels"]
 
 
+def declared_bases(ops_module) -> frozenset:
+    return frozenset(ops_module.BASES) | frozenset(getattr(ops_module, "OPTIONAL_BASES", ()))
+
+
 def install_recorder(monkeypatch, ops_module, occupancy: int = 2) -> Recorder:
     """Route an ops module's kernel lookups to a Recorder (and pin its SM count to the H200's 132)."""
-    r = Recorder(occupancy=occupancy)
+    r = Recorder(occupancy=occupancy, declared=declared_bases(ops_module))
     monkeypatch.setattr(ops_module, "get_kernel", r)
     monkeypatch.setattr(ops_module, "has_kernel", r.has)
     monkeypatch.setattr(ops_module, "_sm_count", lambda dev: 132)
@@ -69,7 +80,7 @@ def install_recorder(monkeypatch, ops_module, occupancy: int = 2) -> Recorder:
 
 class TorchLike:
     """A torch-like CUDA tensor stand-in (data_ptr / shape / stride() / dtype / is_cuda / get_device), the kind of
-    input a bound call guards on (vkc_runtime.launch.bind_call); dtype is a torch-style name ("torch.bfloat16")."""
+    input a bound call guards on (vkc_runtime.bound.bind_call); dtype is a torch-style name ("torch.bfloat16")."""
     _next = 1 << 36
 
     def __init__(self, shape, dtype="torch.bfloat16", strides=None, offset_bytes=0, device=0, is_cuda=True):

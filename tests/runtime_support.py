@@ -426,20 +426,20 @@ def clean_env(monkeypatch):
 
 @pytest.fixture
 def fake_cu(monkeypatch, clean_env):
-    from vkc_runtime import driver, launch
+    from vkc_runtime import driver, kernels
     f = FakeCu()
     monkeypatch.setattr(driver, "cu", f)
     driver.reset_caches()
-    launch.clear_cache()
+    kernels.clear_cache()
     yield f
     driver.reset_caches()
-    launch.clear_cache()
+    kernels.clear_cache()
 
 
 def native_module():
     """vkc_runtime._native or None."""
-    from vkc_runtime import launch
-    return launch._native
+    from vkc_runtime import native
+    return native.NATIVE
 
 
 def real_driver_present() -> bool:

@@ -76,6 +76,29 @@ def test_prefill_without_tma_artifacts(rec, monkeypatch):
         prefill(bs=64, use_tma=True)
 
 
+def test_prefill_workspace_scratch_reaches_the_launch(rec):
+    """A PrefillWorkspace's global scratch is handed to the launch (the kernel uses it when it needs scratch, the
+    TMA one does); without a workspace the launch gets none (the context's default); a call beyond the sizes the
+    workspace was made for is refused before any launch."""
+    sentinel = object()
+    ws = A.PrefillWorkspace(sentinel, max_tokens=300, max_seqs=2, num_q_heads=24, head_dim=256)
+    prefill(bs=64, workspace=ws)
+    prefill(bs=16, workspace=ws)  # the gather kernel gets it too (and ignores it: it needs no scratch)
+    prefill(bs=64)
+    assert [c[0] for c in rec.calls] == ["attn.prefill.d256.nogate.tma", "attn.prefill.d256.nogate",
+                                         "attn.prefill.d256.nogate.tma"]
+    assert rec.scratch == [sentinel, sentinel, None]
+    for bad, msg in ((dict(T=301), "workspace sized for 300 tokens"), (dict(Hq=8), "24 heads")):
+        with pytest.raises(OpError, match=msg):
+            prefill(bs=64, workspace=ws, **bad)
+    with pytest.raises(OpError, match="must be a PrefillWorkspace"):
+        prefill(bs=64, workspace="ws")
+    with pytest.raises(OpError, match="must be a PrefillWorkspace"):
+        A.PrefillPlan(Dev((3,), I32), Dev((2,), I32), Dev((2, 20), I32), num_q_heads=24, num_kv_heads=4,
+                      head_dim=256, block_size=64, workspace=42)
+    assert len(rec.calls) == 3
+
+
 def test_prefill_uses_tma(rec):
     assert A.prefill_uses_tma(Dev((8, 64, 4, 256)))
     assert not A.prefill_uses_tma(Dev((8, 16, 4, 256)))

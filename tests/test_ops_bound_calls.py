@@ -1,4 +1,4 @@
-"""Bound calls of the attention ops (vkc_runtime.launch.bind_call), driver-free: a call whose torch-like inputs
+"""Bound calls of the attention ops (vkc_runtime.bound.bind_call), driver-free: a call whose torch-like inputs
 have the layout of a recent call skips validation and replays the recorded launches with the new pointers.
 Checked here: replays launch exactly what validation launches (against VKC_FASTPATH=0 on the same inputs),
 validation really is skipped, and every change of a guarded fact -- type, dtype, shape, strides, alignment,
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.ops_fakes import TorchLike as T, install_recorder
-from vkc_runtime import launch
+from vkc_runtime import bound, kernels
 from vkc_runtime.ops import attention as A
 from vkc_runtime.ops._check import OpError
 
@@ -21,7 +21,7 @@ SCALE = D ** -0.5
 def rec(monkeypatch):
     r = install_recorder(monkeypatch, A)
     monkeypatch.delenv("VKC_FASTPATH", raising=False)
-    launch.clear_cache()
+    kernels.clear_cache()
     validated = []
     real = A._cache_pair
 
@@ -32,7 +32,7 @@ def rec(monkeypatch):
     monkeypatch.setattr(A, "_cache_pair", counting)
     r.validated = validated
     yield r
-    launch.clear_cache()
+    kernels.clear_cache()
 
 
 def caches(nb=B * 32, bs=BS):
@@ -53,7 +53,7 @@ def _prefill_layer(gate, n=70, bs=64):
 
 def _run_all(monkeypatch, rec, fastpath: bool, calls):
     monkeypatch.setenv("VKC_FASTPATH", "1" if fastpath else "0")
-    launch.clear_cache()
+    kernels.clear_cache()
     rec.calls.clear()
     rec.validated.clear()
     for c in calls:
@@ -222,7 +222,7 @@ def test_other_ops_bind_too(monkeypatch, which):
     """The norm-family ops, the GDN decode step and the conv ops: three calls, each on its own tensors of one layout,
     look up a kernel (validate) once with bound calls and three times without, and launch the same (pointers
     included)."""
-    from tests.ops_fakes import Recorder
+    from tests.ops_fakes import Recorder, declared_bases
     from vkc_runtime.ops import conv as Cv, gdn_decode as G, norm as N
     mod = G if which == "recurrent_decode" else Cv if which.startswith("causal") else N
     calls = [_gdn_decode_call(G) if mod is G else _conv_call(Cv, which) if mod is Cv else _norm_call(N, which)
@@ -230,8 +230,8 @@ def test_other_ops_bind_too(monkeypatch, which):
     res = {}
     for fast in ("0", "1"):
         monkeypatch.setenv("VKC_FASTPATH", fast)
-        launch.clear_bound_calls()
-        r = Recorder()
+        bound.clear_bound_calls()
+        r = Recorder(declared=declared_bases(mod))
         lookups = []
         monkeypatch.setattr(mod, "get_kernel", lambda base: lookups.append(base) or r(base))
         for c in calls:
@@ -254,9 +254,9 @@ def test_conv_relations_are_guarded(rec, monkeypatch):
     """causal_conv1d_update binds "out is x" (in place) and "out does not overlap x" as relations: after a bound
     in-place call, an out that overlaps x without being x is refused by validation, and a separate out validates
     and binds anew."""
-    from tests.ops_fakes import Recorder
+    from tests.ops_fakes import Recorder, declared_bases
     from vkc_runtime.ops import conv as Cv
-    r = Recorder()
+    r = Recorder(declared=declared_bases(Cv))
     lookups = []
     monkeypatch.setattr(Cv, "get_kernel", lambda base: lookups.append(base) or r(base))
     B, C = 4, 8192

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.ops_fakes import MANIFEST, Dev, Recorder
+from tests.ops_fakes import MANIFEST, Dev, Recorder, declared_bases
 from vkc_runtime.ops import norm as N
 from vkc_runtime.ops._check import OpError
 
 @pytest.fixture()
 def rec(monkeypatch):
-    r = Recorder()
+    r = Recorder(declared=declared_bases(N))
     monkeypatch.setattr(N, "get_kernel", r)
     return r
 
@@ -75,6 +75,8 @@ def test_bad_input_is_refused_before_launch(rec, call, msg):
     with pytest.raises(OpError, match=None) as ei:
         call()
     assert msg in str(ei.value), str(ei.value)
+    name = str(ei.value).split(": ")[1].split(" ")[0]
+    assert f"{name}: {name}:" not in str(ei.value), str(ei.value)  # the argument is named once
     assert rec.calls == []
 
 
@@ -86,3 +88,12 @@ def test_every_required_base_exists_in_every_manifest():
     for m in sorted((root / "manifests").glob("sm_*.json")):
         kernels = json.loads(m.read_text())["kernels"]
         assert req <= set(kernels), (m.name, sorted(req - set(kernels)))
+
+
+def test_argument_named_once_and_operror_public():
+    import vkc_runtime
+    import vkc_runtime.ops
+    with pytest.raises(vkc_runtime.OpError) as ei:
+        N.rmsnorm(np.zeros((4, 64), np.float32), Dev((64,)), out=Dev((4, 64)))
+    assert str(ei.value).startswith("rmsnorm: x: tensor lives in host (CPU) memory"), str(ei.value)
+    assert vkc_runtime.OpError is vkc_runtime.ops.OpError is OpError and issubclass(OpError, ValueError)

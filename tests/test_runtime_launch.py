@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from vkc_contract import abi
-from vkc_runtime import artifacts, driver, launch
-from vkc_runtime.errors import ArtifactError, CudaError, LaunchError
+from vkc_runtime import artifacts, bound, driver, kernels, loaders, native, pack, scratch
+from vkc_runtime.loaders.triton_cubin import Kernel
+from vkc_runtime.errors import ArtifactError, CudaError, LaunchError, MissingKernelError
 from vkc_contract.hashing import IntegrityError
 
 try:
@@ -26,7 +27,7 @@ except ImportError:  # tests/ not a package
                                  make_root, native_module)
 
 NATIVE = native_module()
-needs_native = pytest.mark.skipif(NATIVE is None, reason=f"native module not built: {launch.native_reason()}")
+needs_native = pytest.mark.skipif(NATIVE is None, reason=f"native module not built: {native.native_reason()}")
 
 
 @pytest.fixture(autouse=True)
@@ -40,26 +41,26 @@ def f32(x: float) -> float:
 
 # ----------------------------------------------------------------------------------- Python packer
 def test_widths_and_fp32_is_four_bytes():
-    assert len(launch.pack_args("f", [0.1])) == 4
-    assert struct.unpack("<f", launch.pack_args("f", [0.1]))[0] == float(np.float32(0.1))
-    assert launch.pack_args("f", [0.1]) == np.float32(0.1).tobytes()
-    assert len(launch.pack_args("?", [True])) == 1 and launch.pack_args("?", [True]) == b"\x01"
-    assert launch.pack_args("?", [0]) == b"\x00" and launch.pack_args("?", [7]) == b"\x01"
-    assert launch.pack_args("p", [0x1234]) == (0x1234).to_bytes(8, "little")
-    assert launch.pack_args("p", [None]) == bytes(8)
-    assert launch.pack_args("i", [-2]) == b"\xfe\xff\xff\xff"
-    assert launch.pack_args("d", [0.1]) == struct.pack("<d", 0.1)
-    assert launch.pack_args("e", [0.1]) == np.float16(0.1).tobytes()
+    assert len(pack.pack_args("f", [0.1])) == 4
+    assert struct.unpack("<f", pack.pack_args("f", [0.1]))[0] == float(np.float32(0.1))
+    assert pack.pack_args("f", [0.1]) == np.float32(0.1).tobytes()
+    assert len(pack.pack_args("?", [True])) == 1 and pack.pack_args("?", [True]) == b"\x01"
+    assert pack.pack_args("?", [0]) == b"\x00" and pack.pack_args("?", [7]) == b"\x01"
+    assert pack.pack_args("p", [0x1234]) == (0x1234).to_bytes(8, "little")
+    assert pack.pack_args("p", [None]) == bytes(8)
+    assert pack.pack_args("i", [-2]) == b"\xfe\xff\xff\xff"
+    assert pack.pack_args("d", [0.1]) == struct.pack("<d", 0.1)
+    assert pack.pack_args("e", [0.1]) == np.float16(0.1).tobytes()
     for code, size in abi.PACK_SIZES.items():
         val = 1.0 if code in "eEfd" else 1
-        assert len(launch.pack_args(code, [val])) == size, code
+        assert len(pack.pack_args(code, [val])) == size, code
 
 
 def test_layout_aligns_each_param_to_its_size():
-    assert launch.param_layout("?p") == ([0, 8], 16)
-    assert launch.param_layout("pifpp") == ([0, 8, 12, 16, 24], 32)
-    assert launch.param_layout("?E?f?q") == ([0, 2, 4, 8, 12, 16], 24)
-    b = launch.pack_args("?p", [True, 0xABCDEF])
+    assert pack.param_layout("?p") == ([0, 8], 16)
+    assert pack.param_layout("pifpp") == ([0, 8, 12, 16, 24], 32)
+    assert pack.param_layout("?E?f?q") == ([0, 2, 4, 8, 12, 16], 24)
+    b = pack.pack_args("?p", [True, 0xABCDEF])
     assert b == b"\x01" + bytes(7) + (0xABCDEF).to_bytes(8, "little")
 
 
@@ -75,14 +76,14 @@ def test_layout_aligns_each_param_to_its_size():
     (0.1, 0x3DCD),
 ])
 def test_bf16_round_to_nearest_even(x, bits):
-    assert launch.bf16_bits(x) == bits
-    assert launch.pack_args("E", [x]) == bits.to_bytes(2, "little")
+    assert pack.bf16_bits(x) == bits
+    assert pack.pack_args("E", [x]) == bits.to_bytes(2, "little")
 
 
 def test_bf16_nan_stays_quiet_nan():
-    b = launch.bf16_bits(math.nan)
+    b = pack.bf16_bits(math.nan)
     assert (b & 0x7F80) == 0x7F80 and (b & 0x7F) != 0 and (b & 0x40)
-    assert launch.bf16_bits(struct.unpack("<f", struct.pack("<I", 0x7F800001))[0]) & 0x7F  # signalling NaN stays NaN
+    assert pack.bf16_bits(struct.unpack("<f", struct.pack("<I", 0x7F800001))[0]) & 0x7F  # signalling NaN stays NaN
 
 
 @pytest.mark.parametrize("code,value,exc", [
@@ -95,36 +96,36 @@ def test_bf16_nan_stays_quiet_nan():
 ])
 def test_packer_rejects(code, value, exc):
     with pytest.raises(exc, match=r"argument '#0'"):
-        launch.pack_args(code, [value])
+        pack.pack_args(code, [value])
 
 
 def test_packer_accepts_index_and_float_likes():
-    assert launch.pack_args("i", [np.int64(7)]) == (7).to_bytes(4, "little")
-    assert launch.pack_args("f", [np.float32(0.5)]) == struct.pack("<f", 0.5)
-    assert launch.pack_args("f", [3]) == struct.pack("<f", 3.0)
-    assert launch.pack_args("Q", [2**64 - 1]) == b"\xff" * 8
-    assert launch.pack_args("f", [math.inf]) == struct.pack("<f", math.inf)
+    assert pack.pack_args("i", [np.int64(7)]) == (7).to_bytes(4, "little")
+    assert pack.pack_args("f", [np.float32(0.5)]) == struct.pack("<f", 0.5)
+    assert pack.pack_args("f", [3]) == struct.pack("<f", 3.0)
+    assert pack.pack_args("Q", [2**64 - 1]) == b"\xff" * 8
+    assert pack.pack_args("f", [math.inf]) == struct.pack("<f", math.inf)
 
 
 def test_divisibility_promises_are_checked():
     params = [{"name": "x", "code": "p", "divisibility": 16}, {"name": "n", "code": "i", "divisibility": 16},
               {"name": "m", "code": "q", "divisibility": 16}]
-    assert len(launch.pack_args(params, [0x1000, 32, -16], kernel="k")) == 24
+    assert len(pack.pack_args(params, [0x1000, 32, -16], kernel="k")) == 24
     with pytest.raises(ValueError, match=r"k: argument 'x' = 0x1008 is not 16-byte aligned"):
-        launch.pack_args(params, [0x1008, 32, 0], kernel="k")
+        pack.pack_args(params, [0x1008, 32, 0], kernel="k")
     with pytest.raises(ValueError, match=r"k: argument 'n' = 17 is not a multiple of 16"):
-        launch.pack_args(params, [0x1000, 17, 0], kernel="k")
+        pack.pack_args(params, [0x1000, 17, 0], kernel="k")
     with pytest.raises(ValueError, match=r"argument 'm' = -8 is not a multiple of 16"):
-        launch.pack_args(params, [0x1000, 16, -8], kernel="k")
+        pack.pack_args(params, [0x1000, 16, -8], kernel="k")
     with pytest.raises(TypeError, match="expected 3 values, got 2"):
-        launch.pack_args(params, [0x1000, 16], kernel="k")
+        pack.pack_args(params, [0x1000, 16], kernel="k")
 
 
 def test_param_buffer_pointer_array():
-    pb = launch.ParamBuffer("?pf")
+    pb = pack.ParamBuffer("?pf")
     conv = [1, 0xDEAD0, 0.25]
     pb.fill(conv)
-    assert pb.raw() == launch.pack_args("?pf", [True, 0xDEAD0, 0.25])
+    assert pb.raw() == pack.pack_args("?pf", [True, 0xDEAD0, 0.25])
     base = ctypes.cast(pb._buf, ctypes.c_void_p).value
     assert pb.pointers() == [base + 0, base + 8, base + 16]
     arr = (ctypes.c_void_p * 3).from_address(pb.address)
@@ -138,7 +139,7 @@ def _random_value(rng: random.Random, code: str):
     if code == "?":
         return rng.choice([True, False, 0, 1, 5])
     if code in "bBhHiIqQ":
-        lo, hi = launch._INT_RANGE[code]
+        lo, hi = pack._INT_RANGE[code]
         return rng.choice([lo, hi, 0, rng.randint(lo, hi)])
     if code == "e":
         return rng.choice([0.0, -0.0, 65504.0, 1e-8, math.inf, rng.uniform(-60000, 60000)])
@@ -155,13 +156,13 @@ def test_native_pack_matches_python_byte_for_byte():
     for _ in range(500):
         codes = "".join(rng.choice(codes_all) for _ in range(rng.randint(0, 24)))
         vals = tuple(_random_value(rng, c) for c in codes)
-        py = launch.pack_args(codes, vals)
+        py = pack.pack_args(codes, vals)
         nat = NATIVE.pack(codes, vals)
         assert nat == py, (codes, vals)
-        assert NATIVE.layout(codes) == tuple(launch.param_layout(codes))
+        assert NATIVE.layout(codes) == tuple(pack.param_layout(codes))
     # NaN bits are compared too (quiet NaN for bf16, PyFloat_Pack semantics for fp16)
     for code in "eEfd":
-        assert NATIVE.pack(code, (math.nan,)) == launch.pack_args(code, [math.nan])
+        assert NATIVE.pack(code, (math.nan,)) == pack.pack_args(code, [math.nan])
 
 
 @needs_native
@@ -172,7 +173,7 @@ def test_native_pack_matches_python_byte_for_byte():
 ])
 def test_native_pack_raises_like_python(code, value):
     with pytest.raises(Exception) as py_e:
-        launch.pack_args(code, [value])
+        pack.pack_args(code, [value])
     with pytest.raises(Exception) as nat_e:
         NATIVE.pack(code, (value,))
     assert type(nat_e.value) is type(py_e.value), (nat_e.value, py_e.value)
@@ -180,9 +181,9 @@ def test_native_pack_raises_like_python(code, value):
 
 
 # ----------------------------------------------------------------------------------- Kernel with a fake driver
-def _kernel(root: Path, base="norm.k", arch="sm_90a", ctx=0xC0C0) -> launch.Kernel:
+def _kernel(root: Path, base="norm.k", arch="sm_90a", ctx=0xC0C0) -> Kernel:
     aset = artifacts.ArtifactSet(root, arch)
-    return launch.Kernel(base, aset.launch_spec(base), aset, ctx, 0)
+    return Kernel(base, aset.launch_spec(base), aset, ctx, 0)
 
 
 def test_sha_mismatch_refused_before_module_load(tmp_path, fake_cu):
@@ -245,7 +246,7 @@ def test_profile_scratch_and_non_cubin_refused(tmp_path, fake_cu):
     root = make_root(tmp_path, bases=("norm.k",))
     aset = artifacts.ArtifactSet(root, "sm_90a")
     aset.kernels["norm.k"]["launch"]["profile_scratch_size"] = 64
-    k = launch.Kernel("norm.k", aset.launch_spec("norm.k"), aset, 0xC0C0)
+    k = Kernel("norm.k", aset.launch_spec("norm.k"), aset, 0xC0C0)
     with pytest.raises(ArtifactError, match="profile_scratch_size"):
         k.load()
     add_kernel(root, "sm_90a", "cute.gemm", suffix=".so")
@@ -258,7 +259,7 @@ def test_profile_scratch_and_non_cubin_refused(tmp_path, fake_cu):
 def launcher_kind(request, clean_env):
     if request.param == "native":
         if NATIVE is None:
-            pytest.skip(f"native module not built: {launch.native_reason()}")
+            pytest.skip(f"native module not built: {native.native_reason()}")
     else:
         clean_env.setenv("VKC_NATIVE", "0")
     return request.param
@@ -335,36 +336,65 @@ def test_python_fallback_cuda_error(tmp_path, fake_cu, clean_env):
 def test_get_kernel_caches_per_context_and_arch(tmp_path, fake_cu, clean_env):
     root = make_root(tmp_path, bases=("norm.k", "norm.j"), constexprs={"BLOCK": 2048})
     clean_env.setenv("VKC_ARTIFACT_ROOT", str(root))
-    k1 = launch.get_kernel("norm.k")
+    k1 = kernels.get_kernel("norm.k")
     assert fake_cu.calls("cuDevicePrimaryCtxRetain") == [(0,)] and fake_cu.current == fake_cu.primary
-    assert launch.get_kernel("norm.k") is k1
-    assert launch.get_kernel("norm.j") is not k1
+    assert kernels.get_kernel("norm.k") is k1
+    assert kernels.get_kernel("norm.j") is not k1
     assert (k1.ctx, k1.arch, k1.loaded) == (fake_cu.primary, "sm_90a", False)  # lazy
     assert k1.param_names == ["x", "n_cols", "eps"] and k1.n_args == 3
     assert k1.constexprs == {"BLOCK": 2048} and k1.inputs["entry"] == "rmsnorm_kernel"
     fake_cu.current = 0xD0D0  # e.g. torch made another context current
-    k2 = launch.get_kernel("norm.k")
+    k2 = kernels.get_kernel("norm.k")
     assert k2 is not k1 and k2.ctx == 0xD0D0
-    with pytest.raises(ImportError, match="'norm.nope' is not in manifest"):
-        launch.get_kernel("norm.nope")
+    with pytest.raises(ImportError, match="unknown kernel 'norm.nope': no manifest under"):
+        kernels.get_kernel("norm.nope")
 
 
 @no_real_driver
 def test_get_kernel_without_driver_is_a_clear_error(tmp_path, clean_env):
+    """A known kernel without a driver: DriverUnavailable; an unknown name: MissingKernelError naming it (the
+    name is checked against the manifests before the driver is touched)."""
     driver.reset_caches()
+    kernels.clear_cache()
     try:
         with pytest.raises(driver.DriverUnavailable, match="CUDA driver unavailable"):
-            launch.get_kernel("norm.k")
+            kernels.get_kernel("selftest.empty")
+        with pytest.raises(MissingKernelError, match="unknown kernel 'norm.nope'"):
+            kernels.get_kernel("norm.nope")
     finally:
         driver.reset_caches()
+        kernels.clear_cache()
+
+
+def test_unknown_artifact_kind_is_refused(tmp_path, fake_cu, clean_env):
+    """The loader is picked from the manifest entry's artifact kind / loader: no kind = triton-cubin; a kind
+    this runtime has no loader for is an ArtifactError naming it, before anything is loaded."""
+    root = make_root(tmp_path, bases=("norm.k", "cute.gemm"))
+    clean_env.setenv("VKC_ARTIFACT_ROOT", str(root))
+    aset = artifacts.ArtifactSet(root, "sm_90a")
+    assert loaders.loader_of("norm.k", aset.entry("norm.k")) == "triton-cubin"
+    art = dict(aset.entry("norm.k")["artifact"], kind="triton-cubin", loader="triton-cubin")
+    assert loaders.loader_of("norm.k", {"artifact": art}) == "triton-cubin"
+    with pytest.raises(ArtifactError, match="artifact kind 'cute-so' has no loader"):
+        loaders.loader_of("cute.gemm", {"artifact": dict(art, kind="cute-so", loader=None)})
+    with pytest.raises(ArtifactError, match="needs loader 'cute-so'.*a cute-so loader comes with the CuTe lane"):
+        loaders.loader_of("cute.gemm", {"artifact": dict(art, kind="cute-so", loader="cute-so")})
+    aset.kernels["cute.gemm"]["artifact"].update(kind="cute-so", loader="cute-so")
+    fake_cu.current = 0xC0C0
+    kernels.context_info(0xC0C0).aset.kernels["cute.gemm"]["artifact"].update(kind="cute-so", loader="cute-so")
+    with pytest.raises(ArtifactError, match="needs loader 'cute-so'"):
+        kernels.get_kernel("cute.gemm")
+    assert fake_cu.loaded == []
 
 
 # ----------------------------------------------------------------------------------- scratch
 def test_scratch_nbytes_rule():
-    assert launch.scratch_nbytes(3, 2, 4, 2, 256) == 3 * 2 * 4 * 2 * 256
+    assert scratch.scratch_nbytes(3, 2, 4, 2, 256) == 3 * 2 * 4 * 2 * 256
 
 
-def test_scratch_pool_sizing_growth_and_capture():
+def test_scratch_arena_sizing_growth_and_capture():
+    """The default scratch of a context: one buffer for every stream, grown geometrically outside capture,
+    old buffers retired (kept alive), growth during capture refused with the workspace / eager-first hint."""
     allocs, ptrs, queries = [], [], []
     capturing = {"on": False}
     nxt = [0x10000]
@@ -379,52 +409,69 @@ def test_scratch_pool_sizing_growth_and_capture():
         queries.append(s)
         return capturing["on"]
 
-    pool = launch.ScratchPool(1, alloc=alloc, is_capturing=is_capturing)
-    p = pool.get(1000, 128, stream=5)
+    ar = scratch.ScratchArena(1, alloc=alloc, is_capturing=is_capturing)
+    p = ar.get(1000, 128, stream=5)
     assert allocs == [1000] and p % 128 == 0
     n_q = len(queries)
-    assert pool.get(800, 128, stream=5) == p and allocs == [1000]  # fits: reused ...
+    assert ar.get(800, 128, stream=5) == p and allocs == [1000]  # fits: reused ...
     assert len(queries) == n_q  # ... without a driver query on the launch path
-    pool.get(3000, 128, stream=5)  # grows to max(need, 2*old); the old buffer is retired, not freed
-    assert allocs == [1000, 3000] and pool.retired == [(ptrs[0], 1000)]
-    pool.get(3100, 128, stream=5)
-    assert allocs[-1] == 6000 and [n for _, n in pool.retired] == [1000, 3000]  # doubling
-    assert sum(n for _, n in pool.retired) < pool.size(5)  # geometric: the retired stay below the live one
-    pool.get(100, 128, stream=9)  # other streams get their own buffer
-    assert allocs[-1] == 100 and pool.size(9) == 100 and pool.size(5) == 6000
-    # alignment above cuMemAlloc's 256 B: over-allocate and round up
-    q = pool.get(4096, 1024, stream=11)
-    assert q % 1024 == 0 and allocs[-1] == 4096 + 1023
-    # capture: reuse is fine, growth is refused with the eager-first hint
+    assert ar.get(900, 128, stream=9) == p and allocs == [1000]  # another stream: the same buffer
+    ar.get(3000, 128, stream=5)  # grows to max(need, 2*old); the old buffer is retired, not freed
+    assert allocs == [1000, 3000] and ar.retired == [(ptrs[0], 1000)]
+    ar.get(3100, 128, stream=9)
+    assert allocs[-1] == 6000 and [n for _, n in ar.retired] == [1000, 3000]  # doubling
+    assert sum(n for _, n in ar.retired) < ar.size()  # geometric: the retired stay below the live one
+    q = ar.get(4096, 1024, stream=11)  # alignment above cuMemAlloc's 256 B: room to round up
+    assert q % 1024 == 0 and q - ptrs[-1] + 4096 <= ar.size()
+    # capture on any stream (also one never seen eagerly): reuse is fine, growth is refused
     capturing["on"] = True
-    assert pool.get(10, 128, stream=5) % 128 == 0
-    with pytest.raises(LaunchError, match="cannot grow during stream capture.*once eagerly"):
-        pool.get(10**6, 128, stream=5)
-    with pytest.raises(LaunchError, match="the pool has 0"):
-        pool.get(16, 128, stream=77)
-    assert pool.size(5) == 6000 and pool.size(77) == 0  # nothing changed by the refused growth
+    assert ar.get(10, 128, stream=77) % 128 == 0
+    with pytest.raises(LaunchError, match="cannot grow during stream capture.*workspace allocated before capture"):
+        ar.get(10**6, 128, stream=77)
+    assert ar.size() == 6000  # nothing changed by the refused growth
 
 
-def test_kernel_with_global_scratch_uses_pool(tmp_path, fake_cu, clean_env):
+def test_global_scratch_workspace_buffer(fake_cu):
+    """A caller-owned GlobalScratch hands out its aligned pointer and refuses a launch that needs more."""
+    fake_cu.current = 0xC0C0
+    g = scratch.GlobalScratch(4096)
+    assert g.nbytes == 4096 and g.get(4096, 128, 5) == g.ptr and g.ptr % 128 == 0
+    assert g.get(0, 128) == 0
+    with pytest.raises(LaunchError, match="needs 4097 bytes of global scratch, the workspace's scratch holds 4096"):
+        g.get(4097, 128)
+
+
+def test_kernel_with_global_scratch_uses_arena_or_workspace(tmp_path, fake_cu, clean_env):
     clean_env.setenv("VKC_NATIVE", "0")
     root = make_root(tmp_path, bases=("norm.k",), gss=256, gsa=128, num_ctas=2)
     fake_cu.current = 0xC0C0
     fake_cu.param_sizes = [8, 4, 4, 8, 8]
     k = _kernel(root)
+    assert k.scratch_size == 256 and k.scratch_bytes((4, 3)) == 4 * 3 * 2 * 256
     k.launch((4, 3, 1), (0x7000, 1, 1.0), stream=0x60)
     assert fake_cu.calls("cuMemAlloc") == [(4 * 3 * 1 * 2 * 256,)]
-    scratch = int.from_bytes(fake_cu.launches[0]["params"][3], "little")
-    assert scratch != 0 and scratch % 128 == 0 and fake_cu.launches[0]["params"][4] == bytes(8)
-    fake_cu.capturing[0x60] = True
-    with pytest.raises(LaunchError, match="once eagerly"):
-        k.launch((8, 3, 1), (0x7000, 1, 1.0), stream=0x60)
+    arena_ptr = int.from_bytes(fake_cu.launches[0]["params"][3], "little")
+    assert arena_ptr != 0 and arena_ptr % 128 == 0 and fake_cu.launches[0]["params"][4] == bytes(8)
+    k.launch((4, 3, 1), (0x7000, 1, 1.0), stream=0x61)  # another stream: the same default scratch
+    assert int.from_bytes(fake_cu.launches[1]["params"][3], "little") == arena_ptr
+    fake_cu.capturing[0x62] = True  # capture on a fresh stream after eager use elsewhere: no growth needed
+    k.launch((4, 3, 1), (0x7000, 1, 1.0), stream=0x62)
+    with pytest.raises(LaunchError, match="cannot grow during stream capture"):
+        k.launch((8, 3, 1), (0x7000, 1, 1.0), stream=0x62)
+    ws = scratch.GlobalScratch(k.scratch_bytes((8, 3)))  # a workspace: capture needs no warm-up at all
+    n_alloc = len(fake_cu.calls("cuMemAlloc"))
+    k.launch((8, 3, 1), (0x7000, 1, 1.0), stream=0x62, scratch=ws)
+    assert int.from_bytes(fake_cu.launches[-1]["params"][3], "little") == ws.ptr
+    assert len(fake_cu.calls("cuMemAlloc")) == n_alloc
+    with pytest.raises(LaunchError, match="the workspace's scratch holds"):
+        k.launch((9, 3, 1), (0x7000, 1, 1.0), stream=0x62, scratch=ws)
 
 
 # ----------------------------------------------------------------------------------- native launcher
 @pytest.fixture
 def fake_libcuda(tmp_path, monkeypatch):
     if NATIVE is None:
-        pytest.skip(f"native module not built: {launch.native_reason()}")
+        pytest.skip(f"native module not built: {native.native_reason()}")
     lib = build_fake_libcuda(tmp_path)
     if lib is None:
         pytest.skip("no C compiler to build the fake libcuda")
@@ -450,7 +497,7 @@ def fake_libcuda(tmp_path, monkeypatch):
 
 
 def _params_concat(codes, vals):
-    return b"".join(launch.pack_value(c, v) for c, v in zip(codes, vals))
+    return b"".join(pack.pack_value(c, v) for c, v in zip(codes, vals))
 
 
 def test_native_launch_plain(fake_libcuda):
@@ -519,7 +566,7 @@ def test_native_launch_errors(fake_libcuda):
 
 def test_native_missing_libcuda_is_reported(tmp_path, monkeypatch):
     if NATIVE is None:
-        pytest.skip(f"native module not built: {launch.native_reason()}")
+        pytest.skip(f"native module not built: {native.native_reason()}")
     monkeypatch.setenv("VKC_LIBCUDA", str(tmp_path / "nope.so"))
     NATIVE._reset_driver()
     try:
@@ -581,11 +628,11 @@ int main() {
 
 def test_native_reason_and_env_switch(clean_env):
     if NATIVE is None:
-        assert not launch.native_available() and launch.native_reason()
+        assert not native.native_available() and native.native_reason()
         return
-    assert launch.native_available()
+    assert native.native_available()
     clean_env.setenv("VKC_NATIVE", "0")
-    assert not launch.native_available() and "VKC_NATIVE=0" in launch.native_reason()
+    assert not native.native_available() and "VKC_NATIVE=0" in native.native_reason()
 
 
 # ----------------------------------------------------------------------------------- bound calls
@@ -601,7 +648,7 @@ class _Raises:
 def test_bound_call_replays_and_guards_every_fact(tmp_path, fake_cu, clean_env, request, native):
     """bind_call packs two launches once; run() launches them with the slots' new pointers (byte-identical to a
     validated launch) and refuses -- launching nothing -- when any guarded fact differs. Native
-    (_native.BoundCall through a fake libcuda) and Python (_PyBoundCall through cuda-bindings) alike."""
+    (_native.BoundCall through a fake libcuda) and Python (PyBoundCall through cuda-bindings) alike."""
     from tests.ops_fakes import TorchLike as T
     from vkc_runtime import memory
     if native:
@@ -620,9 +667,9 @@ def test_bound_call_replays_and_guards_every_fact(tmp_path, fake_cu, clean_env, 
     x, y = T((4, 64)), T((4, 64), "torch.float32")
     rx, ry = memory.as_tensor(x), memory.as_tensor(y)
     launches = [(k, (4, 1, 1), (rx, ry, 64, 0.5)), (k, 2, (ry, rx, 32, 0.25))]
-    launch.run_launches(launches, 0x42)
-    bc = launch.bind_call((rx, ry), (0.5,), launches, 0x42)
-    assert type(bc).__name__ == ("BoundCall" if native else "_PyBoundCall") and k.native is native
+    bound.run_launches(launches, 0x42)
+    bc = bound.bind_call((rx, ry), (0.5,), launches, 0x42)
+    assert type(bc).__name__ == ("BoundCall" if native else "PyBoundCall") and k.native is native
     n0 = len(log())
     x2, y2 = T((4, 64)), T((4, 64), "torch.float32", offset_bytes=48)  # y2 only 16-aligned: y was 2^36-aligned
     assert bc.run((x2, y2), (0.5,), 0x43)
@@ -659,9 +706,9 @@ def test_bound_call_replays_and_guards_every_fact(tmp_path, fake_cu, clean_env, 
     assert len(log()) == n0 + 2 and bc.hits == 1
 
 
-def test_bound_call_with_global_scratch_is_tied_to_its_stream(tmp_path, fake_cu, fake_libcuda):
-    """A kernel with global scratch gets the pool buffer of the bind-time stream baked in: run() on another stream
-    returns False (the op then validates and binds again)."""
+def test_bound_call_with_global_scratch_replays_on_any_stream(tmp_path, fake_cu, fake_libcuda):
+    """A kernel with global scratch gets its scratch pointer (the default arena's here) baked in at bind time;
+    the scratch does not depend on the stream, so run() replays on any stream with that pointer."""
     from tests.ops_fakes import TorchLike as T
     from vkc_runtime import memory
     root = make_root(tmp_path, bases=("norm.k",), gss=256, gsa=128)
@@ -672,13 +719,43 @@ def test_bound_call_with_global_scratch_is_tied_to_its_stream(tmp_path, fake_cu,
     x = T((4, 64))
     rx = memory.as_tensor(x)
     launches = [(k, 3, (rx, 64, 0.5))]
-    launch.run_launches(launches, 0x60)
-    scratch = int.from_bytes(fake_libcuda.params()[16:24], "little")
-    bc = launch.bind_call((rx,), (), launches, 0x60)
+    bound.run_launches(launches, 0x60)
+    sp = int.from_bytes(fake_libcuda.params()[16:24], "little")
+    bc = bound.bind_call((rx,), (), launches, 0x60)
     x2 = T((4, 64))
-    assert bc.run((x2,), (), 0x61) is False
-    assert bc.run((x2,), (), 0x60)
-    assert fake_libcuda.params() == _params_concat("pifpp", (x2.data_ptr(), 64, 0.5, scratch, 0))
+    assert bc.run((x2,), (), 0x61)
+    assert fake_libcuda.params() == _params_concat("pifpp", (x2.data_ptr(), 64, 0.5, sp, 0))
+    assert sp != 0 and fake_libcuda.fake_stream() == 0x61
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bound_call_with_workspace_scratch(tmp_path, fake_cu, clean_env, request, native):
+    """A Launch record's scratch (a workspace's GlobalScratch) is what the bound call bakes in and replays with,
+    native and Python alike; without one the launch takes the context's default arena."""
+    from tests.ops_fakes import TorchLike as T
+    from vkc_runtime import memory
+    root = make_root(tmp_path, bases=("norm.k",), gss=256, gsa=128)
+    fake_cu.current = 0xC0C0
+    if native:
+        h = request.getfixturevalue("fake_libcuda")
+        h.set_sizes("pifpp")
+        h.fake_set_ctx(ctypes.c_size_t(0xC0C0))
+        last_scratch = lambda: int.from_bytes(h.params()[16:24], "little")  # noqa: E731
+    else:
+        clean_env.setenv("VKC_NATIVE", "0")
+        fake_cu.param_sizes = [8, 4, 4, 8, 8]
+        last_scratch = lambda: int.from_bytes(fake_cu.launches[-1]["params"][3], "little")  # noqa: E731
+    k = _kernel(root)
+    ws = scratch.GlobalScratch(k.scratch_bytes(3))
+    rx = memory.as_tensor(T((4, 64)))
+    launches = [bound.Launch(k, 3, (rx, 64, 0.5), ws)]
+    bound.run_launches(launches, 0x60)
+    assert last_scratch() == ws.ptr
+    bc = bound.bind_call((rx,), (), launches, 0x60)
+    assert type(bc).__name__ == ("BoundCall" if native else "PyBoundCall")
+    assert bc.run((T((4, 64)),), (), 0x61) and last_scratch() == ws.ptr
+    bound.run_launches([bound.Launch(k, 3, (rx, 64, 0.5))], 0x60)  # no workspace: the default arena
+    assert last_scratch() not in (0, ws.ptr) and last_scratch() == scratch.arena(0xC0C0).ptr
 
 
 def test_bind_call_declines_what_it_cannot_guard(tmp_path, fake_cu, clean_env):
@@ -687,11 +764,11 @@ def test_bind_call_declines_what_it_cannot_guard(tmp_path, fake_cu, clean_env):
     root = make_root(tmp_path, bases=("norm.k",))
     k = _kernel(root)
     cai = memory.as_tensor(Dev((4, 64)))  # CUDA array interface (cupy): no cheap re-read -> never bound
-    assert launch.bind_call((cai,), (), [(k, 1, (cai, 64, 0.5))], 0) is None
+    assert bound.bind_call((cai,), (), [(k, 1, (cai, 64, 0.5))], 0) is None
     rx = memory.as_tensor(T((4, 64)))
-    assert launch.bind_call((rx, rx), (), [(k, 1, (rx, 64, 0.5))], 0) is None  # one TensorRef in two slots
+    assert bound.bind_call((rx, rx), (), [(k, 1, (rx, 64, 0.5))], 0) is None  # one TensorRef in two slots
     clean_env.setenv("VKC_FASTPATH", "0")
-    assert launch.bind_call((rx,), (), [(k, 1, (rx, 64, 0.5))], 0) is None
+    assert bound.bind_call((rx,), (), [(k, 1, (rx, 64, 0.5))], 0) is None
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -713,10 +790,10 @@ def test_bound_call_relations(tmp_path, fake_cu, clean_env, request, native):
     x, y = T((4, 64), "torch.float32"), T((4, 64), "torch.float32")  # 4 * 64 * 4 = 1024 bytes each
     rx, ry = memory.as_tensor(x), memory.as_tensor(y)
     launches = [(k, 1, (rx, ry, 64, 0.5))]
-    launch.run_launches(launches, 0)
-    disjoint = launch.bind_call((rx, ry), (), launches, 0, relations=[("disjoint", rx, ry)])
-    same = launch.bind_call((rx, ry), (), launches, 0, relations=[("same", rx, ry)])
-    assert type(disjoint).__name__ == ("BoundCall" if native else "_PyBoundCall")
+    bound.run_launches(launches, 0)
+    disjoint = bound.bind_call((rx, ry), (), launches, 0, relations=[("disjoint", rx, ry)])
+    same = bound.bind_call((rx, ry), (), launches, 0, relations=[("same", rx, ry)])
+    assert type(disjoint).__name__ == ("BoundCall" if native else "PyBoundCall")
 
     def pair(gap):  # two [4, 64] fp32 tensors whose pointers are `gap` bytes apart (16-byte aligned)
         a, b = T((4, 64), "torch.float32"), T((4, 64), "torch.float32")

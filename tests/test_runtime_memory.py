@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from vkc_runtime import launch, memory
+from vkc_runtime import interop, memory, native, pack
 from vkc_runtime.memory import DeviceArray, TensorRef, as_tensor
 
 try:
@@ -17,7 +17,7 @@ except ImportError:  # tests/ not a package
     from runtime_support import clean_env, fake_cu, native_module  # noqa: F401
 
 NATIVE = native_module()
-needs_native = pytest.mark.skipif(NATIVE is None, reason=f"native module not built: {launch.native_reason()}")
+needs_native = pytest.mark.skipif(NATIVE is None, reason=f"native module not built: {native.native_reason()}")
 
 
 class CAI:
@@ -69,13 +69,13 @@ def test_parse_numpy_capsule_legacy_and_versioned():
 def _parse_any(cap):
     """Parse a CPU capsule by flipping its device type in place to kDLCUDA (tests the layout reading)."""
     import ctypes
-    get_name, get_ptr, _ = memory._capsule_api()
+    get_name, get_ptr, _ = interop._capsule_api()
     name = get_name(cap)
     addr = get_ptr(cap, name)
     if name == b"dltensor":
-        t = memory._DLManagedTensor.from_address(addr).dl_tensor
+        t = interop._DLManagedTensor.from_address(addr).dl_tensor
     else:
-        t = memory._DLManagedTensorVersioned.from_address(addr).dl_tensor
+        t = interop._DLManagedTensorVersioned.from_address(addr).dl_tensor
     saved = t.device.device_type
     t.device.device_type = 2
     try:
@@ -258,7 +258,7 @@ def test_vectorised_bf16_matches_scalar_rule():
                                     np.float32)])
     bits = memory.to_bf16_bits(vals)
     assert bits.dtype == np.uint16
-    assert [int(b) for b in bits] == [launch.bf16_bits(float(v)) for v in vals]
+    assert [int(b) for b in bits] == [pack.bf16_bits(float(v)) for v in vals]
     nan_bits = memory.to_bf16_bits(np.array([np.nan], np.float32))
     assert np.isnan(memory.from_bf16_bits(nan_bits))[0]
     back = memory.from_bf16_bits(bits)

@@ -22,9 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def reg():
-    saved = set(registry.required())
+def reg(monkeypatch):
+    """The registry with only what a test require()s: the ops modules' BASES are hidden."""
+    saved = set(registry.required(include_ops=False))
     registry.clear()
+    monkeypatch.setattr(registry, "ops_bases", lambda optional=False: {})
     yield registry
     registry.clear()
     registry.require(*saved) if saved else None
@@ -46,11 +48,14 @@ def test_driver_unavailable_is_cached_and_fast(clean_env):
         assert driver.available() is False
         reason = driver.unavailable_reason()
         assert "DynamicLibNotFoundError" in reason or "libcuda" in reason or "cuInit" in reason
-        t0 = time.perf_counter()
-        for _ in range(1000):
-            with pytest.raises(DriverUnavailable):
-                driver.init()
-        assert (time.perf_counter() - t0) / 1000 < 20e-6  # cached: no library search per call
+        per_call = []
+        for _ in range(5):  # best of 5 rounds: the CI box is shared, one round can be slowed down
+            t0 = time.perf_counter()
+            for _ in range(200):
+                with pytest.raises(DriverUnavailable):
+                    driver.init()
+            per_call.append((time.perf_counter() - t0) / 200)
+        assert min(per_call) < 20e-6  # cached: no library search per call (a search costs far more)
         with pytest.raises(DriverUnavailable):
             driver.ensure_context()
         with pytest.raises(DriverUnavailable):

@@ -47,8 +47,8 @@ def test_fresh_venv_import_and_doctor(wheel, tmp_path):
     code = ("import sys, vkc_runtime; from vkc_runtime.ops import norm; "
             "heavy = [m for m in ('torch', 'triton', 'cutlass', 'cupy') if m in sys.modules]; "
             "assert not heavy, heavy; "
-            "from vkc_runtime import artifacts, launch; root, how = artifacts.find_root_info(); "
-            "assert how == 'package', how; assert launch.native_available(), launch.native_reason(); print('ok')")
+            "from vkc_runtime import artifacts, native; root, how = artifacts.find_root_info(); "
+            "assert how == 'package', how; assert native.native_available(), native.native_reason(); print('ok')")
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
     for mod in ("torch", "triton"):

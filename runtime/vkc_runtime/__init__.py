@@ -4,9 +4,13 @@ Public API (imported lazily; the arch table and the ABI live in :mod:`vkc_contra
 
     DeviceArray, TensorRef, as_tensor, empty, zeros, full, from_numpy     (vkc_runtime.memory)
     Stream, Graph, resolve_stream, is_capturing                           (vkc_runtime.stream)
-    get_kernel, Kernel, pack_args                                         (vkc_runtime.launch)
+    get_kernel, has_kernel                                                (vkc_runtime.kernels)
+    Kernel                                                                (vkc_runtime.loaders.triton_cubin)
+    pack_args                                                             (vkc_runtime.pack)
+    GlobalScratch                                                         (vkc_runtime.scratch)
     doctor  (module: doctor.report(), doctor.format_report())
     CudaError, DriverUnavailable, MissingKernelError, IntegrityError, LaunchError, ArtifactError
+    OpError                                                               (vkc_runtime.ops)
 
 Importing the package runs :func:`vkc_runtime.registry.check_import` (unless ``VKC_IMPORT_CHECK=0``):
 with a usable GPU it refuses to import (MissingKernelError, an ImportError) when a kernel the ops need
@@ -23,12 +27,14 @@ _LAZY = {
     "DeviceArray": "memory", "TensorRef": "memory", "as_tensor": "memory", "empty": "memory",
     "zeros": "memory", "full": "memory", "from_numpy": "memory",
     "Stream": "stream", "Graph": "stream", "resolve_stream": "stream", "is_capturing": "stream",
-    "get_kernel": "launch", "Kernel": "launch", "pack_args": "launch",
+    "get_kernel": "kernels", "has_kernel": "kernels", "Kernel": "loaders.triton_cubin", "pack_args": "pack",
+    "GlobalScratch": "scratch", "OpError": "ops._check",
     "CudaError": "errors", "DriverUnavailable": "errors", "MissingKernelError": "errors",
     "IntegrityError": "errors", "LaunchError": "errors", "ArtifactError": "errors", "VkcError": "errors",
     "require": "registry",
 }
-_SUBMODULES = ("artifacts", "doctor", "driver", "errors", "launch", "memory", "ops", "registry", "stream")
+_SUBMODULES = ("artifacts", "bound", "doctor", "driver", "errors", "interop", "kernels", "loaders", "memory", "native",
+               "ops", "pack", "registry", "scratch", "stream", "tensor")
 
 __all__ = sorted([*_LAZY, "doctor", "__version__"])
 

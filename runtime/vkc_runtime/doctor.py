@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import importlib
 
 import json
 import os
@@ -18,12 +17,12 @@ __all__ = ["report", "format_report", "main"]
 
 
 def _native_info() -> dict[str, Any]:
-    from . import launch
-    info: dict[str, Any] = {"available": launch.native_available(), "reason": launch.native_reason()}
-    if launch._native is not None:
-        info["path"] = getattr(launch._native, "__file__", None)
+    from . import native
+    info: dict[str, Any] = {"available": native.native_available(), "reason": native.native_reason()}
+    if native.NATIVE is not None:
+        info["path"] = getattr(native.NATIVE, "__file__", None)
         try:
-            info["driver"] = launch._native.driver_status()
+            info["driver"] = native.NATIVE.driver_status()
         except Exception:  # pragma: no cover
             pass
     return info
@@ -82,11 +81,10 @@ def report(deep: bool = False) -> dict[str, Any]:
     except Exception as e:
         r["artifact_root"] = {"path": None, "how": None, "error": str(e)}
     try:
-        importlib.import_module("vkc_runtime.ops")  # ops modules declare the bases they launch
-        req = sorted(registry.required())
+        req = sorted(registry.required())  # imports the ops modules, which declare the bases they launch
     except Exception as e:  # pragma: no cover - reported, never fatal for doctor
         r["ops_import_error"] = f"{type(e).__name__}: {e}"
-        req = sorted(registry.required())
+        req = sorted(registry.required(include_ops=False))
     r["required"] = req
 
     sel: dict[str, Any] = {"arch": None, "how": None}

@@ -6,7 +6,7 @@ Everything that touches libcuda goes through :func:`call`, so CPU tests can monk
 Without libcuda every cuda-bindings call raises ``cuda.pathfinder.DynamicLibNotFoundError`` (a
 RuntimeError; wrappers may turn it into SystemError). :func:`call` turns those into
 :class:`DriverUnavailable`, and the first such failure is cached so later calls fail fast (a failing
-library search costs ~80 µs per call).
+library search is slow).
 
 Context policy (:func:`ensure_context`): if the calling thread already has a current context (torch,
 cupy or the user made one) vkc uses it. Otherwise vkc retains the *primary* context of the requested
@@ -36,7 +36,7 @@ except Exception:  # pragma: no cover - older cuda-bindings without pathfinder
     class _LibNotFound(RuntimeError):  # type: ignore[no-redef]
         pass
 
-# Errors cuda-bindings raises when the driver library itself is unusable (DESIGN.md section 2).
+# Errors cuda-bindings raises when the driver library itself is unusable.
 _BOUNDARY_ERRORS = (_LibNotFound, SystemError, RuntimeError, OSError)
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS

@@ -1,9 +1,12 @@
 """Which kernels the ops need, and the import-time completeness check.
 
-Ops modules declare the bases they launch at import time::
-
-    from vkc_runtime import registry
-    registry.require("norm.rmsnorm.b2048.a16", "norm.rmsnorm.b4096.a16")
+Each ops module declares, as data next to the code that picks its kernels, the bases it may launch:
+``BASES`` (required: the import check refuses an arch that lacks one) and, where it has arch-specific fast
+paths, ``OPTIONAL_BASES`` (looked up with ``has_kernel``; e.g. the sm_90a/sm_100a TMA prefill). Both are
+built from the same small naming functions the op calls, so each base name is spelled once. The ops do not
+import this module; it imports them (the list is :data:`vkc_runtime.ops.MODULES`), one direction only.
+:func:`require` adds bases declared outside the ops (extensions, tests). ARCHITECTURE.md, "Kernel names and
+completeness".
 
 ``import vkc_runtime`` then runs :func:`check_import`: if a CUDA device is usable it selects the arch
 and checks (stat only) that every required base has an artifact, raising :class:`MissingKernelError`
@@ -19,32 +22,58 @@ from typing import Any
 
 from .errors import MissingKernelError
 
-__all__ = ["require", "required", "check_import", "last_check", "clear"]
+__all__ = ["require", "required", "optional", "ops_bases", "check_import", "last_check", "clear"]
 
 _lock = threading.Lock()
-_required: set[str] = set()
+_extra: set[str] = set()
 _last: dict[str, Any] = {"status": "not-run"}
 
 
-def require(*bases: str) -> tuple[str, ...]:
-    """Declare kernel bases an ops module launches (call at module import)."""
+def _valid(bases) -> None:
     for b in bases:
         if not isinstance(b, str) or not b or b != b.strip():
             raise ValueError(f"kernel base must be a non-empty string, got {b!r}")
+
+
+def ops_bases(*, optional: bool = False) -> dict[str, tuple[str, ...]]:
+    """``{ops module: its BASES}`` (``optional=True``: its OPTIONAL_BASES) for every module of
+    :data:`vkc_runtime.ops.MODULES` (imports them)."""
+    ops = importlib.import_module("vkc_runtime.ops")
+    out = {}
+    for name in ops.MODULES:
+        mod = importlib.import_module(f"vkc_runtime.ops.{name}")
+        bases = tuple(getattr(mod, "OPTIONAL_BASES" if optional else "BASES", ()))
+        _valid(bases)
+        out[name] = bases
+    return out
+
+
+def require(*bases: str) -> tuple[str, ...]:
+    """Declare kernel bases that code outside :mod:`vkc_runtime.ops` launches."""
+    _valid(bases)
     with _lock:
-        _required.update(bases)
+        _extra.update(bases)
     return bases
 
 
-def required() -> frozenset[str]:
+def required(*, include_ops: bool = True) -> frozenset[str]:
+    """Every base the import check requires: the ops modules' BASES and what :func:`require` added."""
     with _lock:
-        return frozenset(_required)
+        extra = frozenset(_extra)
+    if not include_ops:
+        return extra
+    return extra.union(*ops_bases().values())
+
+
+def optional() -> frozenset[str]:
+    """Bases the ops use where the arch has them (not required)."""
+    return frozenset().union(*ops_bases(optional=True).values())
 
 
 def clear() -> None:
-    """Forget all declarations (tests)."""
+    """Forget :func:`require` declarations and the last check (tests)."""
     with _lock:
-        _required.clear()
+        _extra.clear()
     _last.clear()
     _last["status"] = "not-run"
 
@@ -72,9 +101,7 @@ def check_import(*, force: bool = False, import_ops: bool = True, root=None, dev
 
     if not force and os.environ.get("VKC_IMPORT_CHECK", "1").strip() == "0":
         return _set(status="skipped", reason="VKC_IMPORT_CHECK=0")
-    if import_ops:
-        importlib.import_module("vkc_runtime.ops")  # ops modules register their bases on import
-    req = required()
+    req = required(include_ops=import_ops)
     try:
         driver.init()
         n = driver.device_count()

@@ -17,7 +17,7 @@
         op(x, out, stream=s)
     g.replay(s)
 
-Inside a capture: no allocation, synchronisation or host copies (DESIGN.md section 5). Capture uses
+Inside a capture: no allocation, synchronisation or host copies. Capture uses
 ``CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`` by default, so other threads' unsafe calls do not invalidate it.
 """
 from __future__ import annotations

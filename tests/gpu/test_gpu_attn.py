@@ -433,7 +433,7 @@ def test_validation_errors(A):
 
 def test_decode_split_count_fills_waves(A):
     """The split heuristic gets the loaded kernel's occupancy from the driver and picks full waves."""
-    from vkc_runtime.launch import get_kernel
+    from vkc_runtime.kernels import get_kernel
     occ = get_kernel("attn.decode_split.d256").max_active_blocks()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert 1 <= occ <= 32

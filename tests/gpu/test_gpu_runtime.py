@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 import vkc_runtime as vr  # noqa: E402
-from vkc_runtime import artifacts, doctor, driver, launch, memory, stream  # noqa: E402
+from vkc_runtime import artifacts, doctor, driver, interop, kernels, memory, native, pack, scratch, stream  # noqa: E402
 
 
 def _sync():
@@ -30,16 +30,16 @@ def _cdiv(a, b):
 def _fresh(monkeypatch):
     for k in ("VKC_NATIVE", "VKC_ARCH", "VKC_LIBCUDA"):
         monkeypatch.delenv(k, raising=False)
-    launch.clear_cache()
+    kernels.clear_cache()
     yield
-    launch.clear_cache()
+    kernels.clear_cache()
 
 
 @pytest.fixture(params=["native", "python"])
 def kind(request, monkeypatch):
     if request.param == "native":
-        if not launch.native_available():
-            pytest.fail(f"native launcher unavailable on the GPU box: {launch.native_reason()}")
+        if not native.native_available():
+            pytest.fail(f"native launcher unavailable on the GPU box: {native.native_reason()}")
     else:
         monkeypatch.setenv("VKC_NATIVE", "0")
     return request.param
@@ -56,7 +56,7 @@ def test_doctor_on_gpu():
 
 def test_abi_probe_every_scalar_width(kind):
     out = vr.DeviceArray.zeros((16,), "float64")
-    k = launch.get_kernel("selftest.abi_probe")
+    k = kernels.get_kernel("selftest.abi_probe")
     vals = (out.ptr, True, -5, -300, -70000, -(2**40) + 3, 2**32 - 1, 0.333, 1.00390625 + 2**-20, 0.1, 0.1, 1234)
     k.launch(1, vals)
     _sync()
@@ -73,7 +73,7 @@ def test_scale_add_device_array(kind):
     x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     X, Y = vr.DeviceArray.from_numpy(x), vr.DeviceArray.from_numpy(y)
     O = vr.DeviceArray.full((n,), np.nan, "float32")
-    k = launch.get_kernel("selftest.scale_add.b1024")
+    k = kernels.get_kernel("selftest.scale_add.b1024")
     k.launch(_cdiv(n, 1024), (X.ptr, Y.ptr, O.ptr, n, 0.1))
     _sync()
     np.testing.assert_allclose(O.to_numpy(), x + np.float32(0.1) * y, rtol=1e-6, atol=1e-6)
@@ -87,7 +87,7 @@ def test_scale_add_torch_and_cupy_inputs_on_their_streams():
     x = torch.randn(n, device="cuda")
     y = torch.randn(n, device="cuda")
     o = torch.full((n,), float("nan"), device="cuda")
-    k = launch.get_kernel("selftest.scale_add.b1024")
+    k = kernels.get_kernel("selftest.scale_add.b1024")
     tx, ty, to = (memory.as_tensor(t, nm) for t, nm in ((x, "x"), (y, "y"), (o, "o")))
     assert tx.ptr == x.data_ptr() and tx.dtype == "float32" and tx.device == 0
     s = torch.cuda.Stream()
@@ -116,7 +116,7 @@ def test_graph_capture_replay_equals_eager():
     X, Y = vr.DeviceArray.from_numpy(x), vr.DeviceArray.from_numpy(np.ones(n, np.float32))
     O = vr.DeviceArray.zeros((n,), "float32")
     s = vr.Stream()
-    k = launch.get_kernel("selftest.scale_add.b1024")
+    k = kernels.get_kernel("selftest.scale_add.b1024")
     args = (X.ptr, Y.ptr, O.ptr, n, 3.0)
     k.launch(n // 1024, args, s)  # eager first (loads the module)
     s.synchronize()
@@ -145,17 +145,19 @@ def test_graph_capture_replay_equals_eager():
     s.synchronize()
 
 
-def test_scratch_pool_on_real_driver():
+def test_scratch_arena_on_real_driver():
+    """The default scratch is one buffer per context, whatever the stream: grown eagerly, reused (not grown)
+    inside a capture on another stream."""
     ctx = driver.ensure_context()
-    s = vr.Stream()
-    pool = launch.ScratchPool(ctx)
-    p = pool.get(1 << 20, 128, s.handle)
-    assert p % 128 == 0 and pool.size(s.handle) >= 1 << 20
+    s, s2 = vr.Stream(), vr.Stream()
+    arena = scratch.ScratchArena(ctx)
+    p = arena.get(1 << 20, 128, s.handle)
+    assert p % 128 == 0 and arena.size() >= 1 << 20
     g = vr.Graph()
-    with g.capture(s):
-        assert pool.get(1 << 10, 128, s.handle) == p
-        with pytest.raises(vr.LaunchError, match="once eagerly"):
-            pool.get(1 << 24, 128, s.handle)
+    with g.capture(s2):
+        assert arena.get(1 << 10, 128, s2.handle) == p
+        with pytest.raises(vr.LaunchError, match="cannot grow during stream capture"):
+            arena.get(1 << 24, 128, s2.handle)
 
 
 def test_dlpack_with_torch():
@@ -167,19 +169,19 @@ def test_dlpack_with_torch():
     tb = torch.randn(4, 6, device="cuda").to(torch.bfloat16)[:, 1:5]
     r = memory.as_tensor(tb, "tb")  # duck-typed torch path
     assert (r.ptr, r.shape, r.strides, r.dtype) == (tb.data_ptr(), (4, 4), (6, 1), "bfloat16")
-    r2 = memory._from_dlpack(tb, "tb")  # the capsule path on the same tensor
+    r2 = interop._from_dlpack(tb, "tb")  # the capsule path on the same tensor
     assert (r2.ptr, r2.shape, r2.strides, r2.dtype, r2.device) == (r.ptr, r.shape, r.strides, "bfloat16", 0)
     try:  # torch < 2.11 raised TypeError for bf16 here; 2.11 reports typestr "<V2", which vkc reads as bf16
         cai = tb.__cuda_array_interface__
     except TypeError:
         return
     assert cai["typestr"] == "<V2"
-    r3 = memory._from_cai(cai, tb, "tb")
+    r3 = interop._from_cai(cai, tb, "tb")
     assert (r3.ptr, r3.shape, r3.strides, r3.dtype) == (r.ptr, r.shape, r.strides, "bfloat16")
 
 
 def _empty_fn():
-    e = launch.get_kernel("selftest.empty")
+    e = kernels.get_kernel("selftest.empty")
     e.load()
     return e, int(e.function)
 
@@ -187,8 +189,8 @@ def _empty_fn():
 def test_launch_ex_attributes_on_real_driver(kind):
     e, fn = _empty_fn()
     names = ["x_ptr", "n", "global_scratch", "profile_scratch"]
-    mk = (lambda *a: launch._native.Launcher(fn, *a)) if kind == "native" else \
-        (lambda *a: launch._PyLauncher(e.function, *a))
+    mk = (lambda *a: native.NATIVE.Launcher(fn, *a)) if kind == "native" else \
+        (lambda *a: pack.PyLauncher(e.function, *a))
     for num_ctas, pdl, coop in ((2, False, False), (1, True, False), (1, False, True), (2, True, False)):
         lau = mk("pipp", names, [0, 0, 0, 0], 2, 32, 0, num_ctas, pdl, coop, f"empty.{num_ctas}{pdl}{coop}")
         assert lau.uses_ex
@@ -213,9 +215,9 @@ def test_integrity_refused_before_load(tmp_path, monkeypatch):
     b[-1] ^= 0xFF
     p.write_bytes(bytes(b))
     monkeypatch.setenv("VKC_ARTIFACT_ROOT", str(root))
-    launch.clear_cache()
+    kernels.clear_cache()
     with pytest.raises(vr.IntegrityError, match="expected sha256"):
-        launch.get_kernel("selftest.empty").load()
+        kernels.get_kernel("selftest.empty").load()
 
 
 def test_launch_from_another_thread():
@@ -223,7 +225,7 @@ def test_launch_from_another_thread():
 
     def work():
         try:
-            e = launch.get_kernel("selftest.empty")
+            e = kernels.get_kernel("selftest.empty")
             e.launch(1, (0, 0))
             _sync()
         except Exception as ex:  # pragma: no cover
@@ -288,7 +290,7 @@ def _raw_c_launch_us(tmp_path, cubin, entry, iters):
 
 
 def test_host_time_per_launch(kind, tmp_path):
-    e = launch.get_kernel("selftest.empty")
+    e = kernels.get_kernel("selftest.empty")
     args = (0, 0)
     for _ in range(200):
         e.launch(1, args)
@@ -301,7 +303,7 @@ def test_host_time_per_launch(kind, tmp_path):
     _sync()
     t0 = time.perf_counter()
     for _ in range(n):
-        launch.get_kernel("selftest.empty").launch(1, args)
+        kernels.get_kernel("selftest.empty").launch(1, args)
     dt_get = (time.perf_counter() - t0) / n
     _sync()
     res = {"launcher": kind, "kernel_launch_us": dt * 1e6, "get_kernel_and_launch_us": dt_get * 1e6}

@@ -81,8 +81,8 @@ dt = time.perf_counter() - t0
 print("vkc_runtime from", vkc_runtime.__file__, f"import {dt*1e3:.1f} ms")
 bad = [m for m in ("torch", "triton", "cupy", "cutlass") if m in sys.modules]
 print("heavy modules imported by vkc_runtime:", bad or "none")
-from vkc_runtime import launch
-print("native launcher:", launch.native_available(), launch.native_reason() or "")
+from vkc_runtime import native
+print("native launcher:", native.native_available(), native.native_reason() or "")
 try:
     import fla
     print("peer fla", getattr(fla, "__version__", "?"), "from", fla.__file__)

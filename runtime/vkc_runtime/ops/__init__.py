@@ -1,11 +1,16 @@
 """Typed ops over vkc's kernels (one module per family, e.g. ``norm.py``).
 
-Each ops module declares the kernel bases it launches at import time with
-``vkc_runtime.registry.require(...)`` and is imported from here, so that ``import vkc_runtime`` can
-check (``registry.check_import``) that every required kernel has an artifact for this machine's GPU.
-Ops use the public runtime API: ``memory.as_tensor`` (+ ``TensorRef.check``), ``stream.resolve_stream``
-and ``launch.get_kernel(base).launch(grid, args, stream)``.
+Each ops module declares the kernel bases it may launch as data (``BASES``, and ``OPTIONAL_BASES`` for
+arch-specific fast paths), built from the naming functions it picks kernels with; it does not import the
+registry. :mod:`vkc_runtime.registry` reads that data for the import-time completeness check (it imports
+the modules listed in :data:`MODULES`). Ops use the runtime API: ``memory.as_tensor``,
+``stream.resolve_stream``, ``kernels.get_kernel(base)`` and ``bound.CallCache`` for bound calls.
+Invalid inputs raise :class:`OpError` before any launch.
 """
+from ._check import OpError
 
-from . import norm  # noqa: E402,F401  (each ops module registers the bases it launches)
-from . import attention, conv, gdn, gdn_decode  # noqa: E402,F401
+MODULES = ("norm", "attention", "conv", "gdn", "gdn_decode")  # the ops modules the registry reads
+
+from . import attention, conv, gdn, gdn_decode, norm  # noqa: E402,F401
+
+__all__ = ["OpError", "MODULES", *MODULES]

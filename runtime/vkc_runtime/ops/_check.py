@@ -16,8 +16,9 @@ def tensor(op: str, name: str, obj: Any, dtype: str, ndim: int | None = None,
            shape: Sequence[int | None] | None = None, inner_contiguous: bool = True):
     try:
         t = memory.as_tensor(obj, name)
-    except (TypeError, ValueError) as e:
-        raise OpError(f"{op}: {name}: {e}") from None
+    except (TypeError, ValueError) as e:  # memory's messages already start with the argument name
+        msg = str(e)
+        raise OpError(f"{op}: {msg if msg.startswith(name + ':') else f'{name}: {msg}'}") from None
     if t.dtype != dtype:
         raise OpError(f"{op}: {name} must be {dtype}, got {t.dtype}")
     ts, st = t.shape, t.strides

@@ -25,36 +25,61 @@ tiles at D=256) when block_size is a multiple of its key tile (64 at D=256, 128 
 stride a multiple of the slot stride; otherwise (other archs, block size 16) the gather kernel, which looks
 up every key row. :func:`prefill_uses_tma` tells which one a cache gets.
 
-Graph capture: pass ``out=`` and, for decode, a :class:`DecodeWorkspace` sized up front with
-:func:`decode_workspace` and a ``max_seq_len`` (or the bound block_tables width * block_size is used). The
-split count then depends only on host-side sizes, so replay with new lengths/tables is valid.
+Graph capture (on any stream, torch's capture stream included): pass ``out=`` and, for decode, a
+:class:`DecodeWorkspace` sized up front with :func:`decode_workspace` and a ``max_seq_len`` (or the bound
+block_tables width * block_size is used); the split count then depends only on host-side sizes, so replay
+with new lengths/tables is valid. The TMA prefill kernel builds its descriptors in Triton's global scratch:
+pass a :class:`PrefillWorkspace` (:func:`prefill_workspace`) allocated before capture, or run the same shape
+once eagerly (on any stream) so the context's default scratch is large enough. One workspace must not be
+used by launches on two streams at the same time.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
-from .. import driver, memory, registry
-from ..launch import CallCache, get_kernel, has_kernel
+from .. import driver, memory
+from ..bound import CallCache, Launch
+from ..kernels import get_kernel, has_kernel
+from ..scratch import GlobalScratch
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
-__all__ = ["reshape_and_cache", "prefill", "PrefillPlan", "prefill_uses_tma", "decode", "DecodePlan",
-           "DecodeWorkspace", "decode_workspace", "num_splits_for", "use_fused_combine", "MIN_KEYS_PER_SPLIT",
-           "HEAD_DIMS", "OpError"]
+__all__ = ["reshape_and_cache", "prefill", "PrefillPlan", "prefill_uses_tma", "PrefillWorkspace",
+           "prefill_workspace", "decode", "DecodePlan", "DecodeWorkspace", "decode_workspace", "num_splits_for",
+           "use_fused_combine", "MIN_KEYS_PER_SPLIT", "HEAD_DIMS", "OpError", "BASES", "OPTIONAL_BASES"]
 
 HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode
 BF16 = "bfloat16"
-MIN_KEYS_PER_SPLIT = 64  # one BLOCK_N tile of the decode kernels (H200 sweep: shorter splits win at small B)
+MIN_KEYS_PER_SPLIT = 64  # one BLOCK_N tile of the decode kernels (shorter splits win at small B: BENCHMARKS.md)
 CTAS_PER_SM = 2  # default resident CTAs per SM (decode asks the driver for the loaded kernel's occupancy)
 DEFAULT_MAX_SPLITS = 64
 FUSED_KEYS_PER_SPLIT2 = 128  # fused combine when keys per split >= this x splits (see use_fused_combine)
 
-registry.require(*[f"attn.reshape_and_cache.{v}" for v in ("a16", "any")])
-registry.require(*[f"attn.prefill.d{d}.{g}" for d in HEAD_DIMS for g in ("gate", "nogate")])
-registry.require(*[f"attn.decode_split.d{d}" for d in HEAD_DIMS])
-registry.require(*[f"attn.decode_{k}.d{d}.{g}" for k in ("direct", "fused", "combine") for d in HEAD_DIMS
-                    for g in ("gate", "nogate")])
+_GATES = (True, False)
+
+
+# the kernel names, spelled once: the ops call these, BASES / OPTIONAL_BASES are built from them
+def _cache_write_base(aligned: bool) -> str:
+    return f"attn.reshape_and_cache.{'a16' if aligned else 'any'}"
+
+
+def _prefill_base(D: int, gate: bool, tma: bool = False) -> str:
+    return f"attn.prefill.d{D}.{'gate' if gate else 'nogate'}" + (".tma" if tma else "")
+
+
+def _decode_base(kind: str, D: int, gate: bool | None = None) -> str:
+    """kind: "split" (no gate: the gate is applied where the splits are combined), "direct", "fused", "combine"."""
+    return f"attn.decode_{kind}.d{D}" + ("" if gate is None else f".{'gate' if gate else 'nogate'}")
+
+
+BASES = tuple(
+    [_cache_write_base(a) for a in (True, False)]
+    + [_prefill_base(d, g) for d in HEAD_DIMS for g in _GATES]
+    + [_decode_base("split", d) for d in HEAD_DIMS]
+    + [_decode_base(k, d, g) for k in ("direct", "fused", "combine") for d in HEAD_DIMS for g in _GATES])
+OPTIONAL_BASES = tuple(_prefill_base(d, g, tma=True) for d in HEAD_DIMS for g in _GATES)  # sm_90a / sm_100a
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -73,7 +98,20 @@ def _stride(t, dim: int, default: int) -> int:
     return int(t.strides[dim]) if t.shape[dim] > 1 else default
 
 
-def _cache_pair(op: str, k_cache, v_cache):
+class _Cache(NamedTuple):
+    """The paged K/V caches of a call, as :func:`_cache_pair` checked them."""
+    k: object  # TensorRef of k_cache
+    v: object  # TensorRef of v_cache
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    stride_block: int  # elements between cache blocks
+    stride_slot: int  # elements between slots of a block (= num_kv_heads * head_dim)
+    stride_head: int  # elements between kv heads (= head_dim)
+
+
+def _cache_pair(op: str, k_cache, v_cache) -> _Cache:
     kc = tensor(op, "k_cache", k_cache, BF16, ndim=4)
     NB, BS, Hkv, D = kc.shape
     vc = tensor(op, "v_cache", v_cache, BF16, ndim=4, shape=(NB, BS, Hkv, D))
@@ -97,7 +135,7 @@ def _cache_pair(op: str, k_cache, v_cache):
     fits_i32(op, num_blocks=NB, block_size=BS, stride_cs=ss)
     if not (0 < sb < 2**62):
         raise OpError(f"{op}: block stride {sb} out of range")
-    return kc, vc, NB, BS, Hkv, D, sb, ss, sh
+    return _Cache(kc, vc, NB, BS, Hkv, D, sb, ss, sh)
 
 
 def _block_tables(op: str, block_tables, n: int):
@@ -130,8 +168,9 @@ def _plan_dims(op: str, Hq: int, Hkv: int, D: int, BS: int) -> None:
 def _plan_caches(op: str, k_cache, v_cache, BS: int, Hkv: int, D: int):
     """_cache_pair for a layer run through a plan: the caches must have the plan's geometry."""
     cache = _cache_pair(op, k_cache, v_cache)
-    if cache[3:6] != (BS, Hkv, D):
-        raise OpError(f"{op}: caches have block size / kv heads / head dim {cache[3:6]}, the plan was made for "
+    got = (cache.block_size, cache.num_kv_heads, cache.head_dim)
+    if got != (BS, Hkv, D):
+        raise OpError(f"{op}: caches have block size / kv heads / head dim {got}, the plan was made for "
                       f"{(BS, Hkv, D)}")
     return cache
 
@@ -173,7 +212,9 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
     if _rac_calls.run(None, (k, v, k_cache, v_cache, slot_mapping), (), s):
         return
     op = "reshape_and_cache"
-    kc, vc, NB, BS, Hkv, D, sb, ss, _ = _cache_pair(op, k_cache, v_cache)
+    c = _cache_pair(op, k_cache, v_cache)
+    kc, vc, NB, BS, Hkv, D, sb, ss = c.k, c.v, c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim, \
+        c.stride_block, c.stride_slot
     kt = tensor(op, "k", k, BF16, ndim=3, shape=(None, Hkv, D))
     T = kt.shape[0]
     vt = tensor(op, "v", v, BF16, ndim=3, shape=(T, Hkv, D))
@@ -190,7 +231,7 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
     N = Hkv * D
     fits_i32(op, T=T, stride_kt=skt, stride_vt=svt, N=N)
     al = all(p % 16 == 0 for p in (kt.ptr, vt.ptr)) and skt % 16 == 0 and svt % 16 == 0
-    kern = get_kernel(f"attn.reshape_and_cache.{'a16' if al else 'any'}")
+    kern = get_kernel(_cache_write_base(al))
     gy = _cdiv(N, kern.constexprs["BLOCK"])
     _rac_calls.launch(None, (kt, vt, kc, vc, st), (), [(kern, (T, gy, 1), (kt, vt, kc, vc, st, skt, svt, sb, ss, BS, N,
                                                                            NB * BS))], s)
@@ -208,10 +249,10 @@ def _prefill_kernel(D: int, gate: bool, BS: int, NB: int, sb: int, ss: int, use_
         k = kernels.get(key)
         if k is not None:
             return k
-    base = f"attn.prefill.d{D}.{'gate' if gate else 'nogate'}"
+    base, tma_base = _prefill_base(D, gate), _prefill_base(D, gate, tma=True)
     k = None
-    if use_tma is not False and has_kernel(base + ".tma"):
-        tk = get_kernel(base + ".tma")
+    if use_tma is not False and has_kernel(tma_base):
+        tk = get_kernel(tma_base)
         bn = tk.constexprs["BLOCK_N"]
         why = (f"block_size {BS} is not a multiple of {bn}" if BS % bn else
                f"block stride {sb} is not a multiple of the slot stride {ss}" if sb % ss else
@@ -221,7 +262,7 @@ def _prefill_kernel(D: int, gate: bool, BS: int, NB: int, sb: int, ss: int, use_
         elif use_tma:
             raise OpError(f"prefill: use_tma=True but the TMA kernel cannot read this cache: {why}")
     elif use_tma:
-        raise OpError(f"prefill: use_tma=True but the selected arch has no {base}.tma artifact (sm_90a/sm_100a)")
+        raise OpError(f"prefill: use_tma=True but the selected arch has no {tma_base} artifact (sm_90a/sm_100a)")
     if k is None:
         k = get_kernel(base)
     if kernels is not None:
@@ -231,8 +272,9 @@ def _prefill_kernel(D: int, gate: bool, BS: int, NB: int, sb: int, ss: int, use_
 
 def prefill_uses_tma(k_cache, *, gate: bool = False) -> bool:
     """Whether :func:`prefill` (use_tma=None) takes the TMA kernel for this cache on the current device."""
-    _, _, NB, BS, _, D, sb, ss, _ = _cache_pair("prefill_uses_tma", k_cache, k_cache)
-    return _prefill_kernel(D, gate, BS, NB, sb, ss, None).base.endswith(".tma")
+    c = _cache_pair("prefill_uses_tma", k_cache, k_cache)
+    k = _prefill_kernel(c.head_dim, gate, c.block_size, c.num_blocks, c.stride_block, c.stride_slot, None)
+    return k.base == _prefill_base(c.head_dim, gate, tma=True)
 
 
 @dataclass(frozen=True)
@@ -260,11 +302,57 @@ def _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q) -> _P
     return _PrefillBatch(N, cu, sl, bt, sbt, None if max_seqlen_q is None else max(int(max_seqlen_q), 1))
 
 
-def _prefill_launches(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma):
+@dataclass(frozen=True, eq=False)  # immutable, compared and hashed by identity (bound calls key on it)
+class PrefillWorkspace:
+    """Global scratch of the TMA prefill kernel (its descriptors, built on the device) for batches of up to
+    ``max_tokens`` tokens in ``max_seqs`` sequences with ``num_q_heads`` heads of ``head_dim``; ``scratch`` is
+    None where the arch's prefill kernels need none. Pass it to :func:`prefill` / :class:`PrefillPlan` to
+    capture on any stream without an eager warm-up; not for launches on two streams at the same time."""
+    scratch: GlobalScratch | None
+    max_tokens: int
+    max_seqs: int
+    num_q_heads: int
+    head_dim: int
+
+
+def prefill_workspace(max_tokens: int, max_seqs: int, num_q_heads: int, head_dim: int, *,
+                      device: int | None = None) -> PrefillWorkspace:
+    """Allocate a :class:`PrefillWorkspace` and load the prefill kernels of ``head_dim`` (allocates: call it
+    before any graph capture; a capture on any stream may follow without an eager warm-up)."""
+    if min(max_tokens, max_seqs, num_q_heads) < 1 or head_dim not in HEAD_DIMS:
+        raise OpError(f"prefill_workspace: sizes must be positive and head_dim one of {HEAD_DIMS}")
+    n = 0
+    for gate in _GATES:
+        get_kernel(_prefill_base(head_dim, gate), device=device).load()  # so that a capture needs no warm-up
+        base = _prefill_base(head_dim, gate, tma=True)
+        if has_kernel(base, device=device):  # the largest grid _prefill_launches can make for these sizes
+            k = get_kernel(base, device=device)
+            k.load()
+            n_mb = _cdiv(max_tokens, k.constexprs["BLOCK_M"]) + max_seqs
+            n = max(n, k.scratch_bytes((num_q_heads * n_mb, 1, 1)))
+    return PrefillWorkspace(GlobalScratch(n, device=device) if n else None, int(max_tokens), int(max_seqs),
+                            int(num_q_heads), int(head_dim))
+
+
+def _prefill_scratch(op: str, ws, T: int, N: int, Hq: int, D: int):
+    """The workspace's scratch for a prefill of T tokens in N sequences (None: the context's default)."""
+    if ws is None:
+        return None
+    if not isinstance(ws, PrefillWorkspace):
+        raise OpError(f"{op}: workspace must be a PrefillWorkspace (see prefill_workspace)")
+    if T > ws.max_tokens or N > ws.max_seqs or (Hq, D) != (ws.num_q_heads, ws.head_dim):
+        raise OpError(f"{op}: workspace sized for {ws.max_tokens} tokens, {ws.max_seqs} sequences, {ws.num_q_heads} "
+                      f"heads, D {ws.head_dim}; this call needs {T}, {N}, {Hq}, D {D}")
+    return ws.scratch
+
+
+def _prefill_launches(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma, workspace=None):
     """The launch list of one prefill call (for run_launches) and the gate's slot: () or (gate tensor,)."""
-    kc, vc, NB, BS, Hkv, D, sb, ss, sh = cache
+    kc, vc, NB, BS, Hkv, D = cache.k, cache.v, cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_dim
+    sb, ss, sh = cache.stride_block, cache.stride_slot, cache.stride_head
     T, Hq, _ = qt.shape
     group = _heads(op, Hq, Hkv)
+    scratch = _prefill_scratch(op, workspace, T, p.N, Hq, D)
     (sqt, sqh), (sot, soh), (gt, sgt, sgh) = _q_out_gate(op, qt, ot, gate, T, Hq, D, "t")
     kern = _prefill_kernel(D, gate is not None, BS, NB, sb, ss, use_tma, p.kernels)
     bm = kern.constexprs["BLOCK_M"]
@@ -275,11 +363,11 @@ def _prefill_launches(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma)
     fits_i32(op, grid=grid)
     args = (qt, kc, vc, ot, gt, p.bt, p.cu, p.sl, float(scale), p.N, Hq, group, n_mb, sqt, sqh, sot, soh, sgt, sgh,
             sb, ss, sh, p.sbt, BS, p.bt.shape[1], NB)
-    return [(kern, (grid, 1, 1), args)], (() if gate is None else (gt,))
+    return [Launch(kern, (grid, 1, 1), args, scratch)], (() if gate is None else (gt,))
 
 
 def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *, gate=None, out=None,
-            max_seqlen_q=None, use_tma=None, stream=None):
+            max_seqlen_q=None, use_tma=None, workspace=None, stream=None):
     """Varlen causal attention of packed q [T, Hq, D] against the paged caches (which must already hold the
     new tokens' K/V: call :func:`reshape_and_cache` first). Returns out [T, Hq, D] bf16.
 
@@ -287,29 +375,30 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     without it the grid is cdiv(T, BLOCK_M) + N m-blocks per head and surplus programs exit at once.
     ``use_tma``: None picks the TMA kernel where it exists (sm_90a/sm_100a) and the cache allows it
     (block_size a multiple of 64 for D=256, 128 for D=128); False forces the gather kernel. The TMA
-    kernel uses global scratch for its descriptors: inside graph capture, run the same shape once eagerly
-    first so the scratch pool is large enough. Several layers over the same batch: :class:`PrefillPlan`.
+    kernel uses global scratch for its descriptors: from ``workspace`` (a :class:`PrefillWorkspace`, for
+    graph capture without a warm-up), else from the context's default scratch (inside graph capture, run the
+    same shape once eagerly first, on any stream). Several layers over the same batch: :class:`PrefillPlan`.
     With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call is a bound call (see
-    vkc_runtime.launch): no revalidation, the recorded launches with the new pointers."""
+    vkc_runtime.bound): no revalidation, the recorded launches with the new pointers."""
     s = stream_of(stream)
     if out is not None:
-        key = (gate is None, max_seqlen_q, use_tma)
+        key = (gate is None, max_seqlen_q, use_tma, workspace)
         tensors = (q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out)
         if _prefill_calls.run(key, tensors if gate is None else tensors + (gate,), (scale,), s):
             return out
     op = "prefill"
     cache = _cache_pair(op, k_cache, v_cache)
-    D = cache[5]
+    D = cache.head_dim
     qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
     T, Hq, _ = qt.shape
-    _heads(op, Hq, cache[4])
+    _heads(op, Hq, cache.num_kv_heads)
     p = _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q)
     res = out if out is not None else memory.DeviceArray.empty((T, Hq, D), BF16, device=qt.device)
     ot = tensor(op, "out", res, BF16, ndim=3, shape=(T, Hq, D))
-    same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
+    same_device(op, qt, cache.k, cache.v, p.cu, p.sl, p.bt, ot)
     if T and p.N:
-        launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, use_tma)
-        slots = None if out is None else (qt, cache[0], cache[1], p.bt, p.cu, p.sl, ot) + gslot
+        launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, use_tma, workspace)
+        slots = None if out is None else (qt, cache.k, cache.v, p.bt, p.cu, p.sl, ot) + gslot
         _prefill_calls.launch(key if out is not None else None, slots, (scale,), launches, s)
     return res
 
@@ -329,7 +418,7 @@ class _LayerCalls:
         return self.calls.run(gate is None, tensors, (scale,), stream)
 
     def launch(self, qt, cache, ot, gslot, gate, scale, launches, stream: int) -> None:
-        self.calls.launch(gate is None, (qt, cache[0], cache[1], ot) + gslot, (scale,), launches, stream)
+        self.calls.launch(gate is None, (qt, cache.k, cache.v, ot) + gslot, (scale,), launches, stream)
 
     @property
     def hits(self) -> int:
@@ -343,12 +432,16 @@ class PrefillPlan:
     q, caches, out and gate, and launches. Results are identical to :func:`prefill` with the same
     arguments. The plan keeps references to the three batch tensors: update their contents in place
     between steps as you like, but build a new plan when the number of sequences or the block-table width
-    changes. A plan belongs to the device (context) it first runs on."""
+    changes. A plan belongs to the device (context) it first runs on. ``workspace``: a
+    :class:`PrefillWorkspace` for the TMA kernel's global scratch (see :func:`prefill`)."""
 
     def __init__(self, cu_seqlens_q, seq_lens, block_tables, *, num_q_heads: int, num_kv_heads: int,
-                 head_dim: int, block_size: int, max_seqlen_q=None, use_tma=None):
+                 head_dim: int, block_size: int, max_seqlen_q=None, use_tma=None, workspace=None):
         op = "PrefillPlan"
         _plan_dims(op, int(num_q_heads), int(num_kv_heads), int(head_dim), int(block_size))
+        if workspace is not None and not isinstance(workspace, PrefillWorkspace):
+            raise OpError(f"{op}: workspace must be a PrefillWorkspace (see prefill_workspace)")
+        self.workspace = workspace
         self._keep = (cu_seqlens_q, seq_lens, block_tables)
         self.Hq, self.Hkv, self.D, self.BS = int(num_q_heads), int(num_kv_heads), int(head_dim), int(block_size)
         self.use_tma = use_tma
@@ -366,9 +459,9 @@ class PrefillPlan:
         qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, self.Hq, self.D))
         T = qt.shape[0]
         ot = tensor(op, "out", out, BF16, ndim=3, shape=(T, self.Hq, self.D))
-        same_device(op, qt, cache[0], cache[1], p.cu, p.sl, p.bt, ot)
+        same_device(op, qt, cache.k, cache.v, p.cu, p.sl, p.bt, ot)
         if T and p.N:
-            launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, self.use_tma)
+            launches, gslot = _prefill_launches(op, p, qt, cache, ot, gate, scale, self.use_tma, self.workspace)
             self._calls.launch(qt, cache, ot, gslot, gate, scale, launches, s)
         return out
 
@@ -416,10 +509,8 @@ def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int
     the best s in [1, min(max_splits, L // min_keys)]: full waves without the tail of a partial one (e.g.
     16 x 4 items on 264 slots: s = 4 is one full wave, s = 5 would be 1.2 waves), and no split shorter than
     ``min_keys`` keys, one key tile of the kernel. A CTA streams its keys at a per-SM rate far below 1/132 of
-    HBM, so a small batch wants as many SMs as the wave allows even for one tile each (H200, 24/4 x 256,
-    graph-timed sweep: B = 1 x 512 takes 29 / 17 / 11 / 9.5 us at 1 / 2 / 4 / 8 splits, B = 1 x 4096
-    18.4 / 14.5 us at 16 / 32; B = 16 x 512 is fastest at 4, the full wave). Depends only on host-side sizes,
-    so it is graph-stable."""
+    HBM, so a small batch wants as many SMs as the wave allows even for one tile each (the measured sweep is in
+    BENCHMARKS.md, "decode-sweep"). Depends only on host-side sizes, so it is graph-stable."""
     work = max(1, batch * num_kv_heads)
     slots = max(1, ctas_per_sm * max(1, num_sms))
     hi = int(max(1, min(max_splits, max_seq_len // max(1, min_keys))))
@@ -433,9 +524,8 @@ def use_fused_combine(splits: int, max_seq_len: int, *, factor: int = FUSED_KEYS
     (sequence, kv head) merges the group's partials; one launch) rather than in a separate combine launch.
     The fused merge saves a launch and the partials' round trip, but one CTA merges all `splits` partials
     serially after its own split, a tail ~ splits that pays off only when each split's own work (~ L / splits
-    keys) is larger: fused iff L / splits >= factor * splits and splits <= 64. H200, 24/4 x 256, graph-timed,
-    fused / separate us: 16 x 4096 at 4 splits 75.6 / 81.4, 16 x 512 at 2 18 / 19, 1 x 32768 at 8 182 / 202
-    (fused); 1 x 4096 at 8 31.6 / 28.8, 1 x 32768 at 61 75 / 55, 16 x 512 at 4 16.8 / 15.9 (separate)."""
+    keys) is larger: fused iff L / splits >= factor * splits and splits <= 64 (the fused / separate timings
+    that set the rule are in BENCHMARKS.md)."""
     return 1 < splits <= 64 and max_seq_len >= factor * splits * splits
 
 
@@ -452,7 +542,7 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     of each group merges; one launch) or in a separate combine launch; default :func:`use_fused_combine`.
     Several layers decoding the same batch: :class:`DecodePlan` checks the batch once and each layer's call
     only its own tensors. With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call
-    is a bound call (see vkc_runtime.launch): no revalidation, the recorded launches with the new pointers."""
+    is a bound call (see vkc_runtime.bound): no revalidation, the recorded launches with the new pointers."""
     s = stream_of(stream)
     if out is not None:
         key = (gate is None, workspace, max_seq_len, num_splits, fused)
@@ -461,17 +551,17 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
             return out
     op = "decode"
     cache = _cache_pair(op, k_cache, v_cache)
-    _, _, _, BS, Hkv, D = cache[:6]
+    BS, Hkv, D = cache.block_size, cache.num_kv_heads, cache.head_dim
     qt = tensor(op, "q", q, BF16, ndim=3, shape=(None, None, D))
     B, Hq, _ = qt.shape
     batch = _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, workspace, num_splits, fused,
                           qt.device)
     res = out if out is not None else memory.DeviceArray.empty((B, Hq, D), BF16, device=qt.device)
     ot = tensor(op, "out", res, BF16, ndim=3, shape=(B, Hq, D))
-    same_device(op, qt, cache[0], cache[1], ot, batch.bt, batch.sl)
+    same_device(op, qt, cache.k, cache.v, ot, batch.bt, batch.sl)
     if B:
         launches, gslot = _decode_launches(op, batch, qt, cache, ot, gate, scale)
-        slots = None if out is None else (qt, cache[0], cache[1], batch.bt, batch.sl, ot) + gslot
+        slots = None if out is None else (qt, cache.k, cache.v, batch.bt, batch.sl, ot) + gslot
         _decode_calls.launch(key if out is not None else None, slots, (scale,), launches, s)
     return res
 
@@ -512,7 +602,7 @@ class DecodePlan:
         cache = _plan_caches(op, k_cache, v_cache, p.BS, p.Hkv, p.D)
         qt = tensor(op, "q", q, BF16, ndim=3, shape=(p.B, p.Hq, p.D))
         ot = tensor(op, "out", out, BF16, ndim=3, shape=(p.B, p.Hq, p.D))
-        same_device(op, qt, cache[0], cache[1], ot, p.bt, p.sl)
+        same_device(op, qt, cache.k, cache.v, ot, p.bt, p.sl)
         if p.B:
             launches, gslot = _decode_launches(op, p, qt, cache, ot, gate, scale)
             self._calls.launch(qt, cache, ot, gslot, gate, scale, launches, s)
@@ -565,7 +655,7 @@ def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, wo
         raise OpError(f"{op}: workspace sized for batch {ws.max_batch}, {ws.num_q_heads} heads, D {ws.head_dim}; "
                       f"this call needs batch {B}, {Hq} heads, D {D}")
     if num_splits is None:
-        split_k = get_kernel(f"attn.decode_split.d{D}")
+        split_k = get_kernel(_decode_base("split", D))
         splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits,
                                 ctas_per_sm=max(1, split_k.max_active_blocks()))
     else:
@@ -588,23 +678,24 @@ def _kernel(kernels: dict, base: str):
 
 def _decode_launches(op, p: _DecodeBatch, qt, cache, ot, gate, scale):
     """The launch list of one decode call (for run_launches) and the gate's slot: () or (gate tensor,)."""
-    kc, vc, NB, BS, Hkv, D, sb, ss, sh = cache
+    kc, vc, NB, BS, Hkv, D = cache.k, cache.v, cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_dim
+    sb, ss, sh = cache.stride_block, cache.stride_slot, cache.stride_head
     B, Hq, group, splits, bt, sl, ws = p.B, p.Hq, p.group, p.splits, p.bt, p.sl, p.ws
     (sqb, sqh), (sob, soh), (gt, sgb, sgh) = _q_out_gate(op, qt, ot, gate, B, Hq, D, "b")
-    g = "gate" if gate is not None else "nogate"
+    g = gate is not None
     gslot = () if gate is None else (gt,)
     paged = (sb, ss, sh, p.sbt, BS, bt.shape[1], NB)
     if splits == 1:  # one launch: the direct kernel normalizes, gates and stores; no partials, no combine
-        return [(_kernel(p.kernels, f"attn.decode_direct.d{D}.{g}"), (B * Hkv, 1, 1),
+        return [(_kernel(p.kernels, _decode_base("direct", D, g)), (B * Hkv, 1, 1),
                  (qt, kc, vc, bt, sl, ot, gt, float(scale), Hkv, group, sqb, sqh, sob, soh, sgb, sgh) + paged)], gslot
     po, pl = ws.part_o.data_ptr(), ws.part_lse.data_ptr()
     if p.fused:  # one launch: the last split of each group combines
-        return [(_kernel(p.kernels, f"attn.decode_fused.d{D}.{g}"), (B * Hkv * splits, 1, 1),
+        return [(_kernel(p.kernels, _decode_base("fused", D, g)), (B * Hkv * splits, 1, 1),
                  (qt, kc, vc, bt, sl, po, pl, ws.counters.data_ptr(), ot, gt, float(scale), Hkv, group, splits,
                   sqb, sqh, sob, soh, sgb, sgh) + paged)], gslot
-    return [(_kernel(p.kernels, f"attn.decode_split.d{D}"), (B * Hkv * splits, 1, 1),
+    return [(_kernel(p.kernels, _decode_base("split", D)), (B * Hkv * splits, 1, 1),
              (qt, kc, vc, bt, sl, po, pl, float(scale), Hkv, group, splits, sqb, sqh) + paged),
-            (_kernel(p.kernels, f"attn.decode_combine.d{D}.{g}"), (B * Hq, 1, 1),
+            (_kernel(p.kernels, _decode_base("combine", D, g)), (B * Hq, 1, 1),
              (po, pl, ot, gt, Hq, splits, sob, soh, sgb, sgh))], gslot
 
 

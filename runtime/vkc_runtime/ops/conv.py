@@ -1,4 +1,4 @@
-"""Typed ops of the causal conv1d family (width 4, no bias, SiLU; Qwen3.5/3.6 GDN preamble, DESIGN.md section 6).
+"""Typed ops of the causal conv1d family (width 4, no bias, SiLU; Qwen3.5/3.6 GDN preamble).
 
     y_t[c] = silu( sum_{j=0..3} weight[c, j] * x_{t-3+j}[c] ),  inputs before a sequence's start from its conv state
 
@@ -11,20 +11,28 @@ distinct within one call. ``cu_seqlens`` int32 [N + 1]: 0 = cu[0] <= ... <= cu[N
 get zeros). When every pointer is 16-byte aligned and every row/slot stride a multiple of 16 elements the
 vectorized ``.a16`` specialization runs, else ``.any``. Pass ``out=`` inside graph capture. With ``out=`` and
 torch tensors, a call whose inputs have the layout of a recent call (and the same aliasing of out and x) is a
-bound call (vkc_runtime.launch): no revalidation, the recorded launch with the new pointers.
+bound call (vkc_runtime.bound): no revalidation, the recorded launch with the new pointers.
 """
 from __future__ import annotations
 
-from .. import memory, registry
-from ..launch import CallCache, get_kernel
+from .. import memory
+from ..bound import CallCache
+from ..kernels import get_kernel
 from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_of, tensor
 
-__all__ = ["causal_conv1d", "causal_conv1d_update", "WIDTH"]
+__all__ = ["causal_conv1d", "causal_conv1d_update", "WIDTH", "BASES"]
 
 WIDTH = 4
 BF16 = "bfloat16"
 _VARIANTS = ("a16", "any")
-registry.require(*[f"conv.{k}.w4.{v}" for k in ("prefill", "update") for v in _VARIANTS])
+
+
+def _base(kind: str, variant: str) -> str:
+    """The kernel name (spelled once: the ops call this, BASES is built from it)."""
+    return f"conv.{kind}.w4.{variant}"
+
+
+BASES = tuple(_base(k, v) for k in ("prefill", "update") for v in _VARIANTS)
 _calls = CallCache()  # bound calls, keyed by op (+ whether a state is passed)
 
 
@@ -106,7 +114,7 @@ def causal_conv1d(x, weight, cu_seqlens, *, conv_state=None, slot_idx=None, out=
     st_ptr = st_ref.ptr
     fits_i32(op, T=T, C=C, N=N, num_slots=S, stride_x=sx, stride_w=sw, stride_y=sy, stride_ss=ss, stride_sr=sr)
     v = "a16" if aligned((xt.ptr, yt.ptr, st_ptr), (sx, sy, ss, sr)) else "any"
-    k = get_kernel(f"conv.prefill.w4.{v}")
+    k = get_kernel(_base("prefill", v))
     gy = _cdiv(C, k.constexprs["BLOCK_C"])
     if gy > 65535:
         raise OpError(f"{op}: C={C} needs {gy} programs on grid axis y (limit 65535)")
@@ -144,7 +152,7 @@ def causal_conv1d_update(x, weight, conv_state, slot_idx, *, out=None, stream=No
         ss, sr = 0, 0
     fits_i32(op, C=C, num_slots=S, stride_x=sx, stride_w=sw, stride_y=sy, stride_ss=ss, stride_sr=sr)
     v = "a16" if aligned((xt.ptr, yt.ptr, st_ptr), (sx, sy, ss, sr)) else "any"
-    k = get_kernel(f"conv.update.w4.{v}")
+    k = get_kernel(_base("update", v))
     gy = _cdiv(C, k.constexprs["BLOCK_C"])
     if gy > 65535:
         raise OpError(f"{op}: C={C} needs {gy} programs on grid axis y (limit 65535)")

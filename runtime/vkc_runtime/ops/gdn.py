@@ -1,4 +1,4 @@
-"""Typed op of the GDN family: chunked gated-delta-rule prefill (DESIGN.md section 6), kernels_src/gdn/chunk.py.
+"""Typed op of the GDN family: chunked gated-delta-rule prefill, kernels_src/gdn/chunk.py.
 
 :func:`chunk_gated_delta_rule` takes the Qwen3.6 layer's tensors after the causal conv + SiLU:
 ``qkv [T, 2*Hk*128 + Hv*128]`` bf16 (channels [q | k | v], heads contiguous inside each), ``a``, ``b``
@@ -7,10 +7,12 @@ returns ``o [T, Hv, 128]`` bf16. With ``state [slots, Hv, 128, 128]`` fp32 + ``s
 state of sequence n is ``state[slot_idx[n]]`` (a negative slot: zero initial state, nothing written back) and its
 final state is written back in place to the same slot. Two sequences must not share a non-negative slot.
 
-Launches (one stream, no host sync, no allocation when ``workspace=`` and ``out=`` are given, so it is
-graph-capturable): chunk_index (1,) -> prep (C, Hk) -> kkt_wy (C*Hv,) -> delta_h (N, Hv, 128/BV) ->
-chunk_o (C*Hv*128/BV,), with C = T // 64 + N, an upper bound of the number of 64-token chunks (the chunk table
-is built on the device from cu_seqlens; unused entries make their programs exit).
+Launches (one stream, no host sync, no allocation when ``workspace=`` and ``out=`` are given):
+chunk_index (1,) -> prep (C, Hk) -> kkt_wy (C*Hv,) -> delta_h (N, Hv, 128/BV) -> chunk_o (C*Hv*128/BV,), with
+C = T // 64 + N, an upper bound of the number of 64-token chunks (the chunk table is built on the device from
+cu_seqlens; unused entries make their programs exit). Graph-capturable on any stream, torch's capture stream
+included: every buffer, delta_h's hidden global scratch on sm_90a too, comes from the workspace (one workspace
+must not be used by two streams at the same time).
 
 ``cu_seqlens`` values are not read on the host (that would sync); they must be non-decreasing with
 ``cu_seqlens[0] == 0`` and ``cu_seqlens[N] == T``. The device clamps them to [0, T], so bad values give wrong
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import memory, registry
-from ..launch import get_kernel
+from .. import memory
+from ..kernels import get_kernel
+from ..scratch import GlobalScratch
 from ._check import OpError, fits_i32, same_device, stream_of, tensor
 
 __all__ = ["chunk_gated_delta_rule", "GdnWorkspace", "workspace_for", "BASES", "BT", "HEAD_K", "HEAD_V"]
@@ -29,8 +32,15 @@ __all__ = ["chunk_gated_delta_rule", "GdnWorkspace", "workspace_for", "BASES", "
 BT = 64
 HEAD_K = 128
 HEAD_V = 128
-BASES = tuple(f"gdn.{n}" for n in ("chunk_index", "prep", "kkt_wy", "delta_h", "chunk_o"))
-registry.require(*BASES)
+_KERNELS = ("chunk_index", "prep", "kkt_wy", "delta_h", "chunk_o")  # in launch order
+
+
+def _base(kernel: str) -> str:
+    """The kernel name (spelled once: the op calls this, BASES is built from it)."""
+    return f"gdn.{kernel}"
+
+
+BASES = tuple(_base(k) for k in _KERNELS)
 
 BF16, F32, I32 = "bfloat16", "float32", "int32"
 
@@ -50,7 +60,10 @@ class GdnWorkspace:
       g, beta fp32 [Tm, Hv]                                chunk-local cumsum of the log gate, sigmoid(b)
       w, u    bf16 [Tm, Hv, 128]                           WY factors; u becomes V' = U - W S in place
       h       bf16 [C, Hv, 128 (V), 128 (K)]               state entering each chunk (transposed)
+      scratch                                              Triton's global scratch of delta_h (None where the
+                                                           arch's delta_h needs none: all but sm_90a)
     No buffer needs zero-filling: each element a kernel reads was written earlier in the same call.
+    One workspace must not be used by launches on two streams at the same time.
     """
     max_tokens: int
     max_seqs: int
@@ -68,6 +81,7 @@ class GdnWorkspace:
     h: memory.DeviceArray
     dummy_state: memory.DeviceArray
     dummy_slot: memory.DeviceArray
+    scratch: GlobalScratch | None = None
 
     @property
     def max_chunks(self) -> int:
@@ -76,7 +90,8 @@ class GdnWorkspace:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.seqinfo, self.cidx, self.qn, self.kn, self.g, self.beta, self.w, self.u,
-                                      self.h, self.dummy_state, self.dummy_slot))
+                                      self.h, self.dummy_state, self.dummy_slot)) + (
+            self.scratch.nbytes if self.scratch is not None else 0)
 
     @staticmethod
     def bytes_needed(max_tokens: int, max_seqs: int, num_k_heads: int, num_v_heads: int) -> int:
@@ -89,7 +104,8 @@ class GdnWorkspace:
 def workspace_for(max_tokens: int, max_seqs: int, num_k_heads: int, num_v_heads: int,
                   device: int | None = None) -> GdnWorkspace:
     """Allocate a :class:`GdnWorkspace` for batches of up to ``max_tokens`` tokens in up to ``max_seqs``
-    sequences (allocates: call it before any graph capture)."""
+    sequences, delta_h's global scratch included, and load the five kernels (allocates: call it before any
+    graph capture; a capture on any stream may follow without an eager warm-up)."""
     op = "gdn.workspace_for"
     Tm, S, hk, hv = int(max_tokens), int(max_seqs), int(num_k_heads), int(num_v_heads)
     if Tm < 1 or S < 1:
@@ -101,14 +117,25 @@ def workspace_for(max_tokens: int, max_seqs: int, num_k_heads: int, num_v_heads:
     def e(shape, dt):
         return memory.DeviceArray.empty(shape, dt, device=device)
 
+    seqinfo = e((S, 4), I32)  # makes the device's context current: the kernel lookups below need it
+    for k in _KERNELS:  # load them now, so that a capture right after needs no eager warm-up
+        get_kernel(_base(k), device=device).load()
+    k_dh = get_kernel(_base("delta_h"), device=device)
+    n_scratch = k_dh.scratch_bytes((S, hv, HEAD_V // int(k_dh.constexprs["BV"])))  # delta_h's largest grid
     return GdnWorkspace(
         max_tokens=Tm, max_seqs=S, num_k_heads=hk, num_v_heads=hv, device=-1 if device is None else int(device),
-        seqinfo=e((S, 4), I32), cidx=e((C, 2), I32),
+        seqinfo=seqinfo, cidx=e((C, 2), I32),
         qn=e((Tm, hk, HEAD_K), BF16), kn=e((Tm, hk, HEAD_K), BF16),
         g=e((Tm, hv), F32), beta=e((Tm, hv), F32),
         w=e((Tm, hv, HEAD_K), BF16), u=e((Tm, hv, HEAD_V), BF16),
         h=e((C, hv, HEAD_V, HEAD_K), BF16),
-        dummy_state=e((16,), F32), dummy_slot=e((4,), I32))
+        dummy_state=e((16,), F32), dummy_slot=e((4,), I32),
+        scratch=GlobalScratch(n_scratch, device=device) if n_scratch else None)
+
+
+def _scratch_of(ws: GdnWorkspace) -> dict:
+    """delta_h's global scratch from the workspace (a kernel that needs none ignores it)."""
+    return {} if ws.scratch is None else {"scratch": ws.scratch}
 
 
 def _check_heads(op: str, hk: int, hv: int) -> None:
@@ -195,11 +222,7 @@ def chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, num_k_heads: i
     C = max_chunks(T, N)
     s = stream_of(stream)
 
-    k_idx = get_kernel("gdn.chunk_index")
-    k_prep = get_kernel("gdn.prep")
-    k_wy = get_kernel("gdn.kkt_wy")
-    k_dh = get_kernel("gdn.delta_h")
-    k_o = get_kernel("gdn.chunk_o")
+    k_idx, k_prep, k_wy, k_dh, k_o = (get_kernel(_base(k)) for k in _KERNELS)
     bv_h = int(k_dh.constexprs["BV"])
     bv_o = int(k_o.constexprs["BV"])
     if N > 2**31 - 1 or C > 2**31 - 1:
@@ -216,7 +239,7 @@ def chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, num_k_heads: i
     k_dh.launch((N, hv, HEAD_V // bv_h),
                 (ws.kn.ptr, ws.w.ptr, ws.u.ptr, ws.g.ptr, ws.h.ptr,
                  st.ptr if st is not None else ws.dummy_state.ptr, sl.ptr if sl is not None else ws.dummy_slot.ptr,
-                 ws.seqinfo.ptr, hk, hv, use_state), s)
+                 ws.seqinfo.ptr, hk, hv, use_state), s, **_scratch_of(ws))
     k_o.launch((C * hv * (HEAD_V // bv_o), 1, 1),
                (ws.qn.ptr, ws.kn.ptr, ws.u.ptr, ws.g.ptr, ws.h.ptr, ws.cidx.ptr, ot.ptr, hk, hv,
                 float(HEAD_K ** -0.5)), s)

@@ -1,4 +1,4 @@
-"""Typed op of the GDN packed decode step (Qwen3.5/3.6 Gated DeltaNet, DESIGN.md section 6).
+"""Typed op of the GDN packed decode step (Qwen3.5/3.6 Gated DeltaNet).
 
 One recurrent gated-delta step per sequence of a continuous batch, reading q/k/v straight from the packed
 conv output. Per sequence b, value head h (key head h // (Hv / Hk)), fp32 math:
@@ -14,19 +14,27 @@ distinct within one call. Grid (B * Hv * 128 / BLOCK_V,) on axis 0 only (no 6553
 """
 from __future__ import annotations
 
-from .. import memory, registry
-from ..launch import CallCache, get_kernel
+from .. import memory
+from ..bound import CallCache
+from ..kernels import get_kernel
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 
-__all__ = ["recurrent_decode", "HEAD_DIM"]
+__all__ = ["recurrent_decode", "HEAD_DIM", "BASES"]
 
 HEAD_DIM = 128
 BF16 = "bfloat16"
 _SPECS = ("bv32", "bv16")
-registry.require(*[f"gdn_decode.recurrent.k128_v128.{s}" for s in _SPECS])
+
+
+def _base(tile: str) -> str:
+    """The kernel name (spelled once: the op calls this, BASES is built from it)."""
+    return f"gdn_decode.recurrent.k128_v128.{tile}"
+
+
+BASES = tuple(_base(t) for t in _SPECS)
 # below this many (sequence, head) pairs the BLOCK_V = 16 spec (twice the CTAs) runs
 SMALL_BATCH_HEADS = 512
-_calls = CallCache()  # bound calls (vkc_runtime.launch): a call with out= and torch tensors of a recent layout
+_calls = CallCache()  # bound calls (vkc_runtime.bound): a call with out= and torch tensors of a recent layout
 
 
 def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: int, num_v_heads: int, *, out=None,
@@ -76,7 +84,7 @@ def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: in
     tile = _tile or ("bv16" if B * Hv < SMALL_BATCH_HEADS else "bv32")
     if tile not in _SPECS:
         raise OpError(f"{op}: unknown tile {tile!r}")
-    k = get_kernel(f"gdn_decode.recurrent.k128_v128.{tile}")
+    k = get_kernel(_base(tile))
     nprog = B * Hv * (k.constexprs["V"] // k.constexprs["BLOCK_V"])
     if nprog >= 2**31:
         raise OpError(f"{op}: B * Hv = {B * Hv} is too large for one launch")

@@ -1,36 +1,66 @@
-"""Typed ops of the norm/RoPE/activation family (Qwen3.5/3.6 semantics, DESIGN.md section 6).
+"""Typed ops of the norm/RoPE/activation family (Qwen3.5/3.6 semantics).
 
 All tensors are bf16 on one CUDA device (torch/cupy tensors, DLPack producers or vkc DeviceArrays); math
 is fp32 inside the kernels. Rows may be strided; the last dimension must be contiguous. When every
 pointer is 16-byte aligned and every row stride is a multiple of 16 elements the vectorized `.a16`
 specialization runs, otherwise the `.any` one. Pass ``out=`` (and never allocate) inside graph capture.
 With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call of the same op is a bound
-call (vkc_runtime.launch): no revalidation, the recorded launch with the new pointers.
+call (vkc_runtime.bound): no revalidation, the recorded launch with the new pointers.
 """
 from __future__ import annotations
 
 
-from .. import memory, registry
-from ..launch import CallCache, get_kernel
+from .. import memory
+from ..bound import CallCache
+from ..kernels import get_kernel
 from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_of, tensor
 
 __all__ = ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul", "sigmoid_mul", "embedding",
-           "OpError", "ROW_BLOCKS"]
+           "OpError", "ROW_BLOCKS", "BASES"]
 
 ROW_BLOCKS = (1024, 2048, 4096, 8192, 16384)  # row capacities of the rmsnorm specializations
 _VARIANTS = ("a16", "any")
 BF16 = "bfloat16"
 
-registry.require(*[f"norm.{k}.b{b}.{v}" for k in ("rmsnorm", "add_rmsnorm") for b in ROW_BLOCKS for v in _VARIANTS])
-registry.require(*[f"norm.gated_rmsnorm.h128.{v}" for v in _VARIANTS])
-registry.require(*[f"norm.qk_norm_rope.{d}.{v}" for d in ("d256.r64", "d128.r32") for v in _VARIANTS])
-registry.require(*[f"norm.silu_mul.{v}" for v in _VARIANTS])
-registry.require(*[f"norm.sigmoid_mul.d{d}.{v}" for d in (256, 128) for v in _VARIANTS])
-registry.require(*[f"norm.embedding.{v}" for v in _VARIANTS])
+_ROPE = {256: 64, 128: 32}  # head dim -> rotary dims (partial RoPE on the first head_dim / 4)
+_SIGMOID_DIMS = (256, 128)
+
+
+# the kernel names, spelled once: the ops call these, BASES is built from them
+def _rms_base(kind: str, block: int, variant: str) -> str:
+    return f"norm.{kind}.b{block}.{variant}"
+
+
+def _gated_base(variant: str) -> str:
+    return f"norm.gated_rmsnorm.h128.{variant}"
+
+
+def _qk_base(head_dim: int, variant: str) -> str:
+    return f"norm.qk_norm_rope.d{head_dim}.r{_ROPE[head_dim]}.{variant}"
+
+
+def _silu_base(variant: str) -> str:
+    return f"norm.silu_mul.{variant}"
+
+
+def _sigmoid_base(head_dim: int, variant: str) -> str:
+    return f"norm.sigmoid_mul.d{head_dim}.{variant}"
+
+
+def _embedding_base(variant: str) -> str:
+    return f"norm.embedding.{variant}"
+
+
+BASES = tuple(
+    [_rms_base(k, b, v) for k in ("rmsnorm", "add_rmsnorm") for b in ROW_BLOCKS for v in _VARIANTS]
+    + [_gated_base(v) for v in _VARIANTS]
+    + [_qk_base(d, v) for d in _ROPE for v in _VARIANTS]
+    + [_silu_base(v) for v in _VARIANTS]
+    + [_sigmoid_base(d, v) for d in _SIGMOID_DIMS for v in _VARIANTS]
+    + [_embedding_base(v) for v in _VARIANTS])
 
 _GATED_HEAD = 128
 _calls = CallCache(per_key=8)  # bound calls, keyed by op (+ head counts)
-_SIGMOID_DIMS = (256, 128)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -79,7 +109,7 @@ def rmsnorm(x, weight, eps: float = 1e-6, out=None, stream=None):
         return res
     sx, sy = row_stride(xt), row_stride(yt)
     fits_i32(op, N=N, stride_x=sx, stride_y=sy)
-    k = get_kernel(f"norm.rmsnorm.b{_block_for(op, N)}.{_variant((xt.ptr, wt.ptr, yt.ptr), (sx, sy))}")
+    k = get_kernel(_rms_base("rmsnorm", _block_for(op, N), _variant((xt.ptr, wt.ptr, yt.ptr), (sx, sy))))
     _calls.launch(op, _bindable(out, xt, wt, yt), (eps,), [(k, (M, 1, 1), (xt, wt, yt, sx, sy, N, float(eps)))], s)
     return res
 
@@ -102,7 +132,7 @@ def add_rmsnorm(x, residual, weight, eps: float = 1e-6, out=None, stream=None):
     sx, sr, sy = row_stride(xt), row_stride(rt), row_stride(yt)
     fits_i32(op, N=N, stride_x=sx, stride_r=sr, stride_y=sy)
     v = _variant((xt.ptr, rt.ptr, wt.ptr, yt.ptr), (sx, sr, sy))
-    k = get_kernel(f"norm.add_rmsnorm.b{_block_for(op, N)}.{v}")
+    k = get_kernel(_rms_base("add_rmsnorm", _block_for(op, N), v))
     _calls.launch(op, _bindable(out, xt, rt, wt, yt), (eps,),
                   [(k, (M, 1, 1), (xt, rt, wt, yt, sx, sr, sy, N, float(eps)))], s)
     return res
@@ -129,14 +159,11 @@ def gated_rmsnorm(x, z, weight, eps: float = 1e-6, out=None, stream=None):
     sx, sz, sy = row_stride(xt), row_stride(zt), row_stride(yt)
     fits_i32(op, H=H, stride_x=sx, stride_z=sz, stride_y=sy)
     v = _variant((xt.ptr, zt.ptr, wt.ptr, yt.ptr), (sx, sz, sy))
-    k = get_kernel(f"norm.gated_rmsnorm.h128.{v}")
+    k = get_kernel(_gated_base(v))
     _calls.launch(op, _bindable(out, xt, zt, wt, yt), (eps,),
                   [(k, (M, _grid_y(op, _cdiv(H, k.constexprs["HEADS_PER_PROG"])), 1),
                     (xt, zt, wt, yt, sx, sz, sy, H, float(eps)))], s)
     return res
-
-
-_ROPE = {256: 64, 128: 32}
 
 
 def qk_norm_rope(qg, k, positions, q_weight, k_weight, num_q_heads: int, num_kv_heads: int, head_dim: int = 256,
@@ -177,7 +204,7 @@ def qk_norm_rope(qg, k, positions, q_weight, k_weight, num_q_heads: int, num_kv_
     sq, sk = row_stride(qt), row_stride(kt)
     fits_i32(op, stride_qg=sq, stride_k=sk, Hq=Hq, Hkv=Hkv)
     v = _variant((qt.ptr, kt.ptr, pt.ptr, wq.ptr, wk.ptr, qo.ptr, ko.ptr), (sq, sk))
-    kern = get_kernel(f"norm.qk_norm_rope.d{D}.r{_ROPE[D]}.{v}")
+    kern = get_kernel(_qk_base(D, v))
     hpp = kern.constexprs["HEADS_PER_PROG"]
     slots = (qt, kt, pt, wq, wk, qo, ko) if q_out is not None and k_out is not None else None
     _calls.launch(key, slots, (eps, theta), [(kern, (T, _grid_y(op, _cdiv(Hq, hpp) + _cdiv(Hkv, hpp)), 1),
@@ -204,7 +231,7 @@ def silu_mul(x, out=None, stream=None):
         return res
     sx, sy = row_stride(xt), row_stride(yt)
     fits_i32(op, I=I, stride_x=sx, stride_y=sy)
-    k = get_kernel(f"norm.silu_mul.{_variant((xt.ptr, yt.ptr), (sx, sy))}")
+    k = get_kernel(_silu_base(_variant((xt.ptr, yt.ptr), (sx, sy))))
     _calls.launch(op, _bindable(out, xt, yt), (), [(k, (M, _grid_y(op, _cdiv(I, k.constexprs["BLOCK"])), 1),
                                                     (xt, yt, sx, sy, I))], s)
     return res
@@ -232,7 +259,7 @@ def sigmoid_mul(x, gate, out=None, stream=None):
     sgh = int(gt.strides[1]) if H > 1 else D
     fits_i32(op, H=H, stride_x=sx, gate_stride_t=sgt, gate_stride_h=sgh, stride_out=so)
     v = _variant((xt.ptr, gt.ptr, ot.ptr), (sx, sgt, sgh, so))
-    k = get_kernel(f"norm.sigmoid_mul.d{D}.{v}")
+    k = get_kernel(_sigmoid_base(D, v))
     _calls.launch(op, _bindable(out, xt, gt, ot), (), [(k, (T, _grid_y(op, _cdiv(H, k.constexprs["HEADS_PER_PROG"])), 1),
                                                         (xt, gt, ot, sx, sgt, sgh, so, H))], s)
     return res
@@ -258,7 +285,7 @@ def embedding(ids, table, out=None, stream=None):
         raise OpError(f"{op}: ids must be contiguous")
     st, so = row_stride(tt), row_stride(ot)
     fits_i32(op, V=V, N=N, stride_table=st, stride_out=so)
-    k = get_kernel(f"norm.embedding.{_variant((it.ptr, tt.ptr, ot.ptr), (st, so))}")
+    k = get_kernel(_embedding_base(_variant((it.ptr, tt.ptr, ot.ptr), (st, so))))
     _calls.launch(op, _bindable(out, it, tt, ot), (), [(k, (T, _grid_y(op, _cdiv(N, k.constexprs["BLOCK"])), 1),
                                                         (it, tt, ot, st, so, V, N))], s)
     return res
