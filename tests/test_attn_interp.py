@@ -277,6 +277,30 @@ def test_decode(K, D, Hq, Hkv, splits, gate, arch, fused):
     assert torch.all(o[4] == 0), "an empty sequence decodes to zeros"
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_many_live_splits(K, fused):
+    """More live splits than the combine kernel's SPLIT_BLOCK, with the later splits holding the largest
+    scores: the combine's running max grows between its split blocks, so its rescaling is exercised."""
+    D, Hq, Hkv, bn = 128, 4, 2, cfg(K, "decode_split.d128")["BLOCK_N"]
+    sb = cfg(K, "decode_combine.d128.nogate")["SPLIT_BLOCK"]
+    splits = sb + 8
+    lens = [splits * bn, (sb + 1) * bn + 5]
+    g = torch.Generator().manual_seed(77)
+    kc, vc, bt = make_paged(g, lens, Hkv, D, 16)
+    q = rnd(g, len(lens), Hq, D)
+    group = Hq // Hkv
+    for b, L in enumerate(lens):
+        for n in range(sb * bn, L):  # keys past the first SPLIT_BLOCK splits lean towards the group's queries
+            blk, off = int(bt[b, n // 16]), n % 16
+            for h in range(Hkv):
+                lean = q[b, h * group:(h + 1) * group].float().mean(0) * 0.3
+                kc[blk, off, h] = (kc[blk, off, h].float() + lean).to(torch.bfloat16)
+    sl = torch.tensor(lens, dtype=torch.int32)
+    o = run_decode(K, D, q, kc, vc, bt, sl, D ** -0.5, splits, fused=fused)
+    ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, D ** -0.5)
+    check(o, ref, f"decode {splits} live splits fused={fused}")
+
+
 @pytest.mark.parametrize("D,Hq,Hkv,gate,arch", [
     (256, 6, 1, True, None),
     (128, 8, 2, False, None),

@@ -157,7 +157,7 @@ def verdict(base: Outcome, sanity: Outcome, outs: list[Outcome]) -> list[str]:
     bad = []
     if base.rc != 0:
         bad.append(f"baseline (unmutated sources) does not pass: exit {base.rc}\n{base.tail}")
-    if sanity.rc in (0, None) or SANITY_MARKER not in sanity.tail:
+    if sanity.rc in (0, None) or SANITY_MARKER not in sanity.output:
         bad.append(f"sanity probe not seen: the subprocess may not import the mutated copy\n{sanity.tail}")
     for o in outs:
         if not o.caught:
