@@ -181,9 +181,10 @@ def test_prefill_empty_sequence_and_long_chunk(K):
     T = sum(q_lens)
     q = rnd(g, T, Hq, D)
     cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
-    o = run_prefill(K, "prefill.d128.nogate", q, kc, vc, bt, cu, torch.tensor(lens, dtype=torch.int32), 0.1,
-                    arch="sm_86")  # 64 x 64 tiles: two key tiles, one masked
-    ref = R.prefill(np64(q), np64(kc), np64(vc), bt.numpy(), cu.numpy(), lens, 0.1)
+    # 64 x 64 tiles: two key tiles, one masked; scale 0.15, not the model's 128^-0.5: the kernel must use its argument
+    o = run_prefill(K, "prefill.d128.nogate", q, kc, vc, bt, cu, torch.tensor(lens, dtype=torch.int32), 0.15,
+                    arch="sm_86")
+    ref = R.prefill(np64(q), np64(kc), np64(vc), bt.numpy(), cu.numpy(), lens, 0.15)
     check(o, ref, "prefill empty+long")
 
 
@@ -301,21 +302,22 @@ def test_decode_many_live_splits(K, fused):
     check(o, ref, f"decode {splits} live splits fused={fused}")
 
 
-@pytest.mark.parametrize("D,Hq,Hkv,gate,arch", [
-    (256, 6, 1, True, None),
-    (128, 8, 2, False, None),
-    (256, 4, 2, True, "sm_86"),
+@pytest.mark.parametrize("D,Hq,Hkv,gate,arch,scale_f", [
+    (256, 6, 1, True, None, 1.0),
+    (128, 8, 2, False, None, 1.6),   # a scale other than the model's D^-0.5: the kernel must use its argument
+    (256, 4, 2, True, "sm_86", 0.6),
 ])
-def test_decode_direct(K, D, Hq, Hkv, gate, arch):
+def test_decode_direct(K, D, Hq, Hkv, gate, arch, scale_f):
     """The one-split kernel: whole sequences, output normalized, gated and stored directly."""
     lens, kc, vc, bt, q, sl, gt = decode_inputs(50 + D + Hq, D, Hq, Hkv, gate)
+    scale = scale_f * D ** -0.5
     B = len(lens)
     o = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
     gp, sgb, sgh = (gt, gt.stride(0), gt.stride(1)) if gate else (q, 0, 0)
     launch(K, f"decode_direct.d{D}.{'gate' if gate else 'nogate'}", (B * Hkv,), q, kc, vc, bt, sl, o, gp,
-           D ** -0.5, Hkv, Hq // Hkv, q.stride(0), q.stride(1), o.stride(0), o.stride(1), sgb, sgh,
+           scale, Hkv, Hq // Hkv, q.stride(0), q.stride(1), o.stride(0), o.stride(1), sgb, sgh,
            kc.stride(0), kc.stride(1), kc.stride(2), bt.stride(0), 16, bt.shape[1], kc.shape[0], arch=arch)
-    ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, D ** -0.5, None if gt is None else np64(gt))
+    ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, scale, None if gt is None else np64(gt))
     check(o, ref, f"decode_direct D={D} {Hq}/{Hkv}")
     assert torch.all(o[4] == 0), "an empty sequence decodes to zeros"
 
