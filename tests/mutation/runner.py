@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNELS = "kernels_src"
 README = Path(__file__).with_name("README.md")
 BEGIN, END = "<!-- BEGIN GENERATED RESULTS -->", "<!-- END GENERATED RESULTS -->"
-TIMEOUT_S = 300
+TIMEOUT_S = int(os.environ.get("VKC_MUTATION_TIMEOUT", "300"))  # per subprocess (baseline: twice)
 
 
 class TableError(RuntimeError):
@@ -133,15 +133,21 @@ def run_suite(mutations=MUTATIONS, jobs: int = 2, log=print, root: Path = ROOT):
     check_table(mutations, root)
     check_table([SANITY], root)
     files = sorted({m.tests for m in mutations})
-    ks = sorted({m.k for m in mutations if m.k})
-    k_union = None if any(m.k is None for m in mutations) else " or ".join(f"({k})" for k in ks)
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        base_f = pool.submit(run_selection, None, files, k_union, TIMEOUT_S, root)
+        # baseline: per test file, the union of its mutations' selections on the unmutated sources
+        base_fs = []
+        for f in files:
+            ks = [m.k for m in mutations if m.tests == f]
+            k_union = None if None in ks else " or ".join(f"({k})" for k in sorted(set(ks)))
+            base_fs.append(pool.submit(run_selection, None, [f], k_union, 2 * TIMEOUT_S, root))
         sanity_f = pool.submit(run_selection, SANITY, [SANITY.tests], SANITY.k, TIMEOUT_S, root)
         futs = {pool.submit(run_selection, m, [m.tests], m.k, TIMEOUT_S, root): m for m in mutations}
-        base = base_f.result()
-        base.mutation = None
-        log(f"baseline (unmutated, {len(files)} files): exit {base.rc} in {base.seconds:.0f}s")
+        parts = [bf.result() for bf in base_fs]
+        worst = max(parts, key=lambda o: (o.rc != 0, o.rc or 0))
+        base = Outcome(None, None if any(o.rc is None for o in parts) else worst.rc,
+                       sum(o.seconds for o in parts), [x for o in parts for x in o.failed],
+                       "\n".join(o.tail for o in parts if o.rc != 0), "")
+        log(f"baseline (unmutated, {len(files)} files): exit {base.rc}, {base.seconds:.0f}s of runs")
         sanity = sanity_f.result()
         log(f"sanity probe: exit {sanity.rc}, marker {'seen' if SANITY_MARKER in sanity.output else 'MISSING'}")
         outs = {}
