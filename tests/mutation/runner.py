@@ -20,6 +20,7 @@ import datetime as _dt
 import hashlib
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -194,14 +195,20 @@ def _cell(s: str) -> str:
     return "`" + s.replace("|", "\\|").replace("\n", " ⏎ ").strip() + "`"
 
 
-def markdown(base: Outcome, sanity: Outcome, outs: list[Outcome], jobs: int, wall: float) -> str:
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def markdown(base: Outcome, sanity: Outcome, outs: list[Outcome], jobs: int, wall: float, cpu: float) -> str:
     caught = sum(o.caught for o in outs)
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"Run of `python -m tests.mutation -j {jobs} --write-readme` at {when}, commit {git_head()}, "
         f"kernels_src digest {sources_digest()}: **{caught} of {len(outs)} mutations caught**; baseline "
         f"(unmutated) exit {base.rc}; sanity probe {'failed as it must' if sanity.rc not in (0, None) and SANITY_MARKER in sanity.output else 'NOT SEEN'}; "
-        f"wall time {wall:.0f} s with {jobs} workers.",
+        f"wall time {wall:.0f} s with {jobs} workers, {cpu:.0f} CPU seconds in the subprocesses "
+        f"(load average {os.getloadavg()[0]:.1f} at the end: the machine may be shared).",
         "",
         "| id | file | mutation (original → replacement) | what it breaks | selection | outcome | first failing test | s |",
         "|---|---|---|---|---|---|---|---|",
@@ -239,15 +246,15 @@ def main(argv: list[str] | None = None) -> int:
         for m in muts:
             print(f"{m.id:<34} {m.file:<22} {m.tests} -k {m.k!r}: {m.what}")
         return 0
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), children_cpu_s()
     base, sanity, outs = run_suite(muts, a.jobs)
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, children_cpu_s() - c0
     bad = verdict(base, sanity, outs)
-    print(f"{sum(o.caught for o in outs)}/{len(outs)} caught in {wall:.0f}s")
+    print(f"{sum(o.caught for o in outs)}/{len(outs)} caught in {wall:.0f}s ({cpu:.0f} CPU s in subprocesses)")
     if a.write_readme:
         if a.only:
             ap.error("--write-readme records complete runs only (drop --only)")
-        write_readme(markdown(base, sanity, outs, a.jobs, wall))
+        write_readme(markdown(base, sanity, outs, a.jobs, wall, cpu))
     for b in bad:
         print("PROBLEM:", b, file=sys.stderr)
     return 1 if bad else 0
