@@ -1,4 +1,5 @@
-"""Test-suite wiring: tests marked ``gpu`` run only where a CUDA device answers through the driver API."""
+"""Test-suite wiring: tests marked ``gpu`` run only where a CUDA device answers through the driver API; tests
+marked ``mutation`` (the kernel mutation suite) only when ``-m`` names them."""
 from __future__ import annotations
 
 import functools
@@ -41,6 +42,12 @@ def gpu_available() -> tuple[bool, str]:
 
 
 def pytest_collection_modifyitems(config, items):
+    # the kernel mutation suite (tests/mutation, marked `mutation`) runs only when -m names it
+    if "mutation" not in (config.getoption("markexpr") or ""):
+        dropped = [it for it in items if it.get_closest_marker("mutation")]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [it for it in items if not it.get_closest_marker("mutation")]
     ok, why = gpu_available()
     if ok:
         return

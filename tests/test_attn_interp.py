@@ -181,9 +181,10 @@ def test_prefill_empty_sequence_and_long_chunk(K):
     T = sum(q_lens)
     q = rnd(g, T, Hq, D)
     cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
-    o = run_prefill(K, "prefill.d128.nogate", q, kc, vc, bt, cu, torch.tensor(lens, dtype=torch.int32), 0.1,
-                    arch="sm_86")  # 64 x 64 tiles: two key tiles, one masked
-    ref = R.prefill(np64(q), np64(kc), np64(vc), bt.numpy(), cu.numpy(), lens, 0.1)
+    # 64 x 64 tiles: two key tiles, one masked; scale 0.15, not the model's 128^-0.5: the kernel must use its argument
+    o = run_prefill(K, "prefill.d128.nogate", q, kc, vc, bt, cu, torch.tensor(lens, dtype=torch.int32), 0.15,
+                    arch="sm_86")
+    ref = R.prefill(np64(q), np64(kc), np64(vc), bt.numpy(), cu.numpy(), lens, 0.15)
     check(o, ref, "prefill empty+long")
 
 
@@ -277,21 +278,46 @@ def test_decode(K, D, Hq, Hkv, splits, gate, arch, fused):
     assert torch.all(o[4] == 0), "an empty sequence decodes to zeros"
 
 
-@pytest.mark.parametrize("D,Hq,Hkv,gate,arch", [
-    (256, 6, 1, True, None),
-    (128, 8, 2, False, None),
-    (256, 4, 2, True, "sm_86"),
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_many_live_splits(K, fused):
+    """More live splits than the combine kernel's SPLIT_BLOCK, with the later splits holding the largest
+    scores: the combine's running max grows between its split blocks, so its rescaling is exercised."""
+    D, Hq, Hkv, bn = 128, 4, 2, cfg(K, "decode_split.d128")["BLOCK_N"]
+    sb = cfg(K, "decode_combine.d128.nogate")["SPLIT_BLOCK"]
+    splits = sb + 8
+    lens = [splits * bn, (sb + 1) * bn + 5]
+    g = torch.Generator().manual_seed(77)
+    kc, vc, bt = make_paged(g, lens, Hkv, D, 16)
+    q = rnd(g, len(lens), Hq, D)
+    group = Hq // Hkv
+    for b, L in enumerate(lens):
+        for n in range(sb * bn, L):  # keys past the first SPLIT_BLOCK splits lean towards the group's queries
+            blk, off = int(bt[b, n // 16]), n % 16
+            for h in range(Hkv):
+                lean = q[b, h * group:(h + 1) * group].float().mean(0) * 0.3
+                kc[blk, off, h] = (kc[blk, off, h].float() + lean).to(torch.bfloat16)
+    sl = torch.tensor(lens, dtype=torch.int32)
+    o = run_decode(K, D, q, kc, vc, bt, sl, D ** -0.5, splits, fused=fused)
+    ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, D ** -0.5)
+    check(o, ref, f"decode {splits} live splits fused={fused}")
+
+
+@pytest.mark.parametrize("D,Hq,Hkv,gate,arch,scale_f", [
+    (256, 6, 1, True, None, 1.0),
+    (128, 8, 2, False, None, 1.6),   # a scale other than the model's D^-0.5: the kernel must use its argument
+    (256, 4, 2, True, "sm_86", 0.6),
 ])
-def test_decode_direct(K, D, Hq, Hkv, gate, arch):
+def test_decode_direct(K, D, Hq, Hkv, gate, arch, scale_f):
     """The one-split kernel: whole sequences, output normalized, gated and stored directly."""
     lens, kc, vc, bt, q, sl, gt = decode_inputs(50 + D + Hq, D, Hq, Hkv, gate)
+    scale = scale_f * D ** -0.5
     B = len(lens)
     o = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
     gp, sgb, sgh = (gt, gt.stride(0), gt.stride(1)) if gate else (q, 0, 0)
     launch(K, f"decode_direct.d{D}.{'gate' if gate else 'nogate'}", (B * Hkv,), q, kc, vc, bt, sl, o, gp,
-           D ** -0.5, Hkv, Hq // Hkv, q.stride(0), q.stride(1), o.stride(0), o.stride(1), sgb, sgh,
+           scale, Hkv, Hq // Hkv, q.stride(0), q.stride(1), o.stride(0), o.stride(1), sgb, sgh,
            kc.stride(0), kc.stride(1), kc.stride(2), bt.stride(0), 16, bt.shape[1], kc.shape[0], arch=arch)
-    ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, D ** -0.5, None if gt is None else np64(gt))
+    ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, scale, None if gt is None else np64(gt))
     check(o, ref, f"decode_direct D={D} {Hq}/{Hkv}")
     assert torch.all(o[4] == 0), "an empty sequence decodes to zeros"
 

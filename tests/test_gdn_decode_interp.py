@@ -42,12 +42,12 @@ def kmod():
 
 
 
-def step(kmod, spec, qkv, a, b, A_log, dt_bias, state, slots, o, hk, hv):
+def step(kmod, spec, qkv, a, b, A_log, dt_bias, state, slots, o, hk, hv, eps=EPS):
     B = qkv.shape[0]
     s = spec.constexprs
     grid = (B * hv * (s["V"] // s["BLOCK_V"]),)
     args = (qkv, a, b, A_log, dt_bias, state, slots, o, qkv.stride(0), a.stride(0), b.stride(0), state.stride(0),
-            o.stride(0), hk, hv, state.shape[0], KD ** -0.5, EPS)
+            o.stride(0), hk, hv, state.shape[0], KD ** -0.5, eps)
     assert len(args) == len(spec.args)
     getattr(kmod, spec.entry)[grid](*args, **s, num_warps=spec.num_warps, num_stages=spec.num_stages)
 
@@ -64,19 +64,44 @@ def inputs(seed, B, hk, hv, nslots, pad=0):
     return qkv, a, b, A_log, dt_bias, state
 
 
+def shrink_qk(qkv, hk, row, scales):
+    """Scale q head i and k head i of batch row ``row`` by scales[i] and scales[hk + i]: sum(x^2) of a head
+    ~ 128 (2 s)^2, where the L2 norm's eps is a visible part of the norm."""
+    for j, sc in enumerate(scales):
+        sl = slice(j * KD, (j + 1) * KD)
+        qkv[row, sl] = (qkv[row, sl].float() * sc).to(torch.bfloat16)
+
+
+def rows_close(o, ref, tol, what):
+    """Every [V] output row (b, h) on its own."""
+    o = o.reshape(-1, o.shape[-1])
+    r = np.asarray(ref).reshape(-1, o.shape[-1])
+    n = np.linalg.norm(r, axis=1)
+    live = n > 0
+    err = np.linalg.norm(o - r, axis=1)[live] / n[live]
+    assert err.max() < tol, f"{what}: row relative error {err.max():.3e} >= {tol}"
+
+
+@pytest.mark.parametrize("eps", [EPS, 1e-5])
 @pytest.mark.parametrize("name", ["recurrent.k128_v128.bv32", "recurrent.k128_v128.bv16"])
-def test_decode_step(specs, kmod, name):
+def test_decode_step(specs, kmod, name, eps):
     hk, hv, B, nslots = 2, 4, 4, 5
     qkv, a, b, A_log, dt_bias, state = inputs(1, B, hk, hv, nslots, pad=16)
+    shrink_qk(qkv, hk, 0, (1e-4, 1.0, 1.0, 2e-4))    # batch row 0 (slot 3): q head 0, k head 1 tiny
+    shrink_qk(qkv, hk, 2, (1.0, 5e-4, 1e-4, 1.0))    # batch row 2 (slot 0): q head 1, k head 0 tiny
     state0 = state.clone()
     slot_l = [3, -1, 0, 7]  # -1 and 7 (>= nslots): no state access, o = 0
     slots = torch.tensor(slot_l, dtype=torch.int32)
     o = torch.full((B, hv, VD), float("nan"), dtype=torch.bfloat16)
-    step(kmod, specs[name], qkv, a, b, A_log, dt_bias, state, slots, o, hk, hv)
-    o_ref, st_ref = R.gdn_decode(np64(qkv), np64(a), np64(b), np64(A_log), np64(dt_bias), np64(state0), slot_l, hk, hv)
+    step(kmod, specs[name], qkv, a, b, A_log, dt_bias, state, slots, o, hk, hv, eps)
+    args = (np64(qkv), np64(a), np64(b), np64(A_log), np64(dt_bias), np64(state0), slot_l, hk, hv)
+    o_ref, st_ref = R.gdn_decode(*args, eps=eps)
+    o10, _ = R.gdn_decode(*args, eps=10 * eps)
+    assert rel_err(o10, o_ref) > 0.05, "inputs do not make eps matter"
     on = np64(o)
     assert np.isfinite(on).all(), "unwritten output"
     assert rel_err(on, o_ref) < 1e-2
+    rows_close(on, o_ref, 1e-2, "o")
     assert np.all(on[1] == 0) and np.all(on[3] == 0)
     sn = np64(state)
     for sl in (3, 0):

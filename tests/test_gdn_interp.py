@@ -149,13 +149,35 @@ def test_chunk_index(K):
                                  [-1, -1]]
 
 
+# (token, scale of its q and k channels): sum(x^2) over a head = 128 s^2 from 1.3e-6 to 1.2e-3, where the
+# L2 norm's eps (1e-6 inside the sqrt) is a visible part of the norm
+SMALL_QK_ROWS = ((0, 1e-4), (1, 3e-4), (2, 1e-3), (3, 3e-3), (40, 1e-4), (41, 3e-4))
+
+
+def rows_check(out, ref, tol, what):
+    """Relative error of every [.., K] row on its own (tiny-norm rows cannot hide behind the others)."""
+    o = np64(out).reshape(-1, out.shape[-1])
+    r = np.asarray(ref, dtype=np.float64).reshape(-1, out.shape[-1])
+    assert np.isfinite(o).all(), f"{what}: non-finite values"
+    err = np.linalg.norm(o - r, axis=1) / np.maximum(np.linalg.norm(r, axis=1), 1e-30)
+    assert err.max() < tol, f"{what}: row {int(err.argmax())} relative error {err.max():.3e} >= {tol}"
+
+
 def test_prep(K):
     hk, hv = 2, 4
     qkv, a, b, A_log, dt, cu = make_inputs(1, [5, 70], hk, hv)
+    for t, sc in SMALL_QK_ROWS:
+        qkv[t, :2 * hk * DK] = (qkv[t, :2 * hk * DK].float() * sc).to(torch.bfloat16)
     _, ws = run_chunked(K, qkv, a, b, A_log, dt, cu, hk, hv)
     q, k, v, g, beta = refs_gdn.prep(np64(qkv), np64(a), np64(b), np64(A_log), np64(dt), hk, hv)
     check(ws["qn"], q, 5e-3, "q")
     check(ws["kn"], k, 5e-3, "k")
+    rows_check(ws["qn"], q, 1e-2, "q rows")
+    rows_check(ws["kn"], k, 1e-2, "k rows")
+    # the inputs make the eps visible: 1e-5 instead of 1e-6 moves some row by far more than the tolerance
+    x = np64(qkv)[:, :hk * DK].reshape(-1, hk, DK)
+    q10 = x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-5)
+    assert np.max(np.linalg.norm(q10 - q, axis=-1) / np.linalg.norm(q, axis=-1)) > 0.1
     assert np.allclose(np64(ws["beta"]), beta, rtol=1e-5, atol=1e-6)
     gc = np.concatenate([np.cumsum(g[s:e], 0) for s, e in ((0, 5), (5, 69), (69, 75))])
     assert np.allclose(np64(ws["g"]), gc, rtol=1e-4, atol=1e-4)

@@ -259,6 +259,122 @@ def test_embedding(K, N, stride_t, block_variant):
     untouched_padding(ob, N, before)
 
 
+# ------------------------------------------------------------------ small-magnitude rows: eps must matter
+
+# Row scales: mean(x^2) = 1e-6, 1e-5, 1e-4, 1 (bf16 holds these exactly enough). With eps 1e-6 the first rows
+# are normalized by sqrt(mean + eps) with eps a large part of it: a kernel adding 10x eps, no eps, or a
+# hard-coded 1e-6 while the caller passes 1e-5 moves those rows by far more than the tolerance.
+SMALL_SCALES = (1e-3, 3.16e-3, 1e-2, 1.0)
+EPS_CASES = (1e-6, 1e-5)
+
+
+def scaled(g, rows, cols, stride, group=None):
+    """A [rows, cols] bf16 view of a padded random buffer; row r (or, with ``group``, each ``group``-wide
+    slice j of every row) is scaled by SMALL_SCALES[(r or j) % 4]."""
+    x = torch.randn(rows, stride, generator=g, dtype=torch.float32)
+    if group is None:
+        f = torch.tensor([SMALL_SCALES[r % 4] for r in range(rows)])[:, None]
+    else:
+        f = torch.tensor([SMALL_SCALES[(c // group) % 4] for c in range(stride)])[None, :]
+    buf = (x * f).to(torch.bfloat16).to(DEV)
+    return buf, buf[:, :cols]
+
+
+def check_rows(out, ref, group, tol=1e-2, what="out"):
+    """Relative error of every ``group``-wide slice of the last axis on its own (a small row cannot hide
+    behind large ones)."""
+    o = np64(out).reshape(-1, group)
+    r = np.asarray(ref, dtype=np.float64).reshape(-1, group)
+    assert np.isfinite(o).all(), f"{what}: non-finite elements (unwritten?)"
+    err = np.linalg.norm(o - r, axis=1) / np.maximum(np.linalg.norm(r, axis=1), 1e-30)
+    assert err.max() < tol, f"{what}: slice {int(err.argmax())} relative error {err.max():.3e} >= {tol}"
+    return float(err.max())
+
+
+def sensitive(ref_fn, ref, group, tol=1e-2):
+    """The inputs must make eps visible: the reference with 10x eps, and with no eps, differs from ``ref``
+    by more than 5x the tolerance in some slice."""
+    for other in ref_fn(10.0), ref_fn(0.0):
+        a = np.asarray(other).reshape(-1, group)
+        b = np.asarray(ref).reshape(-1, group)
+        d = np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+        assert d.max() > 5 * tol, "test inputs do not make eps matter"
+
+
+@pytest.mark.parametrize("eps", EPS_CASES)
+@pytest.mark.parametrize("N,block,variant", [(1000, 1024, "any"), (2048, 2048, "a16")])
+def test_rmsnorm_small_rows_eps(K, eps, N, block, variant):
+    g = _gen(8000 + N)
+    M, stride = 4, N + 16
+    xb, x = scaled(g, M, N, stride)
+    w = rnd(g, N, scale=0.2)
+    yb, y = poisoned(M, N, stride)
+    launch(K, f"rmsnorm.b{block}.{variant}", (M,), x, w, y, stride, stride, N, eps)
+    ref = refs.rmsnorm(np64(x), np64(w), eps)
+    sensitive(lambda f: refs.rmsnorm(np64(x), np64(w), f * eps), ref, N)
+    check_rows(y, ref, N)
+
+
+@pytest.mark.parametrize("eps", EPS_CASES)
+def test_add_rmsnorm_small_rows_eps(K, eps):
+    g = _gen(8100)
+    M, N, stride = 4, 1000, 1008
+    xb, x = scaled(g, M, N, stride)
+    rb, r = scaled(g, M, N, stride)
+    r0 = r.clone()
+    w = rnd(g, N, scale=0.2)
+    yb, y = poisoned(M, N, stride)
+    launch(K, "add_rmsnorm.b1024.any", (M,), x, r, w, y, stride, stride, stride, N, eps)
+    y_ref, r_ref = refs.add_rmsnorm(np64(x), np64(r0), np64(w), eps)
+    sensitive(lambda f: refs.add_rmsnorm(np64(x), np64(r0), np64(w), f * eps)[0], y_ref, N)
+    check_rows(y, y_ref, N)
+    check_rows(r, r_ref, N, tol=5e-3, what="residual")
+
+
+@pytest.mark.parametrize("eps", EPS_CASES)
+def test_gated_rmsnorm_small_heads_eps(K, eps):
+    g = _gen(8200)
+    M, H = 2, 5
+    C = H * 128
+    xb, x = scaled(g, M, C, C + 32, group=128)
+    zb, z = strided(g, M, C, C, scale=2.0)
+    w = rnd(g, 128, scale=0.3, shift=1.0)
+    yb, y = poisoned(M, C, C)
+    hpp = K.specs["gated_rmsnorm.h128.any"].constexprs["HEADS_PER_PROG"]
+    launch(K, "gated_rmsnorm.h128.any", (M, triton.cdiv(H, hpp)), x, z, w, y, C + 32, C, C, H, eps)
+    ref = refs.gated_rmsnorm(np64(x), np64(z), np64(w), eps)
+    sensitive(lambda f: refs.gated_rmsnorm(np64(x), np64(z), np64(w), f * eps), ref, 128)
+    check_rows(y, ref, 128)
+
+
+@pytest.mark.parametrize("eps", EPS_CASES)
+def test_qk_norm_rope_small_heads_eps(K, eps):
+    """Query / key heads of every magnitude; the q heads' gate halves are large (they must not leak in)."""
+    g = _gen(8300)
+    D, ROT, Hq, Hkv, theta = 128, 32, 4, 4, 1e7
+    positions = [3, 100, 2049]
+    T = len(positions)
+    qgb, qg = scaled(g, T, Hq * 2 * D, Hq * 2 * D, group=2 * D)
+    qg.view(T, Hq, 2 * D)[..., D:] *= 1000.0
+    kb, k = scaled(g, T, Hkv * D, Hkv * D, group=D)
+    pos = torch.tensor(positions, dtype=torch.int32, device=DEV)
+    wq, wk = rnd(g, D, scale=0.2), rnd(g, D, scale=0.2)
+    q_out = torch.full((T, Hq, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+    k_out = torch.full((T, Hkv, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+    name = f"qk_norm_rope.d{D}.r{ROT}.any"
+    hpp = K.specs[name].constexprs["HEADS_PER_PROG"]
+    launch(K, name, (T, triton.cdiv(Hq, hpp) + triton.cdiv(Hkv, hpp)),
+           qg, k, pos, wq, wk, q_out, k_out, Hq * 2 * D, Hkv * D, Hq, Hkv, eps, theta)
+
+    def ref_fn(f):
+        return refs.qk_norm_rope(np64(qg), np64(k), positions, np64(wq), np64(wk), f * eps, theta, Hq, Hkv, D, ROT)
+    q_ref, k_ref = ref_fn(1.0)
+    sensitive(lambda f: ref_fn(f)[0], q_ref, D)
+    sensitive(lambda f: ref_fn(f)[1], k_ref, D)
+    check_rows(q_out, q_ref, D, what="q")
+    check_rows(k_out, k_ref, D, what="k")
+
+
 def test_nan_fails_check():
     """The comparison helper itself rejects NaN / unwritten outputs."""
     ref = np.ones((2, 4))
