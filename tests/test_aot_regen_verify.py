@@ -160,6 +160,32 @@ def test_cli_verify_and_inspect_outside_any_root(tmp_path):
         assert len(lines) == 1 and lines[0].startswith(f"vkc {cmd}: ") and "neither a vkc checkout" in lines[0], lines
 
 
+def test_no_checkout_and_no_install(monkeypatch, tmp_path):
+    """Neither found from the cwd nor around the package, no VKC_ARTIFACT_ROOT, no installed artifacts."""
+    from click.testing import CliRunner
+
+    from vkc import discover
+    from vkc_cli.main import main
+
+    def no_checkout(start=None):
+        raise FileNotFoundError("no checkout")
+    monkeypatch.delenv("VKC_ROOT", raising=False)
+    monkeypatch.delenv("VKC_ARTIFACT_ROOT", raising=False)
+    monkeypatch.setattr(discover, "find_root", no_checkout)
+    monkeypatch.setattr(discover, "installed_artifact_root", lambda: None)
+    with pytest.raises(FileNotFoundError, match="no vkc checkout .* and no installed vkc artifacts found"):
+        discover.find_artifact_root()
+    for cmd in ("verify", "inspect"):
+        r = CliRunner().invoke(main, [cmd])
+        assert r.exit_code == 2 and r.output.startswith(f"vkc {cmd}: no vkc checkout"), r.output
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    monkeypatch.setenv("VKC_ARTIFACT_ROOT", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="is not an artifact root"):
+        discover.find_artifact_root()
+    (tmp_path / "manifests").mkdir()
+    assert discover.find_artifact_root() == (tmp_path.resolve(), "installed")
+
+
 def test_cli_inspect_json(built):
     out = subprocess.run([sys.executable, "-m", "vkc_cli", "inspect", "--root", str(built), "--arch", "sm_90a",
                           "--json"], capture_output=True, text=True)
