@@ -1,13 +1,14 @@
-"""AOT pipeline: regen determinism across directories, manifest schema, and the verify mutation suite.
+"""AOT pipeline: regen determinism across directories, manifest schema and artifact kinds, the build side's
+import discipline, `vkc verify --rebuild`, and the CLI. The mutation suite is tests/test_verify_mutations.py.
 
-A small tree (the real aot/ + runtime/ generator and the selftest kernel family) is regenerated for two
-archs into temp directories; each mutation test copies it, breaks one thing and checks verify names it.
+A small tree (the real aot/ + contract/ + runtime/ generator and the selftest kernel family) is regenerated
+for two archs once per session (tests/aot_tree.py).
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,67 +16,21 @@ from pathlib import Path
 import pytest
 
 from vkc import manifest, verify
-from vkc.regen import regen
-
-REPO = Path(__file__).resolve().parents[1]
-ARCHS = ["sm_80", "sm_90a"]
+from vkc_contract import layout
+from vkc_contract.arch import ALL_ARCHS
+from tests.aot_tree import ARCHS, REPO, assert_found, built_tree, copy_tree, edit_manifest, make_tree, problems
 
 pytest.importorskip("triton", reason="regen needs the pinned Triton (pip install -e '.[test]')")
 
 
-def make_tree(dst: Path) -> Path:
-    for rel in ("aot", "contract", "runtime"):
-        shutil.copytree(REPO / rel, dst / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    (dst / "kernels_src").mkdir(parents=True)
-    shutil.copy2(REPO / "kernels_src/__init__.py", dst / "kernels_src/__init__.py")
-    shutil.copytree(REPO / "kernels_src/selftest", dst / "kernels_src/selftest",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (dst / "manifests").mkdir()
-    shutil.copy2(REPO / "manifests/schema.json", dst / "manifests/schema.json")
-    return dst
-
-
-def git_commit_all(root: Path) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    subprocess.run(["git", "init", "-q", str(root)], check=True, env=env)
-    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True, env=env)
-    subprocess.run(["git", "-C", str(root), "commit", "-qm", "x"], check=True, env=env)
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    root = make_tree(tmp_path_factory.mktemp("a") / "tree")
-    regen(root, ARCHS, jobs=2)
-    git_commit_all(root)
-    return root
+    return built_tree(tmp_path_factory)
 
 
 @pytest.fixture()
 def tree(built, tmp_path) -> Path:
-    dst = tmp_path / "copy"
-    shutil.copytree(built, dst)
-    return dst
-
-
-def problems(root: Path) -> list[str]:
-    return verify.verify(root, ARCHS)
-
-
-def assert_caught(root: Path, needle: str) -> None:
-    P = problems(root)
-    assert P, f"verify missed the mutation (expected {needle!r})"
-    assert any(needle in p for p in P), f"expected {needle!r} in:\n" + "\n".join(P)
-    assert all("vkc regen --arch" in p or "git add" in p or "delete it" in p for p in P), P
-
-
-def edit_manifest(root: Path, arch: str, fn, reseal: bool = True) -> None:
-    p = manifest.manifest_path(root, arch)
-    doc = json.loads(p.read_text())
-    fn(doc)
-    if reseal:
-        doc = manifest.seal(doc)
-    p.write_bytes(manifest.canonical(doc))
+    return copy_tree(built, tmp_path / "copy")
 
 
 # ------------------------------------------------------------------ determinism and schema
@@ -85,6 +40,8 @@ def test_clean_tree_verifies(built):
 
 
 def test_regen_is_byte_identical_from_another_directory(built, tmp_path):
+    from vkc.regen import regen
+
     other = make_tree(tmp_path / "elsewhere" / "deeper" / "tree")
     cwd = os.getcwd()
     os.chdir(tmp_path)  # a different working directory too
@@ -111,6 +68,46 @@ def test_manifests_validate_against_schema(built):
         assert [p["name"] for p in k["params"]][-2:] == ["global_scratch", "profile_scratch"]
         assert [p["size"] for p in k["params"]] == [8, 8, 8, 4, 4, 8, 8]  # fp32 alpha is 4 bytes
         assert k["resources"]["sass_arch"] == arch and not k["resources"]["spills"]
+        for base, k in doc["kernels"].items():  # every Triton artifact records its kind and loader
+            art = k["artifact"]
+            assert art["kind"] == art["loader"] == "triton-cubin" and "host_platform" not in art
+            assert art["path"] == layout.kind_relpath("triton-cubin", arch, base) == layout.artifact_relpath(arch, base)
+
+
+def test_committed_manifests_record_kinds():
+    """All seven committed manifests: every artifact is a triton-cubin at the path layout.py gives."""
+    for arch in ALL_ARCHS:
+        doc = manifest.load(manifest.manifest_path(REPO, arch))
+        assert manifest.schema_errors(REPO, doc) == []
+        for base, k in doc["kernels"].items():
+            assert k["artifact"]["kind"] == "triton-cubin" and k["artifact"]["loader"] == "triton-cubin"
+            assert k["artifact"]["path"] == layout.kind_relpath("triton-cubin", arch, base)
+
+
+def test_schema_kinds_match_the_contract():
+    """The schema's artifact definitions, layout.ARTIFACT_KINDS and verify's checker registry name the same kinds."""
+    from vkc import kinds
+
+    s = json.loads((REPO / "manifests/schema.json").read_text())["$defs"]
+    in_schema = {s[d]["properties"]["kind"]["const"] for d in ("cubin_artifact", "so_artifact")}
+    assert in_schema == set(layout.ARTIFACT_KINDS) == set(kinds.CHECKERS)
+    assert set(s["so_artifact"]["properties"]["host_platform"]["enum"]) == set(layout.HOST_PLATFORMS)
+    assert "host_platform" not in s["cubin_artifact"]["properties"]  # forbidden for device code
+    assert "host_platform" in s["so_artifact"]["required"]  # required for host code
+    for name, k in layout.ARTIFACT_KINDS.items():
+        assert k.name == name and k.suffix.startswith(".") and k.host == (name == "cute-so")
+
+
+def test_layout_paths_per_kind():
+    assert layout.kind_relpath("triton-cubin", "sm_90a", "norm.rmsnorm.b2048") == "vendored/sm_90a/norm/rmsnorm.b2048.cubin"
+    assert layout.kind_relpath("cute-so", "sm_100a", "gemm.bf16_nt", "aarch64") == "vendored/sm_100a/gemm/gemm.aarch64.so"
+    with pytest.raises(ValueError, match="host platform"):
+        layout.kind_relpath("cute-so", "sm_90a", "gemm.x")
+    with pytest.raises(ValueError, match="no host platform"):
+        layout.kind_relpath("triton-cubin", "sm_90a", "gemm.x", "x86_64")
+    with pytest.raises(ValueError, match="unknown artifact kind"):
+        layout.kind_relpath("ptx", "sm_90a", "gemm.x")
+    assert layout.current_host_platform() in (*layout.HOST_PLATFORMS, None)
 
 
 def test_verify_does_not_import_triton(built):
@@ -121,200 +118,100 @@ def test_verify_does_not_import_triton(built):
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
-# ------------------------------------------------------------------ mutation suite
-
-def test_changed_kernel_source(tree):
-    with open(tree / "kernels_src/selftest/abi.py", "a") as f:
-        f.write("\n# edited\n")
-    assert_caught(tree, "source kernels_src/selftest/abi.py changed since regen")
-
-
-def test_changed_helper_module(tree):
-    with open(tree / "kernels_src/selftest/common.py", "a") as f:
-        f.write("\n# edited\n")
-    assert_caught(tree, "source kernels_src/selftest/common.py changed since regen")
-
-
-def test_new_helper_import(tree):
-    (tree / "kernels_src/selftest/extra.py").write_text("X = 1\n")
-    src = tree / "kernels_src/selftest/abi.py"
-    src.write_text("from kernels_src.selftest import extra  # noqa\n" + src.read_text())
-    assert_caught(tree, "kernels_src/selftest/extra.py is imported by a kernel but not recorded")
-
-
-def test_changed_spec_pin(tree):
-    s = tree / "kernels_src/selftest/spec.py"
-    s.write_text(s.read_text().replace('constexprs={"BLOCK": 1024}, num_warps=4',
-                                       'constexprs={"BLOCK": 1024}, num_warps=8'))
-    assert_caught(tree, "spec input 'num_warps' changed")
+def test_build_side_never_imports_vkc_runtime(built):
+    """Statically: no module of aot/vkc imports vkc_runtime; dynamically: importing every one of them and
+    running verify, regen's manifest code and the root finders leaves vkc_runtime out of sys.modules."""
+    mods = sorted(p.stem for p in (REPO / "aot/vkc").glob("*.py") if p.stem != "__init__")
+    for m in mods:
+        tree = ast.parse((REPO / "aot/vkc" / f"{m}.py").read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "vkc_runtime" for n in names), f"aot/vkc/{m}.py imports {names}"
+    code = ("import sys, importlib; from pathlib import Path; "
+            f"[importlib.import_module('vkc.' + m) for m in {mods!r}]; "
+            "from vkc import verify, discover; "
+            f"assert verify.verify(Path({str(built)!r}), {ARCHS!r}) == []; "
+            "discover.find_artifact_root(); discover.installed_artifact_root(); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'vkc_runtime'); "
+            "assert not bad, bad; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
 
 
-def test_changed_constexpr(tree):
-    s = tree / "kernels_src/selftest/spec.py"
-    s.write_text(s.read_text().replace('constexprs={"BLOCK": 1024}', 'constexprs={"BLOCK": 2048}'))
-    assert_caught(tree, "spec input 'constexprs' changed")
-
-
-def test_changed_signature_hint(tree):
-    s = tree / "kernels_src/selftest/spec.py"
-    s.write_text(s.read_text().replace('Arg("x_ptr", "*fp32", div=16)', 'Arg("x_ptr", "*fp32")'))
-    assert_caught(tree, "spec input 'signature' changed")
-
-
-def test_added_spec(tree):
-    s = tree / "kernels_src/selftest/spec.py"
-    s.write_text(s.read_text() + '\nSPECS.append(KernelSpec(name="empty2", source="abi.py", entry="empty_kernel",'
-                 ' args=[Arg("x_ptr", "*i8"), Arg("n", "i32")], num_warps=1))\n')
-    assert_caught(tree, "spec selftest.empty2 has no artifact")
-
-
-def test_removed_spec(tree):
-    s = tree / "kernels_src/selftest/spec.py"
-    s.write_text(s.read_text() + "\nSPECS.pop()\n")
-    assert_caught(tree, "manifest has selftest.empty but no spec defines it")
-
-
-def test_per_arch_override(tree):
-    s = tree / "kernels_src/selftest/spec.py"
-    s.write_text(s.read_text().replace('constexprs={"BLOCK": 1024}, num_warps=4',
-                                       'constexprs={"BLOCK": 1024}, num_warps=4, overrides={"sm_80": {"num_warps": 2}}'))
-    P = problems(tree)
-    assert any(p.startswith("sm_80:") and "'num_warps' changed" in p for p in P), P
-    assert not any(p.startswith("sm_90a:") for p in P), P  # only the overridden arch drifts
-
-
-def test_modified_artifact(tree):
-    f = tree / "vendored/sm_90a/selftest/empty.cubin"
-    data = bytearray(f.read_bytes())
-    data[-1] ^= 0xFF
-    f.write_bytes(bytes(data))
-    assert_caught(tree, "artifact vendored/sm_90a/selftest/empty.cubin was modified")
-
-
-def test_missing_artifact(tree):
-    (tree / "vendored/sm_80/selftest/abi_probe.cubin").unlink()
-    assert_caught(tree, "artifact vendored/sm_80/selftest/abi_probe.cubin is missing")
-
-
-def test_extra_artifact(tree):
-    (tree / "vendored/sm_80/selftest/stray.cubin").write_bytes(b"\x7fELF")
-    assert_caught(tree, "extra file vendored/sm_80/selftest/stray.cubin")
-
-
-def test_untracked_artifact(tree):
-    subprocess.run(["git", "-C", str(tree), "rm", "-q", "--cached", "vendored/sm_90a/selftest/empty.cubin"],
-                   check=True)
-    assert_caught(tree, "1 file(s) not tracked by git (vendored/sm_90a/selftest/empty.cubin)")
-
-
-def test_wrong_arch_cubin(tree):
-    src = (tree / "vendored/sm_80/selftest/empty.cubin").read_bytes()
-    (tree / "vendored/sm_90a/selftest/empty.cubin").write_bytes(src)
-
-    def fix(doc):  # a careful forger updates hash and size too
-        from vkc_contract.hashing import sha256_bytes
-        art = doc["kernels"]["selftest.empty"]["artifact"]
-        art["sha256"], art["size"] = sha256_bytes(src), len(src)
-    edit_manifest(tree, "sm_90a", fix)
-    assert_caught(tree, "holds SASS for sm_80, not sm_90a")
-
-
-def test_manifest_hand_edit_is_caught_by_digest(tree):
-    edit_manifest(tree, "sm_90a", lambda d: d["kernels"]["selftest.empty"]["launch"].update(shared=4096),
-                  reseal=False)
-    assert_caught(tree, "digest mismatch")
-
-
-def test_manifest_artifact_hash_edit(tree):
-    edit_manifest(tree, "sm_80", lambda d: d["kernels"]["selftest.empty"]["artifact"].update(sha256="0" * 64))
-    assert_caught(tree, "was modified (sha256/size mismatch)")
-
-
-def test_launch_metadata_edit_resealed(tree):
-    def fix(doc):
-        doc["kernels"]["selftest.scale_add.b1024"]["launch"]["num_warps"] = 8
-    edit_manifest(tree, "sm_90a", fix)
-    assert_caught(tree, "launch num_warps/num_ctas differ")
-
-
-def test_launch_name_edit_resealed(tree):
-    def fix(doc):
-        k = doc["kernels"]["selftest.empty"]
-        k["launch"]["name"] = k["inputs"]["entry"] = "other_kernel"
-    edit_manifest(tree, "sm_90a", fix)
-    assert_caught(tree, "spec input 'entry' changed")
-
-
-def test_param_list_edit_resealed(tree):
-    def fix(doc):
-        k = doc["kernels"]["selftest.scale_add.b1024"]
-        k["params"][4].update(type="fp64", code="d", size=8)  # the C-double mistake
-    edit_manifest(tree, "sm_80", fix)
-    P = problems(tree)
-    assert any("parameter list does not follow its signature" in p for p in P), P
-    assert any("cubin parameter sizes" in p for p in P), P
-
-
-def test_toolchain_pin_change_in_manifest(tree):
-    edit_manifest(tree, "sm_80", lambda d: d["toolchain"].update(triton="3.6.0"))
-    assert_caught(tree, "built with triton 3.6.0, pinned 3.9.0")
-
-
-def test_toolchain_pin_change_in_project(tree, monkeypatch):
-    from vkc import toolchain
-    monkeypatch.setitem(toolchain.PTXAS, "ptxas", {"version": "12.8.93", "sha256": "1" * 64})
-    P = problems(tree)
-    assert any(p.startswith("sm_80:") and "ptxas" in p for p in P), P
-    assert not any(p.startswith("sm_90a:") for p in P), P  # sm_90a uses ptxas-blackwell
-
-
-def test_generator_change(tree):
-    with open(tree / "aot/vkc/compile.py", "a") as f:
-        f.write("\n# edited\n")
-    assert_caught(tree, "generator (aot/ sources) changed since regen")
-
-
-def test_schema_violation(tree):
-    edit_manifest(tree, "sm_90a", lambda d: d["kernels"]["selftest.empty"].update(extra_field=1))
-    assert_caught(tree, "violates manifests/schema.json")
-
-
-def test_missing_manifest(tree):
-    manifest.manifest_path(tree, "sm_80").unlink()
-    assert_caught(tree, "manifest manifests/sm_80.json is missing")
-
-
-def test_noncanonical_manifest(tree):
-    p = manifest.manifest_path(tree, "sm_90a")
-    p.write_text(json.dumps(json.loads(p.read_text()), indent=4))
-    assert_caught(tree, "not in canonical form")
-
+# ------------------------------------------------------------------ CLI
 
 def test_cli_verify_exit_code(tree):
     (tree / "vendored/sm_80/selftest/empty.cubin").unlink()
-    env = {**os.environ}
     out = subprocess.run([sys.executable, "-m", "vkc_cli", "verify", "--root", str(tree), "--arch", "sm_80"],
-                         capture_output=True, text=True, env=env)
+                         capture_output=True, text=True)
     assert out.returncode == 1
     assert "DRIFT sm_80: selftest.empty: artifact vendored/sm_80/selftest/empty.cubin is missing" in out.stderr
 
 
-def test_tuning_data_change(tree):
-    tdir = tree / "kernels_src/selftest/tuning"
-    tdir.mkdir()
-    (tdir / "sm_80.json").write_text('{"scale_add.b1024": {"num_warps": 8}}\n')
-    P = problems(tree)
-    assert any(p.startswith("sm_80:") and "selftest.scale_add.b1024: spec input 'num_warps' changed" in p
-               for p in P), P
-    assert not any(p.startswith("sm_90a:") for p in P), P
+def test_cli_verify_and_inspect_outside_any_root(tmp_path):
+    """No checkout and no installed artifacts: one clear line, non-zero exit, no traceback."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VKC_ROOT", "VKC_ARTIFACT_ROOT")}
+    for cmd in ("verify", "inspect"):
+        out = subprocess.run([sys.executable, "-m", "vkc_cli", cmd, "--root", str(tmp_path)],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert out.returncode == 2, out.stdout + out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"vkc {cmd}: ") and "neither a vkc checkout" in lines[0], lines
 
 
-def test_tuning_data_for_unknown_spec(tree):
-    tdir = tree / "kernels_src/selftest/tuning"
-    tdir.mkdir()
-    (tdir / "sm_90a.json").write_text('{"nope": {"num_warps": 8}}\n')
-    P = problems(tree)
-    assert any("cannot read the specs" in p and "tunes unknown specs ['nope']" in p for p in P), P
+def test_no_checkout_and_no_install(monkeypatch, tmp_path):
+    """Neither found from the cwd nor around the package, no VKC_ARTIFACT_ROOT, no installed artifacts."""
+    from click.testing import CliRunner
+
+    from vkc import discover
+    from vkc_cli.main import main
+
+    def no_checkout(start=None):
+        raise FileNotFoundError("no checkout")
+    monkeypatch.delenv("VKC_ROOT", raising=False)
+    monkeypatch.delenv("VKC_ARTIFACT_ROOT", raising=False)
+    monkeypatch.setattr(discover, "find_root", no_checkout)
+    monkeypatch.setattr(discover, "installed_artifact_root", lambda: None)
+    with pytest.raises(FileNotFoundError, match="no vkc checkout .* and no installed vkc artifacts found"):
+        discover.find_artifact_root()
+    for cmd in ("verify", "inspect"):
+        r = CliRunner().invoke(main, [cmd])
+        assert r.exit_code == 2 and r.output.startswith(f"vkc {cmd}: no vkc checkout"), r.output
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    monkeypatch.setenv("VKC_ARTIFACT_ROOT", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="is not an artifact root"):
+        discover.find_artifact_root()
+    (tmp_path / "manifests").mkdir()
+    assert discover.find_artifact_root() == (tmp_path.resolve(), "installed")
+
+
+def test_cli_inspect_json(built):
+    out = subprocess.run([sys.executable, "-m", "vkc_cli", "inspect", "--root", str(built), "--arch", "sm_90a",
+                          "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert sorted(r["base"] for r in rows) == ["selftest.abi_probe", "selftest.empty", "selftest.scale_add.b1024"]
+    assert all(r["kind"] == "triton-cubin" and r["arch"] == "sm_90a" for r in rows)
+
+
+# ------------------------------------------------------------------ rebuild
+
+def test_rebuild_catches_forged_bytes(tree):
+    """A cubin replaced (and its manifest entry resealed to match) passes the fast checks' hash test but not
+    `--rebuild`, which compiles the tree again elsewhere and compares every byte."""
+    f = tree / "vendored/sm_80/selftest/empty.cubin"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF  # past the section data the ELF reader looks at
+    f.write_bytes(bytes(data))
+
+    def forge(doc):
+        from vkc_contract.hashing import sha256_bytes
+        doc["kernels"]["selftest.empty"]["artifact"]["sha256"] = sha256_bytes(bytes(data))
+    edit_manifest(tree, "sm_80", forge)
+    P = verify.rebuild_compare(tree, ["sm_80"], jobs=2)
+    assert_found(P, "rebuilt-manifest", "rebuilt manifest differs from manifests/sm_80.json")
+    assert_found(P, "rebuilt-artifact", "rebuilt vendored/sm_80/selftest/empty.cubin differs from the committed bytes")
 
 
 def test_committed_tree_rebuilds_byte_identical():

@@ -169,10 +169,74 @@ GENERATOR_FILES = (
 )
 
 
-def generator_hash(root: Path) -> str:
+def running_generator_file(rel: str) -> Path:
+    """Where the running (imported) vkc / vkc_contract keeps the generator file ``rel`` of the checkout layout."""
+    import vkc_contract  # noqa: PLC0415
+
+    pkgs = {"aot/vkc/": Path(__file__).resolve().parent, "contract/vkc_contract/": Path(vkc_contract.__file__).parent}
+    for prefix, pkg in pkgs.items():
+        if rel.startswith(prefix):
+            return pkg / rel[len(prefix):]
+    raise ValueError(f"{rel} is not a generator file")
+
+
+def generator_hash(root: Path | None) -> str:
+    """Hash of the generator files of the checkout ``root``, or of the running packages when ``root`` is None
+    (an installed wheel: its vkc / vkc_contract files are the checkout's, copied verbatim)."""
     import hashlib
 
     h = hashlib.sha256()
     for rel in GENERATOR_FILES:
-        h.update(rel.encode() + b"\0" + sha256_file(root / rel).encode() + b"\n")
+        f = root / rel if root is not None else running_generator_file(rel)
+        h.update(rel.encode() + b"\0" + sha256_file(f).encode() + b"\n")
     return h.hexdigest()
+
+
+INSTALLED_ARTIFACTS = "artifacts"  # vkc_runtime/artifacts/ in a wheel install (CMakeLists.txt installs it)
+
+
+def installed_artifact_root() -> Path | None:
+    """The installed wheel's artifact root (``vkc_runtime/artifacts/``), located without importing vkc_runtime."""
+    import importlib.util  # noqa: PLC0415
+
+    try:
+        spec = importlib.util.find_spec("vkc_runtime")
+    except (ImportError, ValueError):
+        return None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        d = Path(loc) / INSTALLED_ARTIFACTS
+        if (d / "manifests").is_dir():
+            return d
+    return None
+
+
+def find_artifact_root(start: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """``(root, mode)`` for `vkc verify` / `vkc inspect`; mode ``"checkout"`` (a source tree: kernels_src/ +
+    manifests/) or ``"installed"`` (an artifact root: manifests/ + vendored/, no sources).
+
+    ``start`` (``--root``) or env VKC_ROOT names the directory outright; otherwise a checkout found from the
+    cwd or around this package, else env VKC_ARTIFACT_ROOT, else the installed wheel's artifacts."""
+    explicit = start if start is not None else os.environ.get("VKC_ROOT")
+    if explicit:
+        p = Path(explicit).resolve()
+        if (p / KERNELS_DIR).is_dir() and (p / "manifests").is_dir():
+            return p, "checkout"
+        if (p / "manifests").is_dir():
+            return p, "installed"
+        raise FileNotFoundError(f"{p} is neither a vkc checkout (kernels_src/ + manifests/) nor an artifact root "
+                                f"(manifests/)")
+    try:
+        return find_root(), "checkout"
+    except FileNotFoundError:
+        pass
+    env = os.environ.get("VKC_ARTIFACT_ROOT", "").strip()
+    if env:
+        p = Path(env).expanduser().resolve()
+        if not (p / "manifests").is_dir():
+            raise FileNotFoundError(f"VKC_ARTIFACT_ROOT={env!r} is not an artifact root (no manifests/ folder in it)")
+        return p, "installed"
+    inst = installed_artifact_root()
+    if inst is not None:
+        return inst, "installed"
+    raise FileNotFoundError("no vkc checkout (kernels_src/ + manifests/) and no installed vkc artifacts found; run "
+                            "inside a checkout, pass --root, or install a vkc wheel built with artifacts")

@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import vkc_contract
 from vkc_contract.arch import ALL_ARCHS
 from vkc_contract.arch import get as get_arch
 from vkc_contract.hashing import sha256_bytes, sha256_file
-from vkc_contract.layout import artifact_relpath
+from vkc_contract.layout import ARTIFACT_KINDS, TRITON_CUBIN, kind_relpath
 
-import vkc
 from vkc import discover, manifest, toolchain
 from vkc.spec import ResolvedSpec
 
@@ -83,14 +81,11 @@ def _compile_task(root: str, rs: ResolvedSpec) -> TaskResult:
 
 def check_generator(root: Path) -> None:
     """The running vkc must be the checkout's own generator (its hash goes into the manifest)."""
-    pkgs = {"aot/vkc/": Path(vkc.__file__).parent, "contract/vkc_contract/": Path(vkc_contract.__file__).parent}
     for rel in discover.GENERATOR_FILES:
-        for prefix, pkg in pkgs.items():
-            if rel.startswith(prefix):
-                running = pkg / rel[len(prefix):]
-                if sha256_file(running) != sha256_file(root / rel):
-                    raise RegenError(f"the running {running} differs from {root / rel}; "
-                                     f"install the checkout in editable mode (pip install -e .)")
+        running = discover.running_generator_file(rel)
+        if sha256_file(running) != sha256_file(root / rel):
+            raise RegenError(f"the running {running} differs from {root / rel}; "
+                             f"install the checkout in editable mode (pip install -e .)")
 
 
 def check_resources(arch: str, base: str, r: TaskResult, allow_spills: bool) -> list[str]:
@@ -120,7 +115,8 @@ def build_manifest(root: Path, arch: str, bases: list[discover.Base], results: d
         inputs["deps"] = deps
         kernels[b.spec.base] = {
             "inputs": inputs,
-            "artifact": {"path": artifact_relpath(arch, b.spec.base), "sha256": sha256_bytes(r.cubin),
+            "artifact": {"kind": TRITON_CUBIN, "loader": ARTIFACT_KINDS[TRITON_CUBIN].loader,
+                         "path": kind_relpath(TRITON_CUBIN, arch, b.spec.base), "sha256": sha256_bytes(r.cubin),
                          "size": len(r.cubin)},
             "launch": r.launch,
             "params": r.params,

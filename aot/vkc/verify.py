@@ -1,6 +1,14 @@
 """`vkc verify`: the fatal drift check of DESIGN.md section 4 (no GPU, no Triton; `--rebuild` excepted).
 
-Every problem is one line naming the arch, what drifted and the exact repair command.
+Every problem is one line naming the arch, what drifted and the exact repair command; each comes from a
+registered check (:mod:`vkc.checks`). Artifacts are checked by the rules of their kind (:mod:`vkc.kinds`).
+
+Two modes:
+
+* ``checkout`` (a source tree): everything, including kernel sources, specs, git tracking.
+* ``installed`` (an artifact root without sources, e.g. a wheel's ``vkc_runtime/artifacts/``): schema,
+  canonical form and digest, arch and target, toolchain pins and generator hash against the installed
+  vkc, every artifact by its kind, no missing or extra files. Source, spec and git drift need a checkout.
 """
 from __future__ import annotations
 
@@ -10,15 +18,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vkc_contract import abi
 from vkc_contract.arch import ALL_ARCHS
 from vkc_contract.arch import get as get_arch
 from vkc_contract.hashing import sha256_file
-from vkc_contract.layout import artifact_relpath
 
-from vkc import discover, elf, manifest, toolchain
+from vkc import discover, kinds, manifest, toolchain
+from vkc.checks import CHECKS, Problem, problem  # noqa: F401 - CHECKS re-exported for the tests
 from vkc.compile import params_of
 from vkc.spec import SpecError
+
+CHECKOUT, INSTALLED = "checkout", "installed"
+INSTALLED_NOTE = ("installed artifacts: schema, digests, toolchain pins, generator and every artifact checked; "
+                  "kernel source, spec and git drift checks need a source checkout")
 
 
 def _regen(arch: str) -> str:
@@ -36,69 +47,70 @@ def git_tracked(root: Path) -> set[str] | None:
     return {p for p in out.stdout.decode().split("\0") if p}
 
 
-def verify_arch(root: Path, arch: str, tracked: set[str] | None) -> list[str]:
-    P: list[str] = []
-    fix = _regen(arch)
-    a = get_arch(arch)
+def _manifest_doc(root: Path, arch: str) -> tuple[list[Problem], dict[str, Any] | None]:
+    """Presence, JSON, schema, canonical form, digest, arch and target of manifests/<arch>.json."""
+    fix, a = _regen(arch), get_arch(arch)
     mpath = manifest.manifest_path(root, arch)
-    rel_m = mpath.relative_to(root).as_posix()
+    rel = mpath.relative_to(root).as_posix()
     if not mpath.is_file():
-        return [f"{arch}: manifest {rel_m} is missing; {fix}"]
+        return [problem("manifest-missing", arch, rel=rel, fix=fix)], None
     try:
         doc = manifest.load(mpath)
     except ValueError as e:
-        return [f"{arch}: {rel_m} is not valid JSON ({e}); {fix}"]
+        return [problem("manifest-json", arch, rel=rel, err=e, fix=fix)], None
     errs = manifest.schema_errors(root, doc)
     if errs:
-        return [f"{arch}: {rel_m} violates manifests/schema.json at {e}; {fix}" for e in errs]
+        return [problem("schema-violation", arch, rel=rel, err=e, fix=fix) for e in errs], None
+    P = []
     if mpath.read_bytes() != manifest.canonical(doc):
-        P.append(f"{arch}: {rel_m} is not in canonical form (edited by hand?); {fix}")
+        P.append(problem("noncanonical", arch, rel=rel, fix=fix))
     if doc["digest"] != manifest.digest(doc):
-        P.append(f"{arch}: {rel_m} digest mismatch: the manifest was edited after regen; {fix}")
+        P.append(problem("digest", arch, rel=rel, fix=fix))
     if doc["arch"] != arch:
-        P.append(f"{arch}: {rel_m} says arch {doc['arch']}; {fix}")
+        P.append(problem("manifest-arch", arch, rel=rel, got=doc["arch"], fix=fix))
     if doc["target"]["cc"] != a.triton_cc:
-        P.append(f"{arch}: target cc {doc['target']['cc']} != {a.triton_cc}; {fix}")
-    untracked: list[str] = []
-    if tracked is not None and rel_m not in tracked:
-        untracked.append(rel_m)
+        P.append(problem("target-cc", arch, got=doc["target"]["cc"], want=a.triton_cc, fix=fix))
+    return P, doc
 
-    # toolchain pins
-    tc = doc["toolchain"]
+
+def _toolchain(root: Path | None, arch: str, tc: dict[str, Any]) -> list[Problem]:
+    fix, a = _regen(arch), get_arch(arch)
+    P = []
     if tc["triton"] != toolchain.TRITON_VERSION:
-        P.append(f"{arch}: built with triton {tc['triton']}, pinned {toolchain.TRITON_VERSION}; "
-                 f"pip install 'vkc[regen]' and {fix}")
+        P.append(problem("triton-pin", arch, got=tc["triton"], want=toolchain.TRITON_VERSION, fix=fix))
     if tc["python"] != toolchain.PYTHON_VERSION:
-        P.append(f"{arch}: built with python {tc['python']}, pinned {toolchain.PYTHON_VERSION}; {fix}")
+        P.append(problem("python-pin", arch, got=tc["python"], want=toolchain.PYTHON_VERSION, fix=fix))
     want_ptxas = toolchain.ptxas_name_for(a.triton_cc)
     pin = toolchain.PTXAS[want_ptxas]
     if tc["ptxas"] != {"name": want_ptxas, **pin}:
-        P.append(f"{arch}: ptxas {tc['ptxas']} != pinned {want_ptxas} {pin}; {fix}")
+        P.append(problem("ptxas-pin", arch, got=tc["ptxas"], name=want_ptxas, want=pin, fix=fix))
     if tc["line_info"] != toolchain.LINE_INFO:
-        P.append(f"{arch}: line info policy differs; {fix}")
+        P.append(problem("line-info", arch, got=tc["line_info"], want=toolchain.LINE_INFO, fix=fix))
     gen = discover.generator_hash(root)
     if tc["generator_sha256"] != gen:
-        P.append(f"{arch}: generator (aot/ sources) changed since regen ({tc['generator_sha256'][:12]} -> "
-                 f"{gen[:12]}); {fix}")
+        P.append(problem("generator", arch, old=tc["generator_sha256"][:12], new=gen[:12], fix=fix))
+    return P
 
-    # sources
+
+def _sources_and_specs(root: Path, arch: str, doc: dict[str, Any]) -> list[Problem]:
+    """Kernel sources, the spec set and every Triton kernel's spec inputs (source checkout only)."""
+    fix = _regen(arch)
+    P: list[Problem] = []
     for rel, h in doc["sources"].items():
         f = root / rel
         if not f.is_file():
-            P.append(f"{arch}: source {rel} recorded in the manifest is missing; {fix}")
+            P.append(problem("source-missing", arch, rel=rel, fix=fix))
         elif sha256_file(f) != h:
-            P.append(f"{arch}: source {rel} changed since regen (stale artifacts); {fix}")
-
-    # spec set and per-base inputs
+            P.append(problem("source-changed", arch, rel=rel, fix=fix))
     try:
         bases = {b.spec.base: b for b in discover.bases_for_arch(root, arch)}
     except (SpecError, SyntaxError, OSError) as e:
-        return P + [f"{arch}: cannot read the specs: {e}"]
+        return P + [problem("specs-unreadable", arch, err=e, fix=fix)]
     recorded = doc["kernels"]
     for name in sorted(set(bases) - set(recorded)):
-        P.append(f"{arch}: spec {name} has no artifact (added since regen); {fix}")
+        P.append(problem("spec-added", arch, name=name, fix=fix))
     for name in sorted(set(recorded) - set(bases)):
-        P.append(f"{arch}: manifest has {name} but no spec defines it (removed since regen); {fix}")
+        P.append(problem("spec-removed", arch, name=name, fix=fix))
     all_deps: set[str] = set()
     for name in sorted(set(bases) & set(recorded)):
         b, k = bases[name], recorded[name]
@@ -106,113 +118,83 @@ def verify_arch(root: Path, arch: str, tracked: set[str] | None) -> list[str]:
         try:
             inputs["deps"] = discover.source_deps(root, b.spec.family, b.spec.source)
         except (OSError, SyntaxError) as e:
-            P.append(f"{arch}: {name}: cannot scan its source: {e}")
+            P.append(problem("source-unscannable", arch, name=name, err=e, fix=fix))
             continue
         all_deps.update(inputs["deps"])
         for key in sorted(set(inputs) | set(k["inputs"])):
             if inputs.get(key) != k["inputs"].get(key):
-                P.append(f"{arch}: {name}: spec input {key!r} changed ({k['inputs'].get(key)!r} -> "
-                         f"{inputs.get(key)!r}); {fix}")
-        if k["params"] != params_of(b.resolved):
-            P.append(f"{arch}: {name}: parameter list does not follow its signature; {fix}")
-        P.extend(_check_artifact(root, arch, name, k))
-        if tracked is not None and k["artifact"]["path"] not in tracked and (root / k["artifact"]["path"]).is_file():
-            untracked.append(k["artifact"]["path"])
-    missing_src = all_deps - set(doc["sources"])
-    for rel in sorted(missing_src):
-        P.append(f"{arch}: source {rel} is imported by a kernel but not recorded; {fix}")
+                P.append(problem("spec-input", arch, name=name, key=key, old=k["inputs"].get(key),
+                                 new=inputs.get(key), fix=fix))
+        if k.get("params") != params_of(b.resolved):
+            P.append(problem("params-signature", arch, name=name, fix=fix))
+    for rel in sorted(all_deps - set(doc["sources"])):
+        P.append(problem("source-unrecorded", arch, rel=rel, fix=fix))
+    return P
 
-    if untracked:
-        shown = ", ".join(untracked[:3]) + (f" and {len(untracked) - 3} more" if len(untracked) > 3 else "")
-        P.append(f"{arch}: {len(untracked)} file(s) not tracked by git ({shown}); CI clones would miss them: "
-                 f"run `git add vendored/{arch} manifests/{arch}.json`")
-    # stray files
+
+def verify_arch(root: Path, arch: str, tracked: set[str] | None, mode: str = CHECKOUT) -> list[Problem]:
+    P, doc = _manifest_doc(root, arch)
+    if doc is None:
+        return P
+    fix = _regen(arch)
+    P += _toolchain(root if mode == CHECKOUT else None, arch, doc["toolchain"])
+    if mode == CHECKOUT:
+        P += _sources_and_specs(root, arch, doc)
+    ctx = kinds.Ctx(root, arch)
+    listed: list[str] = []
+    for name, k in sorted(doc["kernels"].items()):
+        P += kinds.check_kernel(ctx, name, k)
+        listed += [art["path"] for art in kinds.artifacts_of(k) if art["path"] not in listed]
+
+    if tracked is not None:
+        rel_m = manifest.manifest_path(root, arch).relative_to(root).as_posix()
+        untracked = [rel for rel in [rel_m] + listed if rel not in tracked and (root / rel).is_file()]
+        if untracked:
+            shown = ", ".join(untracked[:3]) + (f" and {len(untracked) - 3} more" if len(untracked) > 3 else "")
+            P.append(problem("untracked", arch, n=len(untracked), shown=shown))
     vdir = root / "vendored" / arch
-    listed = {k["artifact"]["path"] for k in recorded.values()}
     if vdir.is_dir():
         for f in sorted(vdir.rglob("*")):
             rel = f.relative_to(root).as_posix()
             if f.is_file() and rel not in listed:
-                P.append(f"{arch}: extra file {rel} is not in the manifest; delete it or {fix}")
+                P.append(problem("extra-file", arch, rel=rel, fix=fix))
     return P
 
 
-def _check_artifact(root: Path, arch: str, name: str, k: dict[str, Any]) -> list[str]:
-    P: list[str] = []
-    fix = _regen(arch)
-    a = get_arch(arch)
-    art = k["artifact"]
-    rel = art["path"]
-    expected_rel = artifact_relpath(arch, name)
-    if rel != expected_rel:
-        P.append(f"{arch}: {name}: artifact path {rel} != {expected_rel}; {fix}")
-    f = root / rel
-    if not f.is_file():
-        return P + [f"{arch}: {name}: artifact {rel} is missing; {fix}"]
-    data = f.read_bytes()
-    if len(data) != art["size"] or sha256_file(f) != art["sha256"]:
-        return P + [f"{arch}: {name}: artifact {rel} was modified (sha256/size mismatch); {fix}"]
-    try:
-        cub = elf.parse(data)
-    except elf.CubinError as e:
-        return P + [f"{arch}: {name}: {rel} is not a cubin ({e}); {fix}"]
-    want_sm = a.cc[0] * 10 + a.cc[1]
-    if cub.sm != want_sm:
-        P.append(f"{arch}: {name}: {rel} holds SASS for sm_{cub.sm}, not {arch}; {fix}")
-    if k["resources"]["sass_arch"] != a.sass_name:
-        P.append(f"{arch}: {name}: resources say SASS {k['resources']['sass_arch']}; {fix}")
-    L = k["launch"]
-    inp = k["inputs"]
-    if L["name"] != inp["entry"]:
-        P.append(f"{arch}: {name}: launch name {L['name']} != entry {inp['entry']}; {fix}")
-    if L["num_warps"] != inp["num_warps"] or L["num_ctas"] != inp["num_ctas"]:
-        P.append(f"{arch}: {name}: launch num_warps/num_ctas differ from the spec inputs; {fix}")
-    info = cub.kernels.get(L["name"])
-    if info is None:
-        return P + [f"{arch}: {name}: {rel} has no kernel {L['name']}; {fix}"]
-    if info.reqntid is not None and info.reqntid[0] != 32 * L["num_warps"]:
-        P.append(f"{arch}: {name}: cubin requires {info.reqntid[0]} threads, launch metadata says "
-                 f"{32 * L['num_warps']}; {fix}")
-    sizes = [s for _, _, s in info.params]
-    want = [p["size"] for p in k["params"]]
-    if info.params and sizes != want:
-        P.append(f"{arch}: {name}: cubin parameter sizes {sizes} != manifest {want}; {fix}")
-    if any(p["code"] != abi.pack_code(p["type"]) for p in k["params"]):
-        P.append(f"{arch}: {name}: parameter pack codes inconsistent with types; {fix}")
-    R = k["resources"]
-    if R["spills"] and not inp["allow_spills"]:
-        P.append(f"{arch}: {name}: spills recorded but not allowed by the spec; fix the kernel and {fix}")
-    if L["shared"] + R["shared_static"] > a.max_smem_optin:
-        P.append(f"{arch}: {name}: shared memory over {arch}'s limit; {fix}")
-    return P
+def installed_archs(root: Path) -> list[str]:
+    return [a for a in ALL_ARCHS if manifest.manifest_path(root, a).is_file()]
 
 
-def verify(root: Path, archs: list[str] | None = None) -> list[str]:
-    archs = archs or list(ALL_ARCHS)
-    tracked = git_tracked(root)
-    P: list[str] = []
+def verify(root: Path, archs: list[str] | None = None, mode: str = CHECKOUT) -> list[Problem]:
+    """All problems of ``archs`` (default: every arch; in ``installed`` mode every arch with a manifest)."""
+    tracked = git_tracked(root) if mode == CHECKOUT else None
     if not (root / manifest.SCHEMA_PATH).is_file():
-        return [f"{manifest.SCHEMA_PATH} is missing; restore it from git"]
-    mdir = root / "manifests"
+        return [problem("schema-missing", schema=manifest.SCHEMA_PATH)]
+    P: list[Problem] = []
     known = {f"{a}.json" for a in ALL_ARCHS} | {"schema.json"}
-    for f in sorted(mdir.glob("*.json")):
+    for f in sorted((root / "manifests").glob("*.json")):
         if f.name not in known:
-            P.append(f"manifests/{f.name} is not a known arch manifest; delete it")
+            P.append(problem("stray-manifest", file=f.name))
     vend = root / "vendored"
     if vend.is_dir():
         for d in sorted(vend.iterdir()):
             if d.name not in ALL_ARCHS and not d.name.startswith("."):
-                P.append(f"vendored/{d.name} is not a known arch; delete it")
-    for arch in archs:
-        P.extend(verify_arch(root, arch, tracked))
+                P.append(problem("stray-arch-dir", dir=d.name))
+    if not archs and mode == INSTALLED:
+        archs = installed_archs(root)
+        if not archs:
+            return P + [problem("no-installed-manifest", root=root)]
+    for arch in archs or ALL_ARCHS:
+        P.extend(verify_arch(root, arch, tracked, mode))
+    assert all(isinstance(p, Problem) for p in P), "every verify finding comes from vkc.checks.problem()"
     return P
 
 
-def rebuild_compare(root: Path, archs: list[str], jobs: int | None = None) -> list[str]:
+def rebuild_compare(root: Path, archs: list[str], jobs: int | None = None) -> list[Problem]:
     """Regenerate into a fresh copy of the tree (another directory) and compare every byte."""
     from vkc import regen  # noqa: PLC0415 - needs triton
 
-    P: list[str] = []
+    P: list[Problem] = []
     with tempfile.TemporaryDirectory(prefix="vkc-rebuild-") as tmp:
         copy = Path(tmp) / "tree"
         for rel in ("aot", "contract", "runtime", "kernels_src"):
@@ -224,11 +206,11 @@ def rebuild_compare(root: Path, archs: list[str], jobs: int | None = None) -> li
             mine = manifest.manifest_path(root, arch)
             theirs = manifest.manifest_path(copy, arch)
             if not mine.is_file() or mine.read_bytes() != theirs.read_bytes():
-                P.append(f"{arch}: rebuilt manifest differs from {mine.relative_to(root)}; {_regen(arch)}")
+                P.append(problem("rebuilt-manifest", arch, rel=mine.relative_to(root).as_posix(), fix=_regen(arch)))
             new = {p.relative_to(copy).as_posix(): p.read_bytes()
                    for p in (copy / "vendored" / arch).rglob("*") if p.is_file()}
             for rel, data in sorted(new.items()):
                 f = root / rel
                 if not f.is_file() or f.read_bytes() != data:
-                    P.append(f"{arch}: rebuilt {rel} differs from the committed bytes; {_regen(arch)}")
+                    P.append(problem("rebuilt-artifact", arch, rel=rel, fix=_regen(arch)))
     return P

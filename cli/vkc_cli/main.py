@@ -21,6 +21,17 @@ def _root(root: str | None) -> Path:
     return discover.find_root(root)
 
 
+def _artifact_root(cmd: str, root: str | None) -> tuple[Path, str]:
+    """A checkout or an installed artifact root (wheel installs) for verify / inspect; one line and exit 2 if none."""
+    from vkc import discover  # noqa: PLC0415
+
+    try:
+        return discover.find_artifact_root(root)
+    except FileNotFoundError as e:
+        click.echo(f"vkc {cmd}: {e}", err=True)
+        sys.exit(2)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="vkc")
 def main() -> None:
@@ -77,17 +88,21 @@ def verify(arch: tuple[str, ...], rebuild: bool, jobs: int | None, root: str | N
     """Fatal drift check of manifests/ and vendored/ against kernels_src/, the specs and the pins."""
     from vkc import verify as V  # noqa: PLC0415
 
-    r = _root(root)
-    archs = list(arch) or list(ALL_ARCHS)
-    problems = V.verify(r, archs)
+    r, mode = _artifact_root("verify", root)
+    if rebuild and mode != V.CHECKOUT:
+        click.echo(f"vkc verify: --rebuild needs a source checkout; {r} is an installed artifact root", err=True)
+        sys.exit(2)
+    archs = list(arch) or (V.installed_archs(r) if mode == V.INSTALLED else list(ALL_ARCHS))
+    problems = V.verify(r, archs, mode=mode)
     if rebuild and not problems:
         problems = V.rebuild_compare(r, archs, jobs=jobs)
     for p in problems:
         click.echo(f"DRIFT {p}", err=True)
+    note = f" [{V.INSTALLED_NOTE}: {r}]" if mode == V.INSTALLED else ""
     if problems:
-        click.echo(f"vkc verify: {len(problems)} problem(s)", err=True)
+        click.echo(f"vkc verify: {len(problems)} problem(s){note}", err=True)
         sys.exit(1)
-    click.echo(f"vkc verify: clean ({', '.join(archs)}{'; rebuilt byte-identical' if rebuild else ''})")
+    click.echo(f"vkc verify: clean ({', '.join(archs)}{'; rebuilt byte-identical' if rebuild else ''}){note}")
 
 
 @main.command("inspect")
@@ -96,26 +111,36 @@ def verify(arch: tuple[str, ...], rebuild: bool, jobs: int | None, root: str | N
 @click.option("--root", type=click.Path(file_okay=False), default=None)
 def inspect_cmd(arch: tuple[str, ...], as_json: bool, root: str | None) -> None:
     """What is vendored per arch: kernels, sizes, registers, spills, shared memory."""
-    from vkc import manifest  # noqa: PLC0415
+    from vkc import kinds, manifest  # noqa: PLC0415
 
-    r = _root(root)
+    r, mode = _artifact_root("inspect", root)
+    archs = list(arch) or ([a for a in ALL_ARCHS if manifest.manifest_path(r, a).is_file()] if mode == "installed"
+                           else list(ALL_ARCHS))
     rows = []
-    for a in arch or ALL_ARCHS:
+    for a in archs:
         p = manifest.manifest_path(r, a)
         if not p.is_file():
             rows.append({"arch": a, "missing": True})
             continue
         doc = manifest.load(p)
         for base, k in sorted(doc["kernels"].items()):
+            if kinds.kind_of(k) != "triton-cubin":  # host-code kinds: files, no per-kernel resources
+                rows.append({"arch": a, "base": base, "kind": kinds.kind_of(k), "registers": 0, "spills": False,
+                             "size": sum(x["size"] for x in k["artifacts"]), "shared": 0, "num_warps": 0,
+                             "verified": "runtime" if a in RUNTIME_VERIFIED else "build"})
+                continue
             R = k["resources"]
-            rows.append({"arch": a, "base": base, "size": k["artifact"]["size"], "registers": R["registers"],
+            rows.append({"arch": a, "base": base, "kind": kinds.kind_of(k), "size": k["artifact"]["size"],
+                         "registers": R["registers"],
                          "spills": R["spills"], "stack": R["stack"], "local": R["local"],
                          "shared": k["launch"]["shared"] + R["shared_static"], "num_warps": k["launch"]["num_warps"],
                          "verified": "runtime" if a in RUNTIME_VERIFIED else "build"})
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    for a in arch or ALL_ARCHS:
+    if mode == "installed":
+        click.echo(f"installed artifacts: {r}")
+    for a in archs:
         mine = [x for x in rows if x["arch"] == a]
         if mine and mine[0].get("missing"):
             click.echo(f"{a}: no manifest (vkc regen --arch {a})")

@@ -26,7 +26,7 @@ from vkc_contract import abi
 from vkc_contract import arch as _arch
 from .errors import ArtifactError, MissingKernelError
 from vkc_contract.hashing import IntegrityError, sha256_bytes, sha256_file
-from vkc_contract.layout import SCHEMA_VERSION, manifest_path
+from vkc_contract.layout import SCHEMA_VERSION, TRITON_CUBIN, manifest_path
 
 __all__ = [
     "SCHEMA_VERSION", "find_root", "find_root_info", "manifest_path", "load_manifest", "select_arch",
@@ -182,9 +182,13 @@ class ArtifactSet:
                 arch=self.arch, missing=[base], repair=repair_hint(self.arch)) from None
 
     def _artifact(self, base: str) -> dict[str, Any]:
-        art = self.entry(base).get("artifact")
+        entry = self.entry(base)
+        art = entry.get("artifact", (entry.get("artifacts") or [None])[0])  # "artifacts": host-code kinds
         if not isinstance(art, dict) or not all(k in art for k in ("path", "sha256", "size")):
             raise ArtifactError(f"{self.arch}.json: kernel {base!r} has no valid 'artifact' (path, sha256, size)")
+        if art.get("kind", TRITON_CUBIN) != TRITON_CUBIN:  # kinds: vkc_contract.layout.ARTIFACT_KINDS
+            raise ArtifactError(f"{self.arch}.json: kernel {base!r} is a {art.get('kind')!r} artifact (loader "
+                                f"{art.get('loader')!r}); this runtime loads {TRITON_CUBIN} only")
         return art
 
     def path(self, base: str) -> Path:
