@@ -7,21 +7,22 @@ values come from the paged cache [num_blocks, block_size, Hkv, D] through the bl
 [N, max_blocks]. GQA: q head h reads kv head h // group. Online softmax in fp32 (exp2 domain), bf16
 tensor-core dots with fp32 accumulation; the score matrix is never materialized.
 
-Grid (Hq * n_mblocks,): program p takes q head p % Hq and packed m-blocks n_mblocks - 1 - p // Hq,
-then that + n_mblocks, + 2 n_mblocks, ... while they exist (heaviest, i.e. latest, blocks first). Sequence i
-owns cdiv(q_len_i, BLOCK_M) consecutive packed m-blocks; the sequence of a block is found by a chunked
-prefix scan of cu_seqlens. Any n_mblocks >= 1 computes every row: cdiv(T, BLOCK_M) + N always covers
-every block in one pass (no host sync; programs past the end exit), a smaller grid (from the runtime's
-max_seqlen_q hint) makes programs loop over the blocks it does not cover -- slower, never wrong.
+Grid (Hq * n_mblocks,), n_mblocks = cdiv(T, BLOCK_M) + N: program p takes q head p % Hq and the
+(p // Hq)-th packed m-block counted from the end (heaviest, i.e. latest, blocks first). Each processed
+sequence owns cdiv(q_len, BLOCK_M) consecutive packed m-blocks; the block of a program is found by a
+chunked prefix scan of cu_seqlens, from its last chunk backwards. Processed sequences lie inside [0, T)
+without overlapping, so they own at most cdiv(T, BLOCK_M) + N m-blocks: the grid always covers every row
+(no host sync, no dependence on a caller's bound of q_len); the surplus programs come last and exit
+after the scan.
 
 Device-side bound checks (the host cannot see lengths or tables without a sync), so that no value of
 cu_seqlens, seq_lens or block_tables makes the kernel touch memory outside q, out, gate, the caches and
 those three tensors:
-  * sequence i is processed iff 0 <= cu[i] <= cu[i+1] <= T (num_tokens) and cu[i] >= cu[j] for every j < i;
-    any other sequence is skipped (none of its rows is read or written). Processed sequences never
-    overlap, so every row of [0, T) is written by at most one program; rows of skipped sequences and rows
-    outside every processed sequence (e.g. past cu[N]) are left as they were. A well-formed cu_seqlens
-    (non-decreasing, cu[N] <= T) processes every sequence.
+  * sequence i is processed iff 0 <= cu[i] <= cu[i+1] <= T (num_tokens) and cu[i+1] <= cu[j] for every
+    j > i + 1; any other sequence is skipped (none of its rows is read or written). Processed sequences
+    never overlap, so every row of [0, T) is written by at most one program; rows of skipped sequences
+    and rows outside every processed sequence (e.g. before cu[0] or past cu[N]) are left as they were.
+    A well-formed cu_seqlens (non-decreasing, cu[N] <= T) processes every sequence.
   * L is clamped to [0, max_blocks * block_size]; block ids outside [0, num_blocks) are masked out (those
     keys are skipped: the gather path never reads them, the TMA path reads block 0 instead, in bounds);
     rows that see no key (only possible for inconsistent lengths, L < q_len) write zeros.
@@ -36,41 +37,43 @@ from kernels_src.common import sigmoid_f32
 
 
 @triton.jit
-def _max_i32(a, b):
-    return tl.maximum(a, b)
+def _min_i32(a, b):
+    return tl.minimum(a, b)
 
 
 @triton.jit
-def _find_block(cu_ptr, pm, num_seqs, num_tokens, BLOCK_M: tl.constexpr, SEQ_CHUNK: tl.constexpr):
-    """(sequence, m-block inside it, its first row, its q_len, m-blocks of all processed sequences) of packed
-    m-block pm; sequence -1 when pm is past the last one (or num_seqs <= 0). Only processed sequences own
-    blocks (see the module docstring): cu[i] must be at least max(0, cu[0..i-1]) -- a running maximum
-    carried over the chunks of the scan -- and cu[i] <= cu[i+1] <= num_tokens. They lie inside [0, T)
-    without overlapping, so the total is at most cdiv(T, BLOCK_M) + N."""
+def _find_block(cu_ptr, r, num_seqs, num_tokens, BLOCK_M: tl.constexpr, SEQ_CHUNK: tl.constexpr):
+    """(sequence, m-block inside it, its first row, its q_len) of the r-th packed m-block counted from the
+    end (r = 0: the last m-block of the last processed sequence); sequence -1 when r is past the first one.
+    The chunks of cu_seqlens are scanned from the last one, carrying the blocks after them and the minimum
+    of the offsets after them, so that the processed-sequence rule (module docstring: cu[i+1] <= every
+    later offset) needs no second pass."""
     seq = -1
     mb = -1
     q0 = 0
     ql = 0
-    base = 0
-    top = 0  # max(0, cu[0..c-1])
-    for c in range(0, num_seqs, SEQ_CHUNK):
-        idx = c + tl.arange(0, SEQ_CHUNK)
+    after = 0  # m-blocks of the processed sequences after this chunk
+    bot = num_tokens  # min(T, cu[j] for every j past this chunk's last end offset)
+    n_chunks = (num_seqs + SEQ_CHUNK - 1) // SEQ_CHUNK
+    for j in range(0, n_chunks):
+        idx = (n_chunks - 1 - j) * SEQ_CHUNK + tl.arange(0, SEQ_CHUNK)
         msk = idx < num_seqs
         lo = tl.load(cu_ptr + idx, mask=msk, other=0)
-        hi = tl.load(cu_ptr + idx + 1, mask=msk, other=0)
-        ok = msk & (lo >= tl.maximum(tl.associative_scan(lo, 0, _max_i32), top)) & (hi >= lo) & (hi <= num_tokens)
+        hi = tl.load(cu_ptr + idx + 1, mask=msk, other=2147483647)
+        later = tl.minimum(tl.associative_scan(hi, 0, _min_i32, reverse=True), bot)  # min(cu[i+1..N], T)
+        ok = msk & (lo >= 0) & (lo <= hi) & (hi <= later)
         ln = tl.where(ok, hi, lo) - lo  # 0 for a skipped sequence (no overflow for any lo, hi)
         nb = (ln + BLOCK_M - 1) // BLOCK_M
-        incl = tl.cumsum(nb, 0) + base
+        incl = tl.cumsum(nb, 0, reverse=True) + after  # blocks from this sequence to the end
         excl = incl - nb
-        hit = (pm >= excl) & (pm < incl)  # at most one lane of all chunks (nb = 0 lanes never hit)
+        hit = (r >= excl) & (r < incl)  # at most one lane of all chunks (nb = 0 lanes never hit)
         seq = tl.maximum(seq, tl.max(tl.where(hit, idx, -1), 0))
-        mb = tl.maximum(mb, tl.max(tl.where(hit, pm - excl, -1), 0))
+        mb = tl.maximum(mb, tl.max(tl.where(hit, nb - 1 - (r - excl), -1), 0))
         q0 = tl.maximum(q0, tl.max(tl.where(hit, lo, 0), 0))
         ql = tl.maximum(ql, tl.max(tl.where(hit, ln, 0), 0))
-        base += tl.sum(nb, 0)
-        top = tl.maximum(top, tl.max(lo, 0))  # masked lanes hold 0
-    return seq, mb, q0, ql, base
+        after += tl.sum(nb, 0)
+        bot = tl.minimum(bot, tl.min(hi, 0))  # masked lanes hold INT32_MAX
+    return seq, mb, q0, ql
 
 
 @triton.jit
@@ -229,21 +232,16 @@ def _prefill_mblock(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, se
 
 @triton.jit
 def prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, cu_ptr, seqlen_ptr,
-                   scale, num_seqs, num_tokens, num_q_heads, group, n_mblocks,
+                   scale, num_seqs, num_tokens, num_q_heads, group,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                    stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_GATE: tl.constexpr,
                    SEQ_CHUNK: tl.constexpr, TMA: tl.constexpr):
     pid = tl.program_id(0)
     h = pid % num_q_heads
-    pm = n_mblocks - 1 - pid // num_q_heads
-    seq, mb, q_start, q_len, total = _find_block(cu_ptr, pm, num_seqs, num_tokens, BLOCK_M, SEQ_CHUNK)
-    while seq >= 0:
+    seq, mb, q_start, q_len = _find_block(cu_ptr, pid // num_q_heads, num_seqs, num_tokens, BLOCK_M, SEQ_CHUNK)
+    if seq >= 0:
         _prefill_mblock(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, seqlen_ptr, seq, mb, q_start, q_len,
                         h, scale, group, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                         stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
                         D, BLOCK_M, BLOCK_N, HAS_GATE, TMA)
-        # the next block of this program: only when the grid is smaller than the blocks (no scan otherwise)
-        pm += n_mblocks
-        seq, mb, q_start, q_len, _ = _find_block(cu_ptr, pm, tl.where(pm < total, num_seqs, 0), num_tokens,
-                                                 BLOCK_M, SEQ_CHUNK)

@@ -19,8 +19,8 @@ block-table contents, cu_seqlens, seq_lens and slot_mapping values. The kernels 
 instead, so no value of them makes a kernel touch memory outside the tensors it was given: a context length
 is clamped to [0, max_blocks * block_size], block ids outside [0, num_blocks) are skipped (their keys do not
 count), slots outside [0, num_blocks * block_size) are not written, a row that sees no key (L < q_len)
-yields zeros, and prefill processes sequence i only when 0 <= cu[i] <= cu[i+1] <= T and cu[i] >= every
-earlier cu[j] (others are skipped: their rows are neither read nor written; so are rows outside every
+yields zeros, and prefill processes sequence i only when 0 <= cu[i] <= cu[i+1] <= T and cu[i+1] <= every
+later offset (others are skipped: their rows are neither read nor written; so are rows outside every
 processed sequence). Results for such inputs are defined but meaningless. Duplicate slots in one
 reshape_and_cache call: one of the rows lands in the slot (which one is unspecified), still in bounds.
 
@@ -280,14 +280,11 @@ def _prefill_launches(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma)
     (sqt, sqh), (sot, soh), (gt, sgt, sgh) = _q_out_gate(op, qt, ot, gate, T, Hq, D, "t")
     kern = _prefill_kernel(D, gate is not None, BS, NB, sb, ss, use_tma, p.kernels)
     bm = kern.constexprs["BLOCK_M"]
-    n_mb = _cdiv(T, bm) + p.N
-    if p.max_seqlen_q is not None:
-        n_mb = min(n_mb, p.N * _cdiv(p.max_seqlen_q, bm))
-    grid = Hq * n_mb
+    grid = Hq * (_cdiv(T, bm) + p.N)  # every m-block any cu_seqlens_q can own (kernels_src/attn/prefill.py)
     fits_i32(op, grid=grid)
     _capacity(op, p.bt.shape[1], BS)
-    args = (qt, kc, vc, ot, gt, p.bt, p.cu, p.sl, float(scale), p.N, T, Hq, group, n_mb, sqt, sqh, sot, soh, sgt,
-            sgh, sb, ss, sh, p.sbt, BS, p.bt.shape[1], NB)
+    args = (qt, kc, vc, ot, gt, p.bt, p.cu, p.sl, float(scale), p.N, T, Hq, group, sqt, sqh, sot, soh, sgt, sgh,
+            sb, ss, sh, p.sbt, BS, p.bt.shape[1], NB)
     return [(kern, (grid, 1, 1), args)], (() if gate is None else (gt,))
 
 
@@ -296,13 +293,13 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     """Varlen causal attention of packed q [T, Hq, D] against the paged caches (which must already hold the
     new tokens' K/V: call :func:`reshape_and_cache` first). Returns out [T, Hq, D] bf16.
 
-    ``max_seqlen_q`` (optional host int, meant as an upper bound of every q_len) is a grid-size hint: the grid
-    is min(cdiv(T, BLOCK_M) + N, N * cdiv(max_seqlen_q, BLOCK_M)) m-blocks per head (without it the first;
-    surplus programs exit at once). A value that is too small cannot leave rows unwritten: each program
-    loops over the m-blocks the grid does not cover, so results are identical, only slower.
-    cu_seqlens_q / seq_lens / block_tables values are device data, bound-checked on the device (module
-    docstring): a sequence with 0 <= cu[i] <= cu[i+1] <= T that does not start before an earlier offset is
-    computed, any other is skipped.
+    ``max_seqlen_q`` is accepted for compatibility and has no effect: the grid is always cdiv(T, BLOCK_M) + N
+    m-blocks per head, every block any cu_seqlens_q can own (the surplus, at most N + 1 per head for a
+    well-formed batch, is scheduled last and exits after its scan), so no value of it -- or of the device
+    data -- can leave rows of a processed sequence unwritten. cu_seqlens_q / seq_lens / block_tables values
+    are device data, bound-checked on the device (module docstring): sequence i is computed iff
+    0 <= cu[i] <= cu[i+1] <= T and no later offset is below cu[i+1]; any other is skipped (its rows keep
+    their bytes).
     ``use_tma``: None picks the TMA kernel where it exists (sm_90a/sm_100a) and the cache allows it
     (block_size a multiple of 64 for D=256, 128 for D=128); False forces the gather kernel. The TMA
     kernel uses global scratch for its descriptors: inside graph capture, run the same shape once eagerly
