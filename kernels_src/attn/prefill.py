@@ -43,15 +43,13 @@ def _min_i32(a, b):
 
 @triton.jit
 def _find_block(cu_ptr, r, num_seqs, num_tokens, BLOCK_M: tl.constexpr, SEQ_CHUNK: tl.constexpr):
-    """(sequence, m-block inside it, its first row, its q_len) of the r-th packed m-block counted from the
+    """(sequence, m-block inside it) of the r-th packed m-block counted from the
     end (r = 0: the last m-block of the last processed sequence); sequence -1 when r is past the first one.
     The chunks of cu_seqlens are scanned from the last one, carrying the blocks after them and the minimum
     of the offsets after them, so that the processed-sequence rule (module docstring: cu[i+1] <= every
     later offset) needs no second pass."""
     seq = -1
     mb = -1
-    q0 = 0
-    ql = 0
     after = 0  # m-blocks of the processed sequences after this chunk
     bot = num_tokens  # min(T, cu[j] for every j past this chunk's last end offset)
     n_chunks = (num_seqs + SEQ_CHUNK - 1) // SEQ_CHUNK
@@ -69,11 +67,9 @@ def _find_block(cu_ptr, r, num_seqs, num_tokens, BLOCK_M: tl.constexpr, SEQ_CHUN
         hit = (r >= excl) & (r < incl)  # at most one lane of all chunks (nb = 0 lanes never hit)
         seq = tl.maximum(seq, tl.max(tl.where(hit, idx, -1), 0))
         mb = tl.maximum(mb, tl.max(tl.where(hit, nb - 1 - (r - excl), -1), 0))
-        q0 = tl.maximum(q0, tl.max(tl.where(hit, lo, 0), 0))
-        ql = tl.maximum(ql, tl.max(tl.where(hit, ln, 0), 0))
         after += tl.sum(nb, 0)
         bot = tl.minimum(bot, tl.min(hi, 0))  # masked lanes hold INT32_MAX
-    return seq, mb, q0, ql
+    return seq, mb
 
 
 @triton.jit
@@ -158,12 +154,15 @@ def _store_gated_half(o, g_rows, o_rows, rmask, BLOCK_M: tl.constexpr, HALF: tl.
 
 
 @triton.jit
-def _prefill_mblock(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, seqlen_ptr, seq, mb, q_start, q_len,
+def _prefill_mblock(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, cu_ptr, seqlen_ptr, seq, mb,
                     h, scale, group, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                     stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_GATE: tl.constexpr,
                     TMA: tl.constexpr):
-    """m-block mb (rows q_start + mb * BLOCK_M ..., masked to q_len) of processed sequence seq, q head h."""
+    """m-block mb (rows cu[seq] + mb * BLOCK_M ..., masked to its q_len) of processed sequence seq, q head h
+    (processed: 0 <= cu[seq] <= cu[seq+1] <= T)."""
+    q_start = tl.load(cu_ptr + seq)
+    q_len = tl.load(cu_ptr + seq + 1) - q_start
     L = tl.minimum(tl.maximum(tl.load(seqlen_ptr + seq), 0), max_blocks * block_size)
     ctx0 = L - q_len  # absolute position of the first new token
     kvh = h // group
@@ -239,9 +238,9 @@ def prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, cu_
                    SEQ_CHUNK: tl.constexpr, TMA: tl.constexpr):
     pid = tl.program_id(0)
     h = pid % num_q_heads
-    seq, mb, q_start, q_len = _find_block(cu_ptr, pid // num_q_heads, num_seqs, num_tokens, BLOCK_M, SEQ_CHUNK)
+    seq, mb = _find_block(cu_ptr, pid // num_q_heads, num_seqs, num_tokens, BLOCK_M, SEQ_CHUNK)
     if seq >= 0:
-        _prefill_mblock(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, seqlen_ptr, seq, mb, q_start, q_len,
+        _prefill_mblock(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, cu_ptr, seqlen_ptr, seq, mb,
                         h, scale, group, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                         stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
                         D, BLOCK_M, BLOCK_N, HAS_GATE, TMA)
