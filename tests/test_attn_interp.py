@@ -130,7 +130,7 @@ def run_prefill(K, name, q, kc, vc, bt, cu, seq_lens, scale, gate=None, arch=Non
     n_mb = cdiv(T, BM) + N
     o = torch.full((T, Hq, D), float("nan"), dtype=torch.bfloat16)
     gp, sgt, sgh = (gate, gate.stride(0), gate.stride(1)) if gate is not None else (q, 0, 0)
-    launch(K, name, (Hq * n_mb,), q, kc, vc, o, gp, bt, cu, seq_lens, scale, N, Hq, Hq // Hkv, n_mb,
+    launch(K, name, (Hq * n_mb,), q, kc, vc, o, gp, bt, cu, seq_lens, scale, N, T, Hq, Hq // Hkv,
            q.stride(0), q.stride(1), o.stride(0), o.stride(1), sgt, sgh,
            kc.stride(0), kc.stride(1), kc.stride(2), bt.stride(0), bs, bt.shape[1], kc.shape[0], arch=arch)
     return o

@@ -69,7 +69,7 @@ def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=N
         h=torch.full((mc, hv, DK, DV), nan, dtype=torch.bfloat16, **f),
     )
     o = torch.full((T, hv, DV), nan, dtype=torch.bfloat16, **f)
-    use_state = 1 if state is not None else 0
+    num_slots = state.shape[0] if state is not None else 0
     st = state if state is not None else torch.empty(1, dtype=torch.float32, **f)
     sl = slot_idx if slot_idx is not None else torch.empty(1, dtype=torch.int32, **f)
     sq = qkv.stride(0)
@@ -81,7 +81,7 @@ def run_chunked(K, qkv, a, b, A_log, dt_bias, cu, hk, hv, state=None, slot_idx=N
            arch=arch)
     dh = {**K.specs["delta_h"].for_arch(arch).constexprs, **(delta_h or {})}
     launch(K, "delta_h", (N, hv, DV // dh["BV"]), ws["kn"], ws["w"], ws["u"], ws["g"], ws["h"], st, sl,
-           ws["seqinfo"], hk, hv, use_state, arch=arch, **(delta_h or {}))
+           ws["seqinfo"], hk, hv, num_slots, arch=arch, **(delta_h or {}))
     bvo = K.specs["chunk_o"].for_arch(arch).constexprs["BV"]
     launch(K, "chunk_o", (mc * hv * (DV // bvo),), ws["qn"], ws["kn"], ws["u"], ws["g"], ws["h"], ws["cidx"], o,
            hk, hv, DK ** -0.5, arch=arch)
@@ -308,7 +308,7 @@ def test_runtime_op_launch_plan(K, monkeypatch):
     assert grids["gdn.kkt_wy"] == (C * hv, 1, 1)
     assert grids["gdn.delta_h"] == (N, hv, 128 // K.specs["delta_h"].for_arch("sm_90a").constexprs["BV"])
     assert grids["gdn.chunk_o"] == (C * hv * (128 // K.specs["chunk_o"].for_arch("sm_90a").constexprs["BV"]), 1, 1)
-    assert calls[3][2][-1] == 1 and calls[3][2][5] == state.ptr  # use_state, state pointer
+    assert calls[3][2][-1] == 5 and calls[3][2][5] == state.ptr  # num_slots, state pointer
     # refusals (before any launch)
     calls.clear()
     for kw in (dict(num_v_heads=47), dict(workspace=ws_fake(100, 8)), dict(workspace=ws_fake(1000, 2)),

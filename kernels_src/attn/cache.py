@@ -5,6 +5,8 @@ k_cache, v_cache:   [num_blocks, block_size, Hkv, D] bf16, block stride stride_c
                     inner [Hkv, D] contiguous (both caches share the strides)
 slot_mapping:       int32 [T]; slot = block * block_size + offset. A negative slot, or one at or past
                     num_slots = num_blocks * block_size, writes nothing (bound-checked on the device).
+                    Duplicate valid slots: the slot gets elements of one of the tokens' rows per column
+                    block (unspecified which), nothing outside the cache is touched.
 
 Grid (T, cdiv(N, BLOCK)) with N = Hkv * D: axis 0 = token, axis 1 = column block of the row.
 """

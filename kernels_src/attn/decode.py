@@ -1,7 +1,14 @@
 """Split-KV decode attention over a paged KV cache (flash-decoding) + log-sum-exp combine.
 
 q [B, Hq, D] bf16: one new token per sequence, at position seq_lens[b] - 1, which sees keys 0..L-1
-(L = seq_lens[b], clamped on the device to max_blocks * block_size; L <= 0 gives a zero output).
+(L = seq_lens[b], clamped on the device to [0, max_blocks * block_size]; L = 0 gives a zero output).
+
+Device-side indices: seq_lens and block_tables are read on the device only; sequence b is program-indexed
+(b < B from the grid), L is clamped as above, and a key whose block id lies outside [0, num_blocks) is
+masked out (never read; it does not count). The partial and ticket rows a program touches depend only on
+its program id and num_splits (sized by the runtime), never on device data. So no value of seq_lens or
+block_tables makes a kernel touch memory outside its tensors; meaningless values give meaningless
+(finite or zero) outputs.
 
 decode_split_kernel, grid (B * Hkv * num_splits,): program p takes split p % num_splits of
 (b, kv head) = divmod(p // num_splits, Hkv). The group of `group` q heads of that kv head is one
@@ -67,7 +74,7 @@ def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_
 @triton.jit
 def _split_range(seqlen_ptr, b, split, num_splits, max_blocks, block_size, BLOCK_N: tl.constexpr):
     """Sequence b's clamped length and split `split`'s key range [n_lo, n_hi) (empty past the end)."""
-    L = tl.minimum(tl.load(seqlen_ptr + b), max_blocks * block_size)
+    L = tl.minimum(tl.maximum(tl.load(seqlen_ptr + b), 0), max_blocks * block_size)
     kps = ((L + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     n_lo = split * kps
     return n_lo, tl.minimum(n_lo + kps, L)
@@ -168,7 +175,7 @@ def decode_direct_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, o_
     pid = tl.program_id(0)
     kvh = pid % num_kv_heads
     b = (pid // num_kv_heads).to(tl.int64)
-    L = tl.minimum(tl.load(seqlen_ptr + b), max_blocks * block_size)
+    L = tl.minimum(tl.maximum(tl.load(seqlen_ptr + b), 0), max_blocks * block_size)
     r = tl.arange(0, QB)
     rmask = r < group
     hq = kvh * group + r

@@ -6,7 +6,7 @@ cu_seqlens, seq_lens, slot_mapping) carry no hint. reshape_and_cache comes as ``
 
 Grids (all on axis x, so no product ever meets the 65535 limit of axes y/z):
   reshape_and_cache.*            (T, cdiv(Hkv*D, BLOCK))
-  prefill.d{D}.{gate,nogate}[.tma]  (Hq * n_mblocks,)  n_mblocks = min(cdiv(T, BLOCK_M) + N, N * cdiv(max_q, BLOCK_M))
+  prefill.d{D}.{gate,nogate}[.tma]  (Hq * (cdiv(T, BLOCK_M) + N),)  every m-block any cu_seqlens can own
   decode_split.d{D}              (B * Hkv * num_splits,)
   decode_direct.d{D}.{gate,nogate}   (B * Hkv,)   one split: output written directly, no combine
   decode_fused.d{D}.{gate,nogate}    (B * Hkv * splits,)  split + the last split of each group combines
@@ -60,8 +60,8 @@ _PREFILL = [
     ("q_ptr", "*bf16", True), ("k_cache_ptr", "*bf16", True), ("v_cache_ptr", "*bf16", True),
     ("o_ptr", "*bf16", True), ("gate_ptr", "*bf16", True),
     ("bt_ptr", "*i32", False), ("cu_ptr", "*i32", False), ("seqlen_ptr", "*i32", False),
-    ("scale", "fp32", False), ("num_seqs", "i32", False), ("num_q_heads", "i32", False), ("group", "i32", False),
-    ("n_mblocks", "i32", False),
+    ("scale", "fp32", False), ("num_seqs", "i32", False), ("num_tokens", "i32", False),
+    ("num_q_heads", "i32", False), ("group", "i32", False),
     ("stride_qt", "i32", True), ("stride_qh", "i32", True), ("stride_ot", "i32", True), ("stride_oh", "i32", True),
     ("stride_gt", "i32", True), ("stride_gh", "i32", True),
     *_PAGED_CACHE,

@@ -37,18 +37,31 @@ def _seq_of(cu_ptr, t, N, n_iter):
 
 
 @triton.jit
+def _seq_rows(cu_ptr, t, T, N, n_iter):
+    """Per row t (int32 vector, t >= 0): its sequence s (_seq_of), s's clamped rows [start, end) --
+    start = clamp(cu[s], 0, T), end = clamp(cu[s+1], start, T) -- and whether t lies in them. Rows that
+    do not (past T, outside [cu[0], cu[N]), no sequence at all, inconsistent offsets) belong to no
+    sequence; whatever cu_seqlens holds, a member row's taps and state rows stay inside [0, T) and the
+    slot's 3 rows."""
+    in_range = t < T
+    s = _seq_of(cu_ptr, tl.where(in_range, t, 0), N, n_iter)
+    start = tl.minimum(tl.maximum(tl.load(cu_ptr + s), 0), T)
+    end = tl.minimum(tl.maximum(tl.load(cu_ptr + s + 1, mask=s < N, other=0), start), T)  # N = 0: empty
+    member = in_range & (t >= start) & (t < end)
+    return s, start, end, member
+
+
+@triton.jit
 def _prefill_rows(t, c, cmask, blk_lo, blk_hi, x_ptr, w0, w1, w2, w3, y_ptr, state_ptr, cu_ptr, slot_ptr,
-                  stride_x, stride_y, stride_ss, stride_sr, T, N, num_slots, total, n_iter, TAIL: tl.constexpr):
+                  stride_x, stride_y, stride_ss, stride_sr, T, N, num_slots, n_iter, TAIL: tl.constexpr):
     """Compute and store y for the rows t this program owns (see conv_prefill_kernel)."""
     in_range = t < T
-    valid = t < total
-    s = _seq_of(cu_ptr, tl.where(valid, t, 0), N, n_iter)
-    start = tl.load(cu_ptr + s)
+    s, start, end, member = _seq_rows(cu_ptr, t, T, N, n_iter)
     pos = t - start
     if TAIL:
-        own = valid & (pos < 3) & (start >= blk_lo) & (start < blk_hi)
+        own = member & (pos < 3) & (start >= blk_lo) & (start < blk_hi)
     else:
-        own = valid & in_range & ((pos >= 3) | (start >= blk_lo))
+        own = member & ((pos >= 3) | (start >= blk_lo))
     slot = tl.load(slot_ptr + s, mask=own, other=-1)
     has_state = own & (slot >= 0) & (slot < num_slots)
     srow = state_ptr + tl.where(has_state, slot, 0).to(tl.int64) * stride_ss
@@ -74,11 +87,11 @@ def _prefill_rows(t, c, cmask, blk_lo, blk_hi, x_ptr, w0, w1, w2, w3, y_ptr, sta
             sv = tl.load((srow + (p + 3) * stride_sr)[:, None] + c[None, :],
                          mask=(has_state & (p < 0))[:, None] & cmask[None, :], other=0.0)
             acc += wj[None, :] * sv.to(tl.float32)
-    y = tl.where(valid[:, None], silu_f32(acc), 0.0)
+    y = tl.where(member[:, None], silu_f32(acc), 0.0)
     if TAIL:
         write = own
     else:
-        write = own | (in_range & ~valid)  # rows past cu_seqlens[N] are defined as zeros
+        write = own | (in_range & ~member)  # rows of no sequence (e.g. past cu_seqlens[N]) are defined as zeros
     tl.store(y_ptr + t.to(tl.int64)[:, None] * stride_y + c[None, :], y.to(tl.bfloat16), mask=write[:, None] & cmask[None, :])
 
 
@@ -96,7 +109,6 @@ def _prefill_block(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, s
     w1 = tl.load(wrow + 1, mask=cmask, other=0.0).to(tl.float32)
     w2 = tl.load(wrow + 2, mask=cmask, other=0.0).to(tl.float32)
     w3 = tl.load(wrow + 3, mask=cmask, other=0.0).to(tl.float32)
-    total = tl.load(cu_ptr + N)
     n_iter = 0
     m = N
     while m > 0:
@@ -108,9 +120,9 @@ def _prefill_block(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, s
     for i in range(SUB):
         _prefill_rows(blk_lo + i * BLOCK_T + tl.arange(0, BLOCK_T), c, cmask, blk_lo, blk_hi, x_ptr, w0, w1, w2,
                       w3, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, stride_y, stride_ss, stride_sr, T, N,
-                      num_slots, total, n_iter, False)
+                      num_slots, n_iter, False)
     _prefill_rows(blk_hi + tl.arange(0, 4), c, cmask, blk_lo, blk_hi, x_ptr, w0, w1, w2, w3, y_ptr,
-                  state_ptr, cu_ptr, slot_ptr, stride_x, stride_y, stride_ss, stride_sr, T, N, num_slots, total,
+                  state_ptr, cu_ptr, slot_ptr, stride_x, stride_y, stride_ss, stride_sr, T, N, num_slots,
                   n_iter, True)
 
     # 3) final conv state of every sequence starting in this block: the last 3 inputs (x rows, or the old
@@ -119,11 +131,9 @@ def _prefill_block(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride_x, s
     tl.debug_barrier()
     for i in range(SUB):
         t = blk_lo + i * BLOCK_T + tl.arange(0, BLOCK_T)
-        valid = t < total
-        s = _seq_of(cu_ptr, tl.where(valid, t, 0), N, n_iter)
-        start = tl.load(cu_ptr + s)
-        first = valid & (t == start)
-        ln = tl.load(cu_ptr + s + 1, mask=first, other=0) - start
+        s, start, end, member = _seq_rows(cu_ptr, t, T, N, n_iter)
+        first = member & (t == start)  # a non-empty sequence's first row
+        ln = end - start  # >= 1 where first
         slot = tl.load(slot_ptr + s, mask=first, other=-1)
         first = first & (slot >= 0) & (slot < num_slots)
         srow = state_ptr + tl.where(first, slot, 0).to(tl.int64) * stride_ss
@@ -157,6 +167,14 @@ def conv_prefill_kernel(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride
     slot_idx int32 [N]; state bf16 [num_slots, W-1, C] with strides (stride_ss, stride_sr, 1). With no
     state pass num_slots = 0 (state/slot pointers are then never dereferenced for state, slot_ptr must
     still be readable: pass cu_ptr). Valid slots must be distinct among the sequences of one launch.
+
+    Device-side indices: whatever cu_seqlens and slot_idx hold, only rows [0, T) of x and y, rows 0..W-2
+    of slots in [0, num_slots), and cu_seqlens[0..N], slot_idx[0..N-1] are touched. Sequence s covers
+    the clamped rows [clamp(cu[s], 0, T), clamp(cu[s+1], that, T)) (a decreasing offset: empty; an offset
+    past T: cut at T, rows past T are never touched); every row of [0, T) in no sequence is written as
+    zeros. With non-monotone offsets (overlapping sequences) each row is computed for at most one
+    sequence (unspecified which). Duplicate valid slots: those sequences' results and the slot's final
+    content are unspecified (one writer wins), nothing else changes.
 
     Ownership (no cross-program race on the in-place state): a token at position >= W-1 in its sequence
     belongs to the block holding it; the first W-1 tokens of a sequence (the only ones reading its

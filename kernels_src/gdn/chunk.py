@@ -20,6 +20,15 @@ buffer needs zero-filling):
    O = scale (exp(g) (Q h) + (tril(Q K^T) exp(g_i - g_j)) V').
 
 Token and chunk indices are cast to int64 before they meet a stride.
+
+Device-side indices (never read on the host): cu_seqlens is read only by chunk_index, which clamps every
+bound into [0, T] (eos >= bos) and the chunk count into the chunk table, so each later kernel's rows
+[t0, eos) lie inside [0, T) and its chunk ids inside [0, max_chunks) whatever cu_seqlens holds;
+decreasing offsets give empty sequences, overlapping ones are each computed (their outputs race:
+unspecified values, in bounds). slot_idx is read only by delta_h, which takes the number of state slots
+and treats a slot outside [0, num_slots) as "no state". Two sequences with the same valid slot in one
+call: both start from it and both write their final state back; the slot's content (per value block)
+comes from one of them, unspecified which; nothing outside the pool is touched.
 """
 import triton
 import triton.language as tl
@@ -175,7 +184,7 @@ def gdn_kkt_wy_kernel(kn_ptr, v_ptr, g_ptr, beta_ptr, cidx_ptr, w_ptr, u_ptr, st
 
 # -------------------------------------------------------------------------------------------- 4. delta_h
 @triton.jit
-def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, seqinfo_ptr, HK, HV, use_state,
+def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, seqinfo_ptr, HK, HV, num_slots,
                        BT: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                        TMA: tl.constexpr):
     """Grid (N, Hv, V // BV). u_ptr holds U on entry and V' = U - W S on exit (in place). h is stored
@@ -189,7 +198,10 @@ def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, 
     W, K, U tiles are loaded and V', h stored through tensor descriptors built once per program over the
     sequence's rows [bos, eos) -- rows past eos read as zeros and are never written, so no per-element address
     or mask arithmetic is left in the loop (H200: the same orientation with pointer loads was 7% slower at
-    27B 32k, BENCHMARKS.md session 4)."""
+    27B 32k, BENCHMARKS.md session 4).
+
+    State: num_slots = state.shape[0] (0: no state; slot_ptr is then never read). A slot_idx[n] outside
+    [0, num_slots) means "no state": zero initial state, nothing written back."""
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     iv = tl.program_id(2)
@@ -201,8 +213,9 @@ def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, 
     ck = tl.arange(0, K)
     cv = iv * BV + tl.arange(0, BV)
     slot = tl.full((), -1, tl.int64)
-    if use_state != 0:
+    if num_slots > 0:
         slot = tl.load(slot_ptr + n).to(tl.int64)
+        slot = tl.where((slot >= 0) & (slot < num_slots), slot, -1)  # out of range: no state
     if TMA:
         _delta_h_tma(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot, hv, hk, bos, eos, coff, nc, ck, cv,
                      HK, HV, BT, K, V, BV)

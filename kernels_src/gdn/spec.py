@@ -46,7 +46,7 @@ SPECS = [
         args=[Arg("kn_ptr", "*bf16", div=16), Arg("w_ptr", "*bf16", div=16), Arg("u_ptr", "*bf16", div=16),
               Arg("g_ptr", "*fp32", div=16), Arg("h_ptr", "*bf16", div=16), Arg("state_ptr", "*fp32", div=16),
               Arg("slot_ptr", "*i32"), Arg("seqinfo_ptr", "*i32", div=16),
-              Arg("HK", "i32"), Arg("HV", "i32"), Arg("use_state", "i32")],
+              Arg("HK", "i32"), Arg("HV", "i32"), Arg("num_slots", "i32")],
         constexprs={**_PV, "BV": 32, "TMA": False}, num_warps=4, num_stages=2),
     KernelSpec(
         name="chunk_o", source="chunk.py", entry="gdn_chunk_o_kernel",

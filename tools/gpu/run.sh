@@ -5,7 +5,10 @@
 #   env.txt (device, import, doctor), build.log, gpu-tests.log and results.json (every benchmark's JSON and the
 #   GPU tests' per-case relative errors, <family>_errors.json via tests/gpu/errlog.py, keyed by name;
 #   split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
-#   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|bench|tune|ncu] [pytest -k expression]
+#   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|memcheck|bench|tune|ncu] [pytest -k expression]
+#   memcheck: the GPU tests that feed kernels adversarial device indices (tests/gpu/test_gpu_bounds.py; MEMCHECK_TESTS
+#   overrides, e.g. MEMCHECK_TESTS=tests/gpu for every GPU test when it fits the call) under compute-sanitizer
+#   --tool memcheck, torch's caching allocator off; log in $OUT/memcheck.log, the line 'ERROR SUMMARY: N errors' printed
 #   ncu: Nsight Compute on the cases in $NCU_CASES (';'-separated argument lists of benchmarks/ncu_case.py,
 #   default the 27B GDN prefill at 32k), sections in ncu-<n>.txt (speed of light, occupancy, warp stalls,
 #   source-level stall counters); NCU_SOURCE='regex' adds a full-set report of those kernels: every metric
@@ -107,6 +110,28 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ] || [ "$WHAT" = peer-tests ]; then
   trc=$?; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/gpu-tests.log" | grep -v PASSED | tail -30; tail -3 "$OUT/gpu-tests.log"
   [ $trc -eq 0 ] || rc=1
   merge > /dev/null
+fi
+if [ "$WHAT" = memcheck ]; then
+  # every device access of the kernels checked against the allocations; a cached torch block would hide an access
+  # past a tensor that stays inside the block, so torch allocates each tensor by itself here. API errors are not
+  # counted (probes of optional driver features report some); memory errors are.
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  MT=${MEMCHECK_TESTS:-tests/gpu/test_gpu_bounds.py}
+  echo "== compute-sanitizer memcheck ($CS) over $MT"
+  # shellcheck disable=SC2086
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-540}" "$CS" --tool memcheck --report-api-errors no \
+    --print-limit 200 python3 -m pytest -v -rs -p no:cacheprovider -m "gpu and not peer" $MT ${KEXPR:+-k "$KEXPR"} \
+    > "$OUT/memcheck.log" 2>&1
+  mrc=$?
+  grep -E "FAILED|ERROR |passed|failed" "$OUT/memcheck.log" | grep -v PASSED | tail -20
+  summary=$(grep -E "ERROR SUMMARY: [0-9]+ error" "$OUT/memcheck.log" | tail -1 | sed 's/^=* *//')
+  if [ -n "$summary" ]; then
+    echo "memcheck: $summary (pytest under the sanitizer rc=$mrc)"
+    case "$summary" in "ERROR SUMMARY: 0 errors"*) ;; *) rc=1 ;; esac
+  else
+    echo "memcheck: ERROR SUMMARY: missing (the sanitizer did not finish, rc=$mrc)"; rc=1
+  fi
+  [ $mrc -eq 0 ] || rc=1
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   echo "== benchmarks"

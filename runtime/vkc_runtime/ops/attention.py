@@ -14,11 +14,15 @@ Layouts
 What is validated on the host: dtypes, shapes, strides, 16-byte alignment of every bf16/fp32 pointer and
 multiples of 16 for their strides (the kernels are compiled with those promises), D in {128, 256},
 Hq % Hkv == 0 and Hq/Hkv <= 16, block-table width * block_size >= max_seq_len when the caller passes it,
-int32 ranges. What is *not* validated (it would need a device sync): block-table contents, cu_seqlens and
-seq_lens values. The kernels bound-check those cheaply instead: a context length is clamped to
-max_blocks * block_size, block ids outside [0, num_blocks) are skipped (their keys do not count), slots
-outside [0, num_blocks * block_size) are not written, and a row that sees no key (L < q_len) yields zeros.
-Results for such inputs are defined but meaningless; nothing outside the buffers is touched.
+int32 ranges, block-table width * block_size < 2^30. What is *not* validated (it would need a device sync):
+block-table contents, cu_seqlens, seq_lens and slot_mapping values. The kernels bound-check those cheaply
+instead, so no value of them makes a kernel touch memory outside the tensors it was given: a context length
+is clamped to [0, max_blocks * block_size], block ids outside [0, num_blocks) are skipped (their keys do not
+count), slots outside [0, num_blocks * block_size) are not written, a row that sees no key (L < q_len)
+yields zeros, and prefill processes sequence i only when 0 <= cu[i] <= cu[i+1] <= T and cu[i+1] <= every
+later offset (others are skipped: their rows are neither read nor written; so are rows outside every
+processed sequence). Results for such inputs are defined but meaningless. Duplicate slots in one
+reshape_and_cache call: one of the rows lands in the slot (which one is unspecified), still in bounds.
 
 Prefill kernels: on sm_90a/sm_100a a TMA kernel (K/V tiles loaded as boxes of one cache block, 128 x 64
 tiles at D=256) when block_size is a multiple of its key tile (64 at D=256, 128 at D=128) and the block
@@ -147,6 +151,13 @@ def _block_tables(op: str, block_tables, n: int):
     return bt, sbt
 
 
+def _capacity(op: str, max_blocks: int, BS: int) -> None:
+    """The kernels clamp context lengths to max_blocks * block_size in int32 arithmetic (with headroom)."""
+    if max_blocks * BS >= 2**30:
+        raise OpError(f"{op}: block table capacity {max_blocks} blocks x {BS} = {max_blocks * BS} keys; at most "
+                      f"2^30 - 1 are supported")
+
+
 def _heads(op: str, Hq: int, Hkv: int) -> int:
     if Hq % Hkv:
         raise OpError(f"{op}: {Hq} q heads are not a multiple of {Hkv} kv heads")
@@ -207,7 +218,8 @@ _rac_calls = CallCache()
 
 def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, stream=None):
     """Write k, v [T, Hkv, D] into the paged caches at slot_mapping int32 [T] (slot = block * block_size +
-    offset); negative or out-of-range slots are skipped on the device."""
+    offset); negative or out-of-range slots are skipped on the device. Two tokens with the same valid slot:
+    the slot ends up with elements of one of them (which one is unspecified), nothing else is touched."""
     s = stream_of(stream)
     if _rac_calls.run(None, (k, v, k_cache, v_cache, slot_mapping), (), s):
         return
@@ -356,12 +368,10 @@ def _prefill_launches(op, p: _PrefillBatch, qt, cache, ot, gate, scale, use_tma,
     (sqt, sqh), (sot, soh), (gt, sgt, sgh) = _q_out_gate(op, qt, ot, gate, T, Hq, D, "t")
     kern = _prefill_kernel(D, gate is not None, BS, NB, sb, ss, use_tma, p.kernels)
     bm = kern.constexprs["BLOCK_M"]
-    n_mb = _cdiv(T, bm) + p.N
-    if p.max_seqlen_q is not None:
-        n_mb = min(n_mb, p.N * _cdiv(p.max_seqlen_q, bm))
-    grid = Hq * n_mb
+    grid = Hq * (_cdiv(T, bm) + p.N)  # every m-block any cu_seqlens_q can own (kernels_src/attn/prefill.py)
     fits_i32(op, grid=grid)
-    args = (qt, kc, vc, ot, gt, p.bt, p.cu, p.sl, float(scale), p.N, Hq, group, n_mb, sqt, sqh, sot, soh, sgt, sgh,
+    _capacity(op, p.bt.shape[1], BS)
+    args = (qt, kc, vc, ot, gt, p.bt, p.cu, p.sl, float(scale), p.N, T, Hq, group, sqt, sqh, sot, soh, sgt, sgh,
             sb, ss, sh, p.sbt, BS, p.bt.shape[1], NB)
     return [Launch(kern, (grid, 1, 1), args, scratch)], (() if gate is None else (gt,))
 
@@ -371,8 +381,13 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
     """Varlen causal attention of packed q [T, Hq, D] against the paged caches (which must already hold the
     new tokens' K/V: call :func:`reshape_and_cache` first). Returns out [T, Hq, D] bf16.
 
-    ``max_seqlen_q`` (optional host int, an upper bound of any sequence's q_len) only shrinks the grid;
-    without it the grid is cdiv(T, BLOCK_M) + N m-blocks per head and surplus programs exit at once.
+    ``max_seqlen_q`` is accepted for compatibility and has no effect: the grid is always cdiv(T, BLOCK_M) + N
+    m-blocks per head, every block any cu_seqlens_q can own (the surplus, at most N + 1 per head for a
+    well-formed batch, is scheduled last and exits after its scan), so no value of it -- or of the device
+    data -- can leave rows of a processed sequence unwritten. cu_seqlens_q / seq_lens / block_tables values
+    are device data, bound-checked on the device (module docstring): sequence i is computed iff
+    0 <= cu[i] <= cu[i+1] <= T and no later offset is below cu[i+1]; any other is skipped (its rows keep
+    their bytes).
     ``use_tma``: None picks the TMA kernel where it exists (sm_90a/sm_100a) and the cache allows it
     (block_size a multiple of 64 for D=256, 128 for D=128); False forces the gather kernel. The TMA
     kernel uses global scratch for its descriptors: from ``workspace`` (a :class:`PrefillWorkspace`, for
@@ -635,6 +650,7 @@ def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, wo
         raise OpError(f"{op}: seq_lens must be contiguous")
     bt, sbt = _block_tables(op, block_tables, B)
     cap = bt.shape[1] * BS
+    _capacity(op, bt.shape[1], BS)
     if max_seq_len is None:
         max_seq_len = cap
     max_seq_len = int(max_seq_len)

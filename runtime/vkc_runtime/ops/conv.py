@@ -7,8 +7,10 @@ Layouts: x, y [T or B, C] bf16 (row stride free, channels contiguous); weight [C
 inputs of its sequence). ``slot_idx`` int32: a slot outside [0, slots) (e.g. -1) means "no state": zeros are
 read and nothing is written (the decode update then outputs zeros for that row). Slot values live on the device
 and are not checked on the host (that would need a sync); the kernels skip out-of-range ones. Valid slots must be
-distinct within one call. ``cu_seqlens`` int32 [N + 1]: 0 = cu[0] <= ... <= cu[N] <= T (rows at or past cu[N]
-get zeros). When every pointer is 16-byte aligned and every row/slot stride a multiple of 16 elements the
+distinct within one call (duplicates: unspecified results for those sequences and slots, nothing else touched).
+``cu_seqlens`` int32 [N + 1]: 0 = cu[0] <= ... <= cu[N] <= T (rows at or past cu[N] get zeros); its values are
+device data, clamped on the device (each sequence to [clamp(cu[s], 0, T), clamp(cu[s+1], that, T)); rows past T
+are never touched, rows in no sequence get zeros), so no offset makes the kernel leave x, y or the state. When every pointer is 16-byte aligned and every row/slot stride a multiple of 16 elements the
 vectorized ``.a16`` specialization runs, else ``.any``. Pass ``out=`` inside graph capture. With ``out=`` and
 torch tensors, a call whose inputs have the layout of a recent call (and the same aliasing of out and x) is a
 bound call (vkc_runtime.bound): no revalidation, the recorded launch with the new pointers.

@@ -4,8 +4,10 @@
 ``qkv [T, 2*Hk*128 + Hv*128]`` bf16 (channels [q | k | v], heads contiguous inside each), ``a``, ``b``
 ``[T, Hv]`` bf16, ``A_log``, ``dt_bias`` ``[Hv]`` fp32, ``cu_seqlens`` int32 ``[N+1]`` (packed varlen batch) and
 returns ``o [T, Hv, 128]`` bf16. With ``state [slots, Hv, 128, 128]`` fp32 + ``slot_idx`` int32 ``[N]`` the initial
-state of sequence n is ``state[slot_idx[n]]`` (a negative slot: zero initial state, nothing written back) and its
-final state is written back in place to the same slot. Two sequences must not share a non-negative slot.
+state of sequence n is ``state[slot_idx[n]]`` (a slot outside [0, slots), e.g. -1: zero initial state, nothing
+written back; checked on the device) and its final state is written back in place to the same slot. Two
+sequences must not share a valid slot (if they do, the slot's result is unspecified, but nothing outside the
+state pool is touched).
 
 Launches (one stream, no host sync, no allocation when ``workspace=`` and ``out=`` are given):
 chunk_index (1,) -> prep (C, Hk) -> kkt_wy (C*Hv,) -> delta_h (N, Hv, 128/BV) -> chunk_o (C*Hv*128/BV,), with
@@ -15,8 +17,8 @@ included: every buffer, delta_h's hidden global scratch on sm_90a too, comes fro
 must not be used by two streams at the same time).
 
 ``cu_seqlens`` values are not read on the host (that would sync); they must be non-decreasing with
-``cu_seqlens[0] == 0`` and ``cu_seqlens[N] == T``. The device clamps them to [0, T], so bad values give wrong
-results but never out-of-bounds accesses.
+``cu_seqlens[0] == 0`` and ``cu_seqlens[N] == T``. The device clamps them to [0, T] (a decreasing offset gives
+an empty sequence), so bad values give wrong results but never out-of-bounds accesses.
 """
 from __future__ import annotations
 
@@ -207,7 +209,8 @@ def chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, num_k_heads: i
     dev = same_device(op, *ts)
     if T == 0:
         return res
-    fits_i32(op, T=T, stride_qkv=sq, stride_a=sa, stride_b=sb, N=N)
+    num_slots = st.shape[0] if st is not None else 0  # 0: no state (delta_h then never reads the slot pointer)
+    fits_i32(op, T=T, stride_qkv=sq, stride_a=sa, stride_b=sb, N=N, num_slots=num_slots)
     ws = workspace
     if ws is None:
         ws = workspace_for(T, N, hk, hv, device=dev if dev >= 0 else None)
@@ -227,19 +230,18 @@ def chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, num_k_heads: i
     bv_o = int(k_o.constexprs["BV"])
     if N > 2**31 - 1 or C > 2**31 - 1:
         raise OpError(f"{op}: too many sequences/chunks for the grid")
+    fits_i32(op, grid=C * hv * (HEAD_V // bv_o))  # before any launch
 
     k_idx.launch((1, 1, 1), (cut.ptr, ws.seqinfo.ptr, ws.cidx.ptr, N, T, C), s)
     k_prep.launch((C, hk, 1), (qt.ptr, at.ptr, bt.ptr, alt.ptr, dtt.ptr, ws.cidx.ptr, ws.qn.ptr, ws.kn.ptr,
                                ws.g.ptr, ws.beta.ptr, sq, sa, sb, hk, hv), s)
     v_ptr = qt.ptr + 2 * hk * HEAD_K * 2  # v channels of qkv (bf16): 16-byte aligned as 2*hk*128*2 % 16 == 0
-    fits_i32(op, grid=C * hv * (HEAD_V // bv_o))
     k_wy.launch((C * hv, 1, 1), (ws.kn.ptr, v_ptr, ws.g.ptr, ws.beta.ptr, ws.cidx.ptr, ws.w.ptr, ws.u.ptr, sq, hk, hv),
                 s)
-    use_state = 1 if st is not None else 0
     k_dh.launch((N, hv, HEAD_V // bv_h),
                 (ws.kn.ptr, ws.w.ptr, ws.u.ptr, ws.g.ptr, ws.h.ptr,
                  st.ptr if st is not None else ws.dummy_state.ptr, sl.ptr if sl is not None else ws.dummy_slot.ptr,
-                 ws.seqinfo.ptr, hk, hv, use_state), s, **_scratch_of(ws))
+                 ws.seqinfo.ptr, hk, hv, num_slots), s, **_scratch_of(ws))
     k_o.launch((C * hv * (HEAD_V // bv_o), 1, 1),
                (ws.qn.ptr, ws.kn.ptr, ws.u.ptr, ws.g.ptr, ws.h.ptr, ws.cidx.ptr, ot.ptr, hk, hv,
                 float(HEAD_K ** -0.5)), s)
