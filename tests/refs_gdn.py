@@ -1,6 +1,6 @@
 """float64 numpy references for the GDN chunked prefill (kernels_src/gdn). Torch-free; reused by GPU tests.
 
-Inputs hold the bf16 values (any float dtype). Math (DESIGN.md section 6), per value head h (key head
+Inputs hold the bf16 values (any float dtype). Math (ARCHITECTURE.md "Kernel families"), per value head h (key head
 h // (Hv/Hk)): q, k L2-normalised with eps 1e-6 inside the sqrt, scale = K^-0.5,
 g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b),
     S <- exp(g_t) S;  d = beta_t (v_t - S^T k_t);  S <- S + k_t d^T;  o_t = S^T (scale q_t).
@@ -66,7 +66,7 @@ def recurrent(qkv, a, b, A_log, dt_bias, cu_seqlens, hk: int, hv: int, state=Non
 
 def chunked(qkv, a, b, A_log, dt_bias, cu_seqlens, hk: int, hv: int, state=None, slot_idx=None,
             dk: int = 128, dv: int = 128, C: int = 64):
-    """The chunked (WY) form of DESIGN.md section 6 in float64, as a cross-check of :func:`recurrent`."""
+    """The chunked (WY) form (ARCHITECTURE.md "Kernel families") in float64, as a cross-check of :func:`recurrent`."""
     q, k, v, g, beta = prep(qkv, a, b, A_log, dt_bias, hk, hv, dk, dv)
     T = q.shape[0]
     G = hv // hk

@@ -34,7 +34,7 @@ from vkc_contract.arch import ALL_ARCHS
 _NAME_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# Options that change generated code; each is pinned explicitly in every base (DESIGN.md section 2).
+# Options that change generated code; each is pinned explicitly in every base (Triton 3.10 changes the enable_fp_fusion default).
 DEFAULT_OPTIONS: dict[str, Any] = {"enable_fp_fusion": True}
 ALLOWED_OPTIONS = frozenset({"enable_fp_fusion", "maxnreg", "launch_pdl", "launch_cooperative_grid"})
 OVERRIDABLE = frozenset({"num_warps", "num_stages", "num_ctas", "constexprs", "options", "allow_spills"})

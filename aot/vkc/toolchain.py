@@ -3,7 +3,7 @@ importing Triton; `vkc regen` refuses to run with a toolchain that differs from 
 
 Why Triton 3.9.0: it is the newest release on PyPI (2026-11), compiles all seven targets on a CPU-only
 machine, bundles ptxas 12.9 (sm_8x) and ptxas 13.4 (sm_90a and newer, incl. sm_120a/sm_121a which older
-bundles mishandle), and its cubins loaded and ran on the H200's CUDA 13.0 driver (DESIGN.md section 2).
+bundles mishandle), and its cubins loaded and ran on the H200's CUDA 13.0 driver.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`vkc verify`: the fatal drift check of DESIGN.md section 4 (no GPU, no Triton; `--rebuild` excepted).
+"""`vkc verify`: the fatal drift check (ARCHITECTURE.md "Manifest and artifact kinds"; no GPU, no Triton; `--rebuild` excepted).
 
 Every problem is one line naming the arch, what drifted and the exact repair command; each comes from a
 registered check (:mod:`vkc.checks`). Artifacts are checked by the rules of their kind (:mod:`vkc.kinds`).

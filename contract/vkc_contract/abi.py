@@ -1,10 +1,10 @@
-"""The Triton kernel ABI as vkc launches it (DESIGN.md section 3). One owner for type widths and codes.
+"""The Triton kernel ABI as vkc launches it (ARCHITECTURE.md, "Launch ABI"). One owner for type widths and codes.
 
 A Triton cubin's parameters are its non-constexpr arguments in declaration order, then two hidden
 pointers (``global_scratch``, ``profile_scratch``). Scalars are passed at their declared width: fp32 is
 4 bytes (never a C double), i1 is one byte, fp16/bf16 two bytes.
 
-Each parameter gets a one-character *pack code*; the Python packer (:mod:`vkc_runtime.launch`) and the
+Each parameter gets a one-character *pack code*; the Python packer (:mod:`vkc_runtime.pack`) and the
 native launcher (``csrc/launcher.cpp``) both interpret exactly these codes.
 """
 from __future__ import annotations

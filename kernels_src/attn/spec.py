@@ -15,8 +15,8 @@ Grids (all on axis x, so no product ever meets the 65535 limit of axes y/z):
 prefill.*.tma (sm_90a, sm_100a): K/V tiles come in by TMA, one box of BLOCK_N slots of one cache block per
 tile (the runtime takes it when block_size % BLOCK_N == 0 and the block stride is a multiple of the slot
 stride; descriptors are built on the device in global scratch). Without per-row address registers the
-D=256 tile grows to 128 x 64 with 8 warps (244 registers, no spills; ~1.6x the gather kernel's 64 x 32
-on the H200); D=128 uses 128 x 128.
+D=256 tile grows to 128 x 64 with 8 warps (no spills; faster than the gather kernel's 64 x 32 tile, as
+measured in BENCHMARKS.md); D=128 uses 128 x 128.
 
 Tiles per arch (shared memory: sm_80 163 KB, sm_86/89/120a/121a 99 KB, sm_90a/100a 227 KB):
   prefill D=256: sm_90a BLOCK_M 64 x BLOCK_N 32, 8 warps, 3 stages (190-226 registers; 128 x 64 /

@@ -1,4 +1,4 @@
-"""Gated DeltaNet chunked prefill (DESIGN.md section 6), chunk BT = 64, K = V = 128.
+"""Gated DeltaNet chunked prefill (ARCHITECTURE.md "Kernel families"), chunk BT = 64, K = V = 128.
 
 Pipeline (one launch each; every scratch element a kernel reads was written earlier in the same call, so no
 buffer needs zero-filling):
@@ -197,8 +197,8 @@ def gdn_delta_h_kernel(kn_ptr, w_ptr, u_ptr, g_ptr, h_ptr, state_ptr, slot_ptr, 
     K^T V'_decayed: M = 128), warpgroup MMAs whose B operands (S, V'_decayed, bf16) go through shared memory;
     W, K, U tiles are loaded and V', h stored through tensor descriptors built once per program over the
     sequence's rows [bos, eos) -- rows past eos read as zeros and are never written, so no per-element address
-    or mask arithmetic is left in the loop (H200: the same orientation with pointer loads was 7% slower at
-    27B 32k, BENCHMARKS.md session 4).
+    or mask arithmetic is left in the loop (the same orientation with pointer loads measured slower:
+    BENCHMARKS.md, session 4).
 
     State: num_slots = state.shape[0] (0: no state; slot_ptr is then never read). A slot_idx[n] outside
     [0, num_slots) means "no state": zero initial state, nothing written back."""

@@ -1,4 +1,4 @@
-"""Gated DeltaNet decode: one recurrent step per sequence of a continuous batch (DESIGN.md section 6).
+"""Gated DeltaNet decode: one recurrent step per sequence of a continuous batch (ARCHITECTURE.md "Kernel families").
 
 Per sequence b and value head h (key head kh = h // (Hv / Hk)), with fp32 math throughout:
     q, k   = l2norm(qkv[b, q/k channels of kh]),  x / sqrt(sum x^2 + eps)

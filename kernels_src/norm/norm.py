@@ -1,4 +1,4 @@
-"""RMSNorm family (Qwen3.5/3.6 semantics, DESIGN.md section 6). bf16 in/out, fp32 math.
+"""RMSNorm family (Qwen3.5/3.6 semantics, ARCHITECTURE.md "Kernel families"). bf16 in/out, fp32 math.
 
 Grids (one program per row; row index cast to int64 before it meets a stride):
   rmsnorm_kernel, add_rmsnorm_kernel: (M,)

@@ -1,4 +1,4 @@
-"""Attention preamble: per-head RMSNorm(1 + w) of q and k, then partial neox RoPE (DESIGN.md section 6).
+"""Attention preamble: per-head RMSNorm(1 + w) of q and k, then partial neox RoPE (ARCHITECTURE.md "Kernel families").
 
 Grid (T, cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG)): axis 0 = token t; on axis 1 the first
 cdiv(Hq, HEADS_PER_PROG) programs take groups of query heads (read from the query half of each head's

@@ -58,13 +58,13 @@ _EMBEDDING = [
     ("stride_table", "i32", True), ("stride_out", "i32", True), ("V", "i32", False), ("N", "i32", False),
 ]
 
-# Row-reduction BLOCK -> num_warps. 4 warps up to BLOCK 8192: on the H200 it beat 8 and 16 warps for
-# every measured (hidden, tokens) of rmsnorm/add_rmsnorm (vkc tune build/run/apply,
-# benchmarks/results/2026-11-30-norm-tune/): fewer threads per row, more rows in flight per SM. The same
+# Row-reduction BLOCK -> num_warps. 4 warps up to BLOCK 8192: the tuning runs (vkc tune build/run/apply,
+# BENCHMARKS.md) preferred it to 8 and 16 warps for every measured (hidden, tokens) of rmsnorm/add_rmsnorm:
+# fewer threads per row, more rows in flight per SM. The same
 # choice is used on the build-verified archs (it compiles there without spills); sm_90a pins the measured
 # winners in tuning/sm_90a.json. BLOCK 16384 keeps 16 warps (4 would need > 255 registers).
-# Hidden 5120 (Qwen3.6-27B) runs in the 8192 block: a split 4096 + 1024 block without masked lanes was
-# measured 4-5% slower on the H200 (benchmarks/results/2026-11-30-h200-session3/mid/norm.json) and removed.
+# Hidden 5120 (Qwen3.6-27B) runs in the 8192 block: a split 4096 + 1024 block without masked lanes measured
+# slower (BENCHMARKS.md, session 3) and was removed.
 _ROW_BLOCKS = {1024: 4, 2048: 4, 4096: 4, 8192: 4, 16384: 16}  # BLOCK -> num_warps
 
 SPECS = []

@@ -17,10 +17,10 @@ from tests import bounds_cases as B  # noqa: E402
 
 @pytest.fixture(params=["0", "1"], ids=["validated", "bound"])
 def env(request, monkeypatch):
-    from vkc_runtime import launch
+    from vkc_runtime import bound
     monkeypatch.setenv("VKC_FASTPATH", request.param)
     if request.param == "0":
-        launch.clear_bound_calls()
+        bound.clear_bound_calls()
     B.ACTIVE.clear()
     yield B.Env("cuda", sync=torch.cuda.synchronize)
     B.ACTIVE.clear()

@@ -219,7 +219,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       "mask=(own & (p > 0))[:, None] & cmask[None, :], other=0.0)",
       CONV, "prefill_varlen", "input position 0 of each sequence never read (>= became >)"),
     M("conv-prefill-silu-dropped", "conv/conv.py",
-      "y = tl.where(valid[:, None], silu_f32(acc), 0.0)", "y = tl.where(valid[:, None], acc, 0.0)",
+      "y = tl.where(member[:, None], silu_f32(acc), 0.0)", "y = tl.where(member[:, None], acc, 0.0)",
       CONV, "prefill_no_state", "prefill output without SiLU"),
     M("conv-final-state-row", "conv/conv.py",
       "tl.store(srow[:, None] + 2 * stride_sr + c[None, :], n2, mask=m2)",
