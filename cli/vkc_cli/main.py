@@ -22,8 +22,7 @@ ARCH_CHOICE = click.Choice(list(ALL_ARCHS))
 
 
 def _one_line(e: BaseException) -> str:
-    msg = " ".join(str(e).split()) or "(no message)"
-    return msg if isinstance(e, (FileNotFoundError, ValueError)) else f"{type(e).__name__}: {msg}"
+    return f"{type(e).__name__}: {' '.join(str(e).split()) or '(no message)'}"
 
 
 class _Group(click.Group):
@@ -119,7 +118,7 @@ class FamilyLines:
                 self.family[(a, b.spec.base)] = b.spec.family
         self.left_family = Counter((a, f) for (a, _), f in self.family.items())
         self.left_arch = Counter(a for a, _ in self.family)
-        self.size = {**self.left_family, **self.left_arch}
+        self.n_family, self.n_arch = dict(self.left_family), dict(self.left_arch)
         self.t0 = time.monotonic()
         self.echo = echo
 
@@ -130,10 +129,10 @@ class FamilyLines:
         if fam is not None:
             self.left_family[(arch, fam)] -= 1
             if self.left_family[(arch, fam)] == 0:
-                self.echo(f"[{done}/{total}] {arch} {fam}: {self.size[(arch, fam)]} kernels compiled ({dt:.0f} s)")
+                self.echo(f"[{done}/{total}] {arch} {fam}: {self.n_family[(arch, fam)]} kernels compiled ({dt:.0f} s)")
         self.left_arch[arch] -= 1
         if self.left_arch[arch] == 0:
-            self.echo(f"[{done}/{total}] {arch}: all {self.size[arch]} kernels compiled ({dt:.0f} s)")
+            self.echo(f"[{done}/{total}] {arch}: all {self.n_arch[arch]} kernels compiled ({dt:.0f} s)")
 
 
 def _with_progress(run, root: Path, archs: list[str]):
@@ -156,16 +155,15 @@ def _with_progress(run, root: Path, archs: list[str]):
 _FIX = re.compile(r"; run `vkc regen --arch (\S+)`$")
 
 
-def _stale_summary(problems: list[str], archs: list[str]) -> tuple[list[str], str | None]:
+def _stale_summary(problems: list[str]) -> tuple[list[str], str | None]:
     """Several stale archs: the problem lines without their per-arch repair command, and one repair line."""
     stale = [a for a in ALL_ARCHS if any((m := _FIX.search(p)) and m.group(1) == a for p in problems)]
     if len(stale) < 2:
         return problems, None
     lines = [_FIX.sub("", p) for p in problems]
-    if set(stale) >= set(archs) or len(stale) == len(ALL_ARCHS):
-        return lines, f"repair: run `vkc regen --all` ({len(stale)} archs are stale)"
-    return lines, (f"repair: run `vkc regen --all` ({len(stale)} archs are stale; "
-                   f"`vkc regen --arch {','.join(stale)}` rebuilds just those)")
+    if len(stale) == len(ALL_ARCHS):
+        return lines, "repair: run `vkc regen --all` (every arch is stale)"
+    return lines, f"repair: run `vkc regen --arch {','.join(stale)}` ({len(stale)} archs are stale; or `vkc regen --all`)"
 
 
 @main.command()
@@ -182,7 +180,7 @@ def verify(arch: list[str], rebuild: bool, jobs: int | None, root: str | None) -
     problems = V.verify(r, archs)
     if rebuild and not problems:
         problems = V.rebuild_compare(r, archs, jobs=jobs)
-    lines, repair = _stale_summary(problems, archs)
+    lines, repair = _stale_summary(problems)
     for p in lines:
         click.echo(f"DRIFT {p}", err=True)
     if repair:
@@ -258,7 +256,11 @@ def tune_build(arch, family, knob, values, specs, out, fixed, root) -> None:
             fixed_d[k] = int(v)
         except ValueError:
             raise click.BadParameter(f"expected KNOB=INTEGER, got {item!r}", param_hint="--set") from None
-    made = T.build(_root(root), arch, family, knob, [int(v) for v in values.split(",")], specs.split(","),
+    try:
+        ints = [int(v) for v in values.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {values!r}", param_hint="--values") from None
+    made = T.build(_root(root), arch, family, knob, ints, specs.split(","),
                    Path(out).resolve(), log=click.echo, fixed=fixed_d)
     if not made:
         click.echo("vkc tune build: no candidate compiled", err=True)
