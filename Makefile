@@ -1,33 +1,53 @@
-# vkc developer entry points. Both targets create/refresh .venv from pyproject.toml first.
-#   make regen   compile every kernel for all 7 archs (CPU only) and run the drift check
-#   make test    drift check + the CPU test suite (what CI runs)
+# vkc developer entry points. Each target sets up .venv with only what it needs (stamp per install set).
+#   make regen               the regen toolchain only (`.[regen]`: pinned Triton 3.9.0, no torch), compile every
+#                            kernel for all 7 archs (CPU only), then the drift check
+#   make test                regen toolchain + test deps (`.[test]`: torch for Triton's interpreter, transformers),
+#                            drift check + the CPU test suite (what CI runs)
+#   make wheel ARCH=sm_90a   a wheel with that arch's artifacts + the native launcher (ARCH=all | none | a,b,...)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml CMakeLists.txt csrc/*.cpp 2>/dev/null | sha256sum | cut -c1-16)
+HASH := $(shell cat pyproject.toml CMakeLists.txt csrc/*.cpp 2>/dev/null | sha256sum | cut -c1-16)
+REGEN_STAMP := $(VENV)/.installed-regen-$(HASH)
+TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 
 .PHONY: regen verify test wheel clean
 
-$(STAMP):
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+# `make wheel` without ARCH used to build a wheel with no kernels (an empty VKC_ARCHES): refuse before any work.
+ifneq ($(filter wheel,$(MAKECMDGOALS)),)
+ifeq ($(strip $(ARCH)),)
+ARCHS_KNOWN := $(shell $(PY) -c "import sys; sys.path.insert(0, 'contract'); from vkc_contract.arch import ALL_ARCHS; print(','.join(ALL_ARCHS))")
+$(error make wheel needs ARCH: e.g. make wheel ARCH=sm_90a (comma-separated archs of $(ARCHS_KNOWN), or all, or none))
+endif
+endif
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
-	rm -f $(VENV)/.installed-*
+
+# one install set per stamp; the test set includes the regen set, so it satisfies both
+$(REGEN_STAMP): | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[regen]'
+	rm -f $(VENV)/.installed-regen-*
 	touch $@
 
-regen: $(STAMP)
+$(TEST_STAMP): | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $@ $(REGEN_STAMP)
+
+regen: $(REGEN_STAMP)
 	$(BIN)/vkc regen --all
 	$(BIN)/vkc verify
 
-verify: $(STAMP)
+verify: $(REGEN_STAMP)
 	$(BIN)/vkc verify
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/vkc verify
 	$(BIN)/python -m pytest -q
 
-# Per-arch wheel: make wheel ARCH=sm_90a  (artifacts of that arch only + the native launcher)
-wheel: $(STAMP)
+wheel: | $(BIN)/python
 	VKC_ARCHES=$(ARCH) $(BIN)/python -m pip wheel --no-deps -w dist .
 
 clean:

@@ -155,9 +155,9 @@ def test_cli_verify_and_inspect_outside_any_root(tmp_path):
     for cmd in ("verify", "inspect"):
         out = subprocess.run([sys.executable, "-m", "vkc_cli", cmd, "--root", str(tmp_path)],
                              capture_output=True, text=True, env=env, cwd=tmp_path)
-        assert out.returncode == 2, out.stdout + out.stderr
+        assert out.returncode == 1, out.stdout + out.stderr
         lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"vkc {cmd}: ") and "neither a vkc checkout" in lines[0], lines
+        assert len(lines) == 1 and lines[0].startswith(f"Error: --root {tmp_path}: ") and "neither a vkc checkout" in lines[0], lines
 
 
 def test_no_checkout_and_no_install(monkeypatch, tmp_path):
@@ -177,7 +177,7 @@ def test_no_checkout_and_no_install(monkeypatch, tmp_path):
         discover.find_artifact_root()
     for cmd in ("verify", "inspect"):
         r = CliRunner().invoke(main, [cmd])
-        assert r.exit_code == 2 and r.output.startswith(f"vkc {cmd}: no vkc checkout"), r.output
+        assert r.exit_code == 1 and r.output.startswith("Error: no vkc checkout"), r.output
         assert len(r.output.strip().splitlines()) == 1, r.output
     monkeypatch.setenv("VKC_ARTIFACT_ROOT", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="is not an artifact root"):

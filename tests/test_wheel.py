@@ -55,6 +55,8 @@ def test_fresh_venv_import_and_doctor(wheel, tmp_path):
         r = subprocess.run([str(py), "-c", f"import {mod}"], capture_output=True, text=True)
         assert r.returncode != 0, f"{mod} is importable in the fresh venv"
     r = subprocess.run([str(env_dir / "bin" / "vkc"), "doctor"], capture_output=True, text=True, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # 0: runs here (a GPU); 3: complete, but no CUDA driver/device (this CPU machine); 1 would be a broken install
+    assert r.returncode in (0, 3), r.stdout + r.stderr
+    assert r.returncode == 0 or "artifacts complete, but cannot run here: no CUDA" in r.stderr, r.stderr
     assert re.search(r"^\s*sm_90a\s+\d+ kernels, complete$", r.stdout, re.M), r.stdout
     assert re.search(r"^\s*sm_80\s+no manifest$", r.stdout, re.M), r.stdout  # only sm_90a is in this wheel

@@ -127,8 +127,8 @@ def test_wheel_verify_catches_a_modified_artifact(venv_py, wheel, tmp_path):
 
 
 def test_wheel_outside_any_root(venv_py, tmp_path):
-    """An explicit --root that is neither a checkout nor an artifact root: one line, exit 2."""
+    """An explicit --root that is neither a checkout nor an artifact root: one Error: line, exit 1."""
     for cmd in ("verify", "inspect"):
         r = run(venv_py.parent / "vkc", cmd, "--root", str(tmp_path), cwd=tmp_path)
-        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.returncode == 1, r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "neither a vkc checkout" in r.stderr, r.stderr

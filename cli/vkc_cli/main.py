@@ -1,11 +1,17 @@
 """The `vkc` command line: regen, verify, inspect, tune (the build side, package ``vkc``) and doctor (the runtime,
-``vkc_runtime``). Each subcommand imports its side when it runs."""
+``vkc_runtime``). Each subcommand imports its side when it runs.
+
+Every user error is one line and a non-zero exit status: click's usage errors (status 2) for bad arguments,
+``Error: ...`` (status 1) for the rest; an unexpected exception is shown as one line too (``VKC_DEBUG=1``
+re-raises it with its traceback)."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -15,45 +21,95 @@ from vkc_contract.arch import ALL_ARCHS, ARCHS, RUNTIME_VERIFIED
 ARCH_CHOICE = click.Choice(list(ALL_ARCHS))
 
 
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split()) or '(no message)'}"
+
+
+class _Group(click.Group):
+    """Turns an exception escaping a subcommand into click's one-line ``Error: ...`` (exit status 1)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:
+            if os.environ.get("VKC_DEBUG"):
+                raise
+            raise click.ClickException(_one_line(e) + " (VKC_DEBUG=1 shows the traceback)") from None
+
+
+def _archs(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[str]:
+    """--arch, repeatable or comma-separated, checked against the arch table."""
+    out: list[str] = []
+    for item in value:
+        for a in (x.strip() for x in item.split(",")):
+            if a and a not in ARCHS:
+                raise click.BadParameter(f"unknown arch {a!r} (known: {', '.join(ALL_ARCHS)})")
+            if a and a not in out:
+                out.append(a)
+    return out
+
+
+def _arch_option(help_: str):
+    return click.option("--arch", "arch", multiple=True, callback=_archs, metavar="ARCH[,ARCH...]", help=help_)
+
+
 def _root(root: str | None) -> Path:
+    """The checkout to work on: --root (or a folder inside it), else VKC_ROOT, else found from the cwd."""
     from vkc import discover  # noqa: PLC0415
 
-    return discover.find_root(root)
+    try:
+        r = discover.find_root(root)
+    except FileNotFoundError as e:
+        raise click.ClickException(str(e)) from None
+    where = f"--root {root}" if root else (f"VKC_ROOT={os.environ['VKC_ROOT']}" if os.environ.get("VKC_ROOT")
+                                            else str(r))
+    if not ((r / discover.KERNELS_DIR).is_dir() and (r / "manifests").is_dir()):
+        raise click.ClickException(f"{where}: not a vkc checkout (no {discover.KERNELS_DIR}/ and manifests/)")
+    if root and r != Path(root).resolve() and r not in Path(root).resolve().parents:
+        raise click.ClickException(f"{where}: not inside a vkc checkout (no {discover.KERNELS_DIR}/ and manifests/)")
+    return r
 
 
-def _artifact_root(cmd: str, root: str | None) -> tuple[Path, str]:
-    """A checkout or an installed artifact root (wheel installs) for verify / inspect; one line and exit 2 if none."""
+def _artifact_root(root: str | None) -> tuple[Path, str]:
+    """A checkout or an installed artifact root (wheel installs) for verify / inspect: ``(root, mode)``; one
+    ``Error:`` line (exit 1) naming where the path came from when it is neither."""
     from vkc import discover  # noqa: PLC0415
 
     try:
         return discover.find_artifact_root(root)
     except FileNotFoundError as e:
-        click.echo(f"vkc {cmd}: {e}", err=True)
-        sys.exit(2)
+        where = f"--root {root}: " if root else (f"VKC_ROOT={os.environ['VKC_ROOT']}: " if os.environ.get("VKC_ROOT")
+                                                 else "")
+        raise click.ClickException(f"{where}{e}") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="vkc")
 def main() -> None:
     """vkc: ahead-of-time Triton kernels for 7 NVIDIA archs, vendored with SHA-256 manifests."""
 
 
 @main.command()
-@click.option("--arch", "arch", multiple=True, help="arch(s) to build, e.g. sm_90a (repeat or comma-separate)")
+@_arch_option("arch(s) to build, e.g. sm_90a (repeat or comma-separate)")
 @click.option("--all", "all_", is_flag=True, help="build every arch: " + ", ".join(ALL_ARCHS))
-@click.option("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="worker processes (default: CPU count)")
 @click.option("--root", type=click.Path(file_okay=False), default=None, help="repository root (default: found from cwd)")
-def regen(arch: tuple[str, ...], all_: bool, jobs: int | None, root: str | None) -> None:
-    """Compile every kernel spec for ARCH into vendored/<arch>/ and write manifests/<arch>.json."""
-    from vkc import regen as R  # noqa: PLC0415
+def regen(arch: list[str], all_: bool, jobs: int | None, root: str | None) -> None:
+    """Compile every kernel spec for ARCH into vendored/<arch>/ and write manifests/<arch>.json.
 
-    archs = R.parse_archs(arch, all_)
+    On a terminal a progress bar shows each kernel; otherwise (a log, CI) one line per arch and kernel family
+    as it finishes."""
+    archs = list(ALL_ARCHS) if all_ else arch
     if not archs:
         raise click.UsageError("name --arch ARCH or --all")
     r = _root(root)
+    from vkc import regen as R  # noqa: PLC0415
+
     t0 = time.monotonic()
     try:
-        docs = _with_progress(lambda cb: R.regen(r, archs, jobs=jobs, progress=cb))
+        docs = _with_progress(lambda cb: R.regen(r, archs, jobs=jobs, progress=cb), r, archs)
     except R.RegenError as e:
         click.echo(f"vkc regen: {e}", err=True)
         sys.exit(1)
@@ -63,41 +119,87 @@ def regen(arch: tuple[str, ...], all_: bool, jobs: int | None, root: str | None)
     click.echo(f"regen done in {time.monotonic() - t0:.1f} s")
 
 
-def _with_progress(run):
-    try:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa
-    except ImportError:
-        def cb(what: str, done: int, total: int) -> None:
-            click.echo(f"[{done}/{total}] {what}", err=True)
-        return run(cb)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=not sys.stderr.isatty(), console=None) as prog:
-        task = prog.add_task("compiling", total=None)
+class FamilyLines:
+    """A regen progress callback printing one line when a family of an arch, then the whole arch, is compiled."""
 
-        def cb(what: str, done: int, total: int) -> None:
-            prog.update(task, total=total, completed=done, description=f"compiling {what[:60]:<60}")
-        return run(cb)
+    def __init__(self, root: Path, archs: list[str], echo=click.echo) -> None:
+        from vkc import discover  # noqa: PLC0415
+
+        self.family = {}
+        for a in archs:
+            for b in discover.bases_for_arch(root, a):
+                self.family[(a, b.spec.base)] = b.spec.family
+        self.left_family = Counter((a, f) for (a, _), f in self.family.items())
+        self.left_arch = Counter(a for a, _ in self.family)
+        self.n_family, self.n_arch = dict(self.left_family), dict(self.left_arch)
+        self.t0 = time.monotonic()
+        self.echo = echo
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        arch, base = what.split(" ", 1)
+        fam = self.family.get((arch, base))
+        dt = time.monotonic() - self.t0
+        if fam is not None:
+            self.left_family[(arch, fam)] -= 1
+            if self.left_family[(arch, fam)] == 0:
+                self.echo(f"[{done}/{total}] {arch} {fam}: {self.n_family[(arch, fam)]} kernels compiled ({dt:.0f} s)")
+        self.left_arch[arch] -= 1
+        if self.left_arch[arch] == 0:
+            self.echo(f"[{done}/{total}] {arch}: all {self.n_arch[arch]} kernels compiled ({dt:.0f} s)")
+
+
+def _with_progress(run, root: Path, archs: list[str]):
+    if sys.stdout.isatty():
+        try:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa
+        except ImportError:
+            pass
+        else:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn()) as prog:
+                task = prog.add_task("compiling", total=None)
+
+                def cb(what: str, done: int, total: int) -> None:
+                    prog.update(task, total=total, completed=done, description=f"compiling {what[:60]:<60}")
+                return run(cb)
+    return run(FamilyLines(root, archs))
+
+
+_FIX = re.compile(r"; run `vkc regen --arch (\S+)`$")
+
+
+def _stale_summary(problems: list[str]) -> tuple[list[str], str | None]:
+    """Several stale archs: the problem lines without their per-arch repair command, and one repair line."""
+    stale = [a for a in ALL_ARCHS if any((m := _FIX.search(p)) and m.group(1) == a for p in problems)]
+    if len(stale) < 2:
+        return problems, None
+    lines = [_FIX.sub("", p) for p in problems]
+    if len(stale) == len(ALL_ARCHS):
+        return lines, "repair: run `vkc regen --all` (every arch is stale)"
+    return lines, f"repair: run `vkc regen --arch {','.join(stale)}` ({len(stale)} archs are stale; or `vkc regen --all`)"
 
 
 @main.command()
-@click.option("--arch", "arch", multiple=True, type=ARCH_CHOICE, help="check only these archs")
+@_arch_option("check only these archs (repeat or comma-separate)")
 @click.option("--rebuild", is_flag=True, help="also recompile in a temp copy and compare bytes (needs Triton)")
-@click.option("--jobs", "-j", type=int, default=None)
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None)
 @click.option("--root", type=click.Path(file_okay=False), default=None)
-def verify(arch: tuple[str, ...], rebuild: bool, jobs: int | None, root: str | None) -> None:
+def verify(arch: list[str], rebuild: bool, jobs: int | None, root: str | None) -> None:
     """Fatal drift check of manifests/ and vendored/ against kernels_src/, the specs and the pins."""
     from vkc import verify as V  # noqa: PLC0415
 
-    r, mode = _artifact_root("verify", root)
+    r, mode = _artifact_root(root)
     if rebuild and mode != V.CHECKOUT:
-        click.echo(f"vkc verify: --rebuild needs a source checkout; {r} is an installed artifact root", err=True)
-        sys.exit(2)
+        raise click.UsageError(f"--rebuild needs a source checkout; {r} is an installed artifact root")
     archs = list(arch) or (V.installed_archs(r) if mode == V.INSTALLED else list(ALL_ARCHS))
     problems = V.verify(r, archs, mode=mode)
     if rebuild and not problems:
         problems = V.rebuild_compare(r, archs, jobs=jobs)
-    for p in problems:
+    lines, repair = _stale_summary(problems)
+    for p in lines:
         click.echo(f"DRIFT {p}", err=True)
+    if repair:
+        click.echo(repair, err=True)
     note = f" [{V.INSTALLED_NOTE}: {r}]" if mode == V.INSTALLED else ""
     if problems:
         click.echo(f"vkc verify: {len(problems)} problem(s){note}", err=True)
@@ -106,14 +208,14 @@ def verify(arch: tuple[str, ...], rebuild: bool, jobs: int | None, root: str | N
 
 
 @main.command("inspect")
-@click.option("--arch", "arch", multiple=True, type=ARCH_CHOICE)
+@_arch_option("only these archs (repeat or comma-separate)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--root", type=click.Path(file_okay=False), default=None)
-def inspect_cmd(arch: tuple[str, ...], as_json: bool, root: str | None) -> None:
+def inspect_cmd(arch: list[str], as_json: bool, root: str | None) -> None:
     """What is vendored per arch: kernels, sizes, registers, spills, shared memory."""
     from vkc import kinds, manifest  # noqa: PLC0415
 
-    r, mode = _artifact_root("inspect", root)
+    r, mode = _artifact_root(root)
     archs = list(arch) or ([a for a in ALL_ARCHS if manifest.manifest_path(r, a).is_file()] if mode == "installed"
                            else list(ALL_ARCHS))
     rows = []
@@ -180,7 +282,11 @@ def tune_build(arch, family, knob, values, specs, out, fixed, root) -> None:
             fixed_d[k] = int(v)
         except ValueError:
             raise click.BadParameter(f"expected KNOB=INTEGER, got {item!r}", param_hint="--set") from None
-    made = T.build(_root(root), arch, family, knob, [int(v) for v in values.split(",")], specs.split(","),
+    try:
+        ints = [int(v) for v in values.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {values!r}", param_hint="--values") from None
+    made = T.build(_root(root), arch, family, knob, ints, specs.split(","),
                    Path(out).resolve(), log=click.echo, fixed=fixed_d)
     if not made:
         click.echo("vkc tune build: no candidate compiled", err=True)
@@ -223,18 +329,36 @@ def tune_apply(results, mirror, root) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON (with its verdict)")
 @click.option("--deep", is_flag=True, help="also sha256 every artifact")
 def doctor(as_json: bool, deep: bool) -> None:
-    """Device, driver, selected arch and artifact completeness (works without a GPU)."""
+    """Device, driver, selected arch and artifact completeness (works without a GPU).
+
+    \b
+    Exit status:
+      0  this installation can run its kernels on this machine
+      1  it cannot, whatever the device: no artifact root, a broken or incomplete
+         artifact set, no arch for this device (the last line says why)
+      3  the artifacts are complete but there is no usable CUDA driver or
+         device here (a CPU-only machine)
+    """
     # doctor reports missing kernels itself: importing vkc_runtime must not refuse first
     os.environ.setdefault("VKC_IMPORT_CHECK", "0")
     from vkc_runtime import doctor as D  # noqa: PLC0415
 
     rep = D.report(deep=deep)
-    click.echo(json.dumps(rep, indent=1, default=str) if as_json else D.format_report(rep))
-    if rep.get("problems"):
-        sys.exit(1)
+    code, reasons = D.verdict(rep)
+    if as_json:
+        rep["verdict"] = {"exit": code, "reasons": reasons}
+        click.echo(json.dumps(rep, indent=1, default=str))
+    else:
+        click.echo(D.format_report(rep))
+        if code == D.EXIT_OK:
+            click.echo(f"vkc doctor: OK, can run on this machine ({rep['selected']['arch']})")
+        else:
+            what = "cannot run here" if code == D.EXIT_BROKEN else "artifacts complete, but cannot run here"
+            click.echo(f"vkc doctor: {what}: {'; '.join(reasons)}", err=True)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

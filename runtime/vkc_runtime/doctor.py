@@ -1,6 +1,9 @@
 """``vkc_runtime.doctor``: what this installation can run, and why not.
 
-``python -m vkc_runtime.doctor [--deep] [--json]``. Works without a GPU or driver.
+``python -m vkc_runtime.doctor [--deep] [--json]``. Works without a GPU or driver. Exit status (:func:`verdict`):
+0 this installation can run its kernels on this machine; 1 it cannot (no artifact root, a broken or incomplete
+artifact set, no arch for this device); 3 the artifacts are complete but this machine has no usable CUDA
+driver or device.
 """
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from typing import Any
 
 from vkc_contract import arch as _arch
 
-__all__ = ["report", "format_report", "main"]
+__all__ = ["report", "format_report", "verdict", "main"]
+
+EXIT_OK, EXIT_BROKEN, EXIT_NO_DEVICE = 0, 1, 3
 
 
 def _native_info() -> dict[str, Any]:
@@ -128,6 +133,53 @@ def report(deep: bool = False) -> dict[str, Any]:
     return r
 
 
+def verdict(r: dict[str, Any]) -> tuple[int, list[str]]:
+    """``(exit status, reasons)`` for a :func:`report`: EXIT_OK, EXIT_BROKEN (the installation cannot run here,
+    whatever the device) or EXIT_NO_DEVICE (the artifacts are complete; no usable CUDA driver/device here)."""
+    broken: list[str] = []
+    ar = r["artifact_root"]
+    if not ar.get("path"):
+        broken.append(f"no artifact root ({ar.get('error') or 'none found'})")
+    if r.get("ops_import_error"):
+        broken.append(f"vkc_runtime.ops does not import: {r['ops_import_error']}")
+
+    def arch_problems(a: str) -> list[str]:
+        e = r["arches"].get(a, {})
+        if not e.get("manifest"):
+            return [f"{a}: no manifest"]
+        if "error" in e:
+            return [f"{a}: manifest error: {e['error']}"]
+        out = []
+        if e.get("required_missing"):
+            out.append(f"{a}: {len(e['required_missing'])} required kernel(s) missing, e.g. {e['required_missing'][0]}")
+        bad = e.get("problems", []) + e.get("hash_problems", [])
+        if bad:
+            out.append(f"{a}: {len(bad)} artifact problem(s), e.g. {bad[0]}")
+        return out
+
+    sel = r["selected"].get("arch")
+    devices = [d for d in r["devices"] if "cc" in d]
+    if ar.get("path"):
+        if sel:
+            broken += arch_problems(sel)
+        elif devices:
+            broken.append(f"device 0 (cc {devices[0]['cc']}): no usable arch ({r['selected'].get('error')})")
+        else:  # no device to select for: every arch this installation ships must be usable
+            shipped = [a for a, e in r["arches"].items() if e.get("manifest")]
+            if not shipped:
+                broken.append(f"no arch has a manifest under {ar['path']}")
+            for a in shipped:
+                broken += arch_problems(a)
+    if broken:
+        return EXIT_BROKEN, broken
+    if not r["driver"]["available"]:
+        return EXIT_NO_DEVICE, [f"no CUDA driver ({r['driver'].get('reason')})"]
+    if not devices:
+        errs = [d["error"] for d in r["devices"] if "error" in d]
+        return EXIT_NO_DEVICE, [f"no usable CUDA device ({errs[0] if errs else 'the driver reports none'})"]
+    return EXIT_OK, []
+
+
 def format_report(r: dict[str, Any]) -> str:
     """Human-readable form of :func:`report`."""
     out: list[str] = []
@@ -187,8 +239,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print JSON")
     a = p.parse_args(argv)
     r = report(deep=a.deep)
+    code, reasons = verdict(r)
+    r["verdict"] = {"exit": code, "reasons": reasons}
     print(json.dumps(r, indent=1, sort_keys=True, default=str) if a.json else format_report(r))
-    return 0
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover
