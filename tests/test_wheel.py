@@ -2,15 +2,15 @@
 installed into a fresh virtualenv (no triton, torch, cutlass-dsl) `import vkc_runtime` and `vkc doctor` work."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.wheels import build_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 pytest.importorskip("scikit_build_core", reason="wheel build needs scikit-build-core (the test extra has it)")
@@ -18,14 +18,7 @@ pytest.importorskip("scikit_build_core", reason="wheel build needs scikit-build-
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "VKC_ARCHES": "sm_90a"}
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
-                        "-C", f"build-dir={out / 'build'}", "-w", str(out), str(REPO)],
-                       capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (whl,) = out.glob("vkc-*.whl")
-    return whl
+    return build_wheel(tmp_path_factory.mktemp("dist"), "sm_90a")
 
 
 def test_wheel_holds_one_arch(wheel):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.wheels import build_wheel
+
 REPO = Path(__file__).resolve().parents[1]
 pytest.importorskip("scikit_build_core", reason="wheel build needs scikit-build-core (the test extra has it)")
 pytestmark = pytest.mark.slow  # one wheel build (CMake + the native launcher): about a minute
@@ -26,14 +28,7 @@ BASE_DEPS = ("numpy", "numpy.libs", "cuda", "cuda_bindings", "cuda_pathfinder", 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "VKC_ARCHES": "sm_80"}
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
-                        "-C", f"build-dir={out / 'build'}", "-w", str(out), str(REPO)],
-                       capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (whl,) = out.glob("vkc-*.whl")
-    return whl
+    return build_wheel(tmp_path_factory.mktemp("dist"), "sm_80")
 
 
 def _site_of(module: str) -> Path:
