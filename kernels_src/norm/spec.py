@@ -1,16 +1,12 @@
-"""AOT specs of the norm family: RMSNorm variants, q/k norm + RoPE, SwiGLU, sigmoid gate, embedding.
+"""AOT specs of the norm family: RMSNorm, RMSNorm fused with the residual add, the GDN output's gated RMSNorm.
 
-Every row kernel comes as ``.a16`` (all pointers and row strides carry div=16, which the runtime checks)
-and ``.any`` (no hints). Sizes (N, I, H, T, V) never carry hints; the kernels branch on ``size % 16``
-internally so the aligned variants still vectorize their masked loads and stores.
+Every kernel comes as ``.a16`` (all pointers and row strides carry div=16, which the runtime checks) and
+``.any`` (no hints). Sizes (N, H) never carry hints; the kernels branch on ``size % 16`` internally so the
+aligned variants still vectorize their masked loads and stores.
 
 Grids (axis 0 first):
   rmsnorm.*, add_rmsnorm.*   (M,)                                BLOCK >= N required
   gated_rmsnorm.*            (M, cdiv(H, HEADS_PER_PROG))
-  qk_norm_rope.*             (T, cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG))
-  silu_mul.*                 (M, cdiv(I, BLOCK))
-  sigmoid_mul.*              (T, cdiv(H, HEADS_PER_PROG))
-  embedding.*                (T, cdiv(N, BLOCK))
 """
 from vkc.spec import Arg, KernelSpec
 
@@ -36,26 +32,6 @@ _GATED_RMSNORM = [
     ("x_ptr", "*bf16", True), ("z_ptr", "*bf16", True), ("w_ptr", "*bf16", True), ("y_ptr", "*bf16", True),
     ("stride_x", "i32", True), ("stride_z", "i32", True), ("stride_y", "i32", True),
     ("H", "i32", False), ("eps", "fp32", False),
-]
-_QK_NORM_ROPE = [
-    ("qg_ptr", "*bf16", True), ("k_ptr", "*bf16", True), ("pos_ptr", "*i32", True),
-    ("wq_ptr", "*bf16", True), ("wk_ptr", "*bf16", True),
-    ("q_out_ptr", "*bf16", True), ("k_out_ptr", "*bf16", True),
-    ("stride_qg", "i32", True), ("stride_k", "i32", True),
-    ("Hq", "i32", False), ("Hkv", "i32", False), ("eps", "fp32", False), ("theta", "fp32", False),
-]
-_SILU_MUL = [
-    ("x_ptr", "*bf16", True), ("y_ptr", "*bf16", True),
-    ("stride_x", "i32", True), ("stride_y", "i32", True), ("I", "i32", False),
-]
-_SIGMOID_MUL = [
-    ("x_ptr", "*bf16", True), ("gate_ptr", "*bf16", True), ("out_ptr", "*bf16", True),
-    ("stride_x", "i32", True), ("gate_stride_t", "i32", True), ("gate_stride_h", "i32", True),
-    ("stride_out", "i32", True), ("H", "i32", False),
-]
-_EMBEDDING = [
-    ("ids_ptr", "*i32", True), ("table_ptr", "*bf16", True), ("out_ptr", "*bf16", True),
-    ("stride_table", "i32", True), ("stride_out", "i32", True), ("V", "i32", False), ("N", "i32", False),
 ]
 
 # Row-reduction BLOCK -> num_warps. 4 warps up to BLOCK 8192: the tuning runs (vkc tune build/run/apply,
@@ -84,26 +60,4 @@ for _sfx, _al in _VARIANTS:
         args=_args(_GATED_RMSNORM, _al), constexprs={"HEAD": 128, "HEADS_PER_PROG": 4},
         num_warps=2, num_stages=1))
 
-    # 4 heads of one token per program (cos/sin computed once for them), 8 bf16 per thread.
-    for _d, _rot, _warps in ((256, 64, 4), (128, 32, 2)):
-        SPECS.append(KernelSpec(
-            name=f"qk_norm_rope.d{_d}.r{_rot}.{_sfx}", source="rope.py", entry="qk_norm_rope_kernel",
-            args=_args(_QK_NORM_ROPE, _al), constexprs={"D": _d, "ROT": _rot, "HEADS_PER_PROG": 4},
-            num_warps=_warps, num_stages=1))
-
-    SPECS.append(KernelSpec(
-        name=f"silu_mul.{_sfx}", source="act.py", entry="silu_mul_kernel",
-        args=_args(_SILU_MUL, _al), constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
-
-    # 1024 elements per program: 4 heads of 256 or 8 heads of 128.
-    for _d, _hpp in ((256, 4), (128, 8)):
-        SPECS.append(KernelSpec(
-            name=f"sigmoid_mul.d{_d}.{_sfx}", source="act.py", entry="sigmoid_mul_kernel",
-            args=_args(_SIGMOID_MUL, _al), constexprs={"D": _d, "HEADS_PER_PROG": _hpp},
-            num_warps=4, num_stages=1))
-
-    SPECS.append(KernelSpec(
-        name=f"embedding.{_sfx}", source="embedding.py", entry="embedding_kernel",
-        args=_args(_EMBEDDING, _al), constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
-
-del _sfx, _al, _block, _warps, _d, _rot, _hpp
+del _sfx, _al, _block, _warps
