@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from vkc_runtime.kernels import get_kernel
-from vkc_runtime.ops import attention as A
+from vkc_runtime.ops import attn as A
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as C  # noqa: E402

@@ -20,7 +20,8 @@ os.environ.setdefault("VKC_IMPORT_CHECK", "0")
 
 from tests.ops_fakes import MANIFEST, TorchLike as T  # noqa: E402
 from vkc_runtime import bound  # noqa: E402
-from vkc_runtime.ops import attention as A, norm as N  # noqa: E402
+from vkc_runtime.ops import attn as A, norm as N  # noqa: E402
+from vkc_runtime.ops.attn import cache_ops, decode_ops, prefill_ops  # noqa: E402
 
 N_CALLS = 4000
 I32 = "torch.int32"
@@ -36,6 +37,9 @@ class _Kernel:
     def max_active_blocks(self):
         return 2
 
+    def load(self):
+        pass
+
     def launch(self, grid, args, stream=0, scratch=None):
         pass
 
@@ -43,13 +47,13 @@ class _Kernel:
 def _install():
     cache = {}
 
-    def get_kernel(base):
+    def get_kernel(base, device=None):
         k = cache.get(base)
         return k if k is not None else cache.setdefault(base, _Kernel(base))
-    for mod in (A, N):
+    for mod in (cache_ops, decode_ops, prefill_ops, N):
         mod.get_kernel = get_kernel
-    A.has_kernel = lambda base: base in MANIFEST["kernels"]
-    A._sm_count = lambda dev: 132
+    prefill_ops.has_kernel = lambda base, device=None: base in MANIFEST["kernels"]
+    decode_ops._sm_count = lambda dev: 132
 
 
 def _best_us(fn, n=N_CALLS):

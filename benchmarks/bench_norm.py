@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from vkc_runtime.ops import norm as N
+from vkc_runtime.ops import act as AC, norm as N, rope as RO
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as C  # noqa: E402
@@ -163,13 +163,13 @@ def _others(T):
         return x * torch.sigmoid(qg.view(T, H, 2, D)[:, :, 1].reshape(T, H * D))
 
     yield ("silu_mul", T * 3 * I * 2, lambda: (torch.randn(T, 2 * I, **bf), torch.empty(T, I, **bf)),
-           lambda x, y, stream=0: N.silu_mul(x, out=y, stream=stream), torch_silu_mul, "F.silu(g) * u")
+           lambda x, y, stream=0: AC.silu_mul(x, out=y, stream=stream), torch_silu_mul, "F.silu(g) * u")
     yield ("gated_rmsnorm", T * 3 * 48 * 128 * 2,
            lambda: (torch.randn(T, 48 * 128, **bf), torch.randn(T, 48 * 128, **bf), torch.empty(T, 48 * 128, **bf)),
            lambda x, z, y, stream=0: N.gated_rmsnorm(x, z, wg, 1e-6, out=y, stream=stream), torch_gated,
            "eager fp32 chain")
     yield ("sigmoid_mul", T * 3 * H * D * 2, lambda: (torch.randn(T, H * D, **bf), torch.randn(T, H * 2 * D, **bf)),
-           lambda x, qg, stream=0: N.sigmoid_mul(x, qg.view(T, H, 2, D)[:, :, 1], out=x, stream=stream), torch_sig,
+           lambda x, qg, stream=0: AC.sigmoid_mul(x, qg.view(T, H, 2, D)[:, :, 1], out=x, stream=stream), torch_sig,
            "x * sigmoid(gate view)")
     qk_bytes = T * (H * D * 2 + Hkv * D * 2) * 2 + T * 4
 
@@ -181,7 +181,7 @@ def _others(T):
         return q.to(torch.bfloat16), kk.to(torch.bfloat16)  # (no rope: torch side does less work)
     qo, ko = torch.empty(T, H, D, **bf), torch.empty(T, Hkv, D, **bf)
     yield ("qk_norm_rope", qk_bytes, lambda: (torch.randn(T, H * 2 * D, **bf), torch.randn(T, Hkv * D, **bf)),
-           lambda qg, k, stream=0: N.qk_norm_rope(qg, k, pos, wq, wk, H, Hkv, D, 1e-6, 1e7, q_out=qo, k_out=ko,
+           lambda qg, k, stream=0: RO.qk_norm_rope(qg, k, pos, wq, wk, H, Hkv, D, 1e-6, 1e7, q_out=qo, k_out=ko,
                                                   stream=stream),
            torch_qk, "eager q/k norm without rope")
 

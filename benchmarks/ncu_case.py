@@ -22,7 +22,7 @@ def main(argv):
         call, _, _ = bench_gdn.vkc_case([T], hk, hv)
     elif what == "decode":
         import bench_attn
-        from vkc_runtime.ops import attention as A
+        from vkc_runtime.ops import attn as A
         B, L = int(argv[1]), int(argv[2])
         kc, vc, bt, _, _, q, sl, out = bench_attn.decode_inputs(B, L, dense=False)
 

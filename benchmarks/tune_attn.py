@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from bench_attn import paged, time_ms  # noqa: E402
 
-from vkc_runtime.ops import attention as A  # noqa: E402
+from vkc_runtime.ops import attn as A  # noqa: E402
 
 CASES = [(24, 4, 1024), (16, 2, 1024), (24, 4, 4096), (24, 4, 8192), (16, 2, 8192)]
 DECODE_CASES = [(256, 4096), (64, 32768), (16, 32768), (64, 4096)]  # (B, L) at 24/4 x 256

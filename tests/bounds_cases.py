@@ -268,7 +268,7 @@ def check_decode(env: Env, A, splits: int, fused: bool, D=256, Hq=4, Hkv=2):
     q = ar.put(rnd(g, B, Hq, D))
     gate = ar.put(rnd(g, B, Hq, D))
     sl = ar.put(i32([-5, BIG, SMALL, 17, 33]))
-    from vkc_runtime.ops.attention import DecodeWorkspace
+    from vkc_runtime.ops.attn import DecodeWorkspace
     ms = max(splits, 2)
     ws = DecodeWorkspace(device_array(ar.poison((B * Hq * ms * D,), torch.float32), "float32"),
                          device_array(ar.poison((B * Hq * ms,), torch.float32), "float32"),
@@ -486,20 +486,20 @@ def check_conv_update(env: Env, CV, C=128, nslots=3):
 
 # --------------------------------------------------------------------------------------------------- norm
 
-def check_embedding(env: Env, NM, V=7, N=96):
+def check_embedding(env: Env, EM, V=7, N=96):
     g = torch.Generator().manual_seed(80)
     ids = [0, -1, V, BIG, SMALL, V - 1, 3]
     ar = Arena(12, env.device)
     table = ar.put(rnd(g, V, N))
     out = ar.poison((len(ids), N), torch.bfloat16)
     w = env.wrap
-    NM.embedding(w(ar.put(i32(ids))), w(table), out=w(out))
+    EM.embedding(w(ar.put(i32(ids))), w(table), out=w(out))
     env.sync()
     ar.check()
     assert np.array_equal(np64(out), refs.embedding(ids, np64(table))), "embedding: ids outside [0, V) give zeros"
 
 
-def check_rope_positions(env: Env, NM, Hq=2, Hkv=1, D=128):
+def check_rope_positions(env: Env, RO, Hq=2, Hkv=1, D=128):
     """Positions are values (angles), never addresses: extreme ones stay in bounds and finite."""
     g = torch.Generator().manual_seed(90)
     pos = [0, -1, BIG, SMALL, 5]
@@ -509,7 +509,7 @@ def check_rope_positions(env: Env, NM, Hq=2, Hkv=1, D=128):
     wq, wk = ar.put(rnd(g, D, scale=0.1)), ar.put(rnd(g, D, scale=0.1))
     qo, ko = ar.poison((T, Hq, D), torch.bfloat16), ar.poison((T, Hkv, D), torch.bfloat16)
     w = env.wrap
-    NM.qk_norm_rope(w(qg), w(k), w(ar.put(i32(pos))), w(wq), w(wk), Hq, Hkv, D, q_out=w(qo), k_out=w(ko))
+    RO.qk_norm_rope(w(qg), w(k), w(ar.put(i32(pos))), w(wq), w(wk), Hq, Hkv, D, q_out=w(qo), k_out=w(ko))
     env.sync()
     ar.check()
     assert np.isfinite(np64(qo)).all() and np.isfinite(np64(ko)).all()

@@ -343,7 +343,7 @@ def test_decode_bad_block_ids_stay_in_bounds(K):
 # ------------------------------------------------------------------------------------ split heuristic
 
 def test_split_heuristic():
-    from vkc_runtime.ops import attention as A
+    from vkc_runtime.ops import attn as A
     # big batch fills the GPU without splitting
     assert A.num_splits_for(256, 4, 32768, 132, max_splits=64) >= 1
     assert A.num_splits_for(256, 4, 512, 132, max_splits=64) == 1

@@ -363,7 +363,7 @@ def _check_result(path, bench, families):
 
 def test_dry_run_bench_attn(dry, monkeypatch, tmp_path):
     import bench_attn as M
-    from vkc_runtime.ops import attention as A
+    from vkc_runtime.ops import attn as A
     monkeypatch.setattr(M, "DEVICE", "cpu")
     monkeypatch.setattr(C, "ATTN_HEAD_DIM", 64)
     monkeypatch.setattr(C, "attn_prefill_cases", lambda: [(6, 2, 40)])
@@ -503,13 +503,14 @@ def test_dry_run_bench_gdn_decode(dry, monkeypatch, tmp_path):
 
 def test_dry_run_bench_norm(dry, monkeypatch, tmp_path):
     import bench_norm as M
-    from vkc_runtime.ops import norm as N
+    from vkc_runtime.ops import act as AC, norm as N, rope as RO
     monkeypatch.setattr(M, "DEVICE", "cpu")
     monkeypatch.setattr(C, "NORM_HIDDEN", (64,))
     monkeypatch.setattr(C, "NORM_TOKENS", (1, 4000))
     monkeypatch.setattr(M, "OTHERS_T", 4)
-    monkeypatch.setattr(M, "N", types.SimpleNamespace(**{n: _binder(getattr(N, n)) for n in (
-        "rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mul", "sigmoid_mul")}))
+    for name, mod, ops in (("N", N, ("rmsnorm", "add_rmsnorm", "gated_rmsnorm")), ("RO", RO, ("qk_norm_rope",)),
+                           ("AC", AC, ("silu_mul", "sigmoid_mul"))):
+        monkeypatch.setattr(M, name, types.SimpleNamespace(**{n: _binder(getattr(mod, n)) for n in ops}))
     out = tmp_path / "norm.json"
     M.main(str(out))
     res = _check_result(out, "norm", ["norm"])

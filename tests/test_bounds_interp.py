@@ -146,6 +146,9 @@ class InterpKernel:
     def max_active_blocks(self) -> int:
         return 2
 
+    def load(self) -> None:  # the interpreter needs no module
+        pass
+
     def launch(self, grid, args, stream=0):
         assert len(args) == len(self.spec.args), (self.base, len(args))
         arenas = list(B.ACTIVE)
@@ -162,17 +165,17 @@ class InterpKernel:
 
 class InterpRegistry:
     def __init__(self):
-        self.specs = {f: specs(f) for f in ("attn", "gdn", "gdn_decode", "conv", "norm")}
+        self.specs = {f: specs(f) for f in ("attn", "gdn", "gdn_decode", "conv", "norm", "rope", "act", "embedding")}
         self.launched = []
 
-    def __call__(self, base: str) -> InterpKernel:
+    def __call__(self, base: str, device=None) -> InterpKernel:
         fam, name = base.split(".", 1)
         spec = self.specs[fam][name]
         assert ARCH in spec.archs, base
         self.launched.append(base)
         return InterpKernel(base, spec)
 
-    def has(self, base: str) -> bool:
+    def has(self, base: str, device=None) -> bool:
         fam, name = base.split(".", 1)
         s = self.specs.get(fam, {}).get(name)
         return s is not None and ARCH in s.archs
@@ -183,15 +186,15 @@ def ops(monkeypatch):
     """The ops modules with kernels routed to the interpreter; yields (namespace of modules, Env)."""
     from types import SimpleNamespace
 
-    from vkc_runtime.ops import attention, conv, gdn, gdn_decode, norm
+    from tests.ops_fakes import patch_ops
+    from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope
 
     reg = InterpRegistry()
-    mods = SimpleNamespace(A=attention, G=gdn, GD=gdn_decode, CV=conv, NM=norm, reg=reg)
-    for m in (attention, conv, gdn, gdn_decode, norm):
-        monkeypatch.setattr(m, "get_kernel", reg)
-        if hasattr(m, "has_kernel"):
-            monkeypatch.setattr(m, "has_kernel", reg.has)
-    monkeypatch.setattr(attention, "_sm_count", lambda dev: 132)
+    mods = SimpleNamespace(A=attn, G=gdn, GD=gdn_decode, CV=conv, NM=norm, RO=rope, AC=act, EM=embedding, reg=reg)
+    for m in (act, attn, conv, embedding, gdn, gdn_decode, norm, rope):
+        patch_ops(monkeypatch, m, "get_kernel", reg)
+    patch_ops(monkeypatch, attn, "has_kernel", reg.has)
+    patch_ops(monkeypatch, attn, "_sm_count", lambda dev: 132)
     B.ACTIVE.clear()
     yield mods, B.Env("cpu", wrap=Cai)
     B.ACTIVE.clear()
@@ -258,9 +261,9 @@ def test_conv_update_slots(ops):
 
 def test_embedding_ids(ops):
     m, env = ops
-    B.check_embedding(env, m.NM)
+    B.check_embedding(env, m.EM)
 
 
 def test_rope_positions(ops):
     m, env = ops
-    B.check_rope_positions(env, m.NM)
+    B.check_rope_positions(env, m.RO)

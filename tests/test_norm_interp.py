@@ -1,4 +1,4 @@
-"""CPU tests of kernels_src/norm through Triton's interpreter (TRITON_INTERPRET=1), plus spec/ABI checks.
+"""CPU tests of the row kernels (kernels_src/norm, rope, act, embedding) through Triton's interpreter (TRITON_INTERPRET=1), plus spec/ABI checks.
 
 Triton picks interpreter mode when a function is decorated with @triton.jit, and that includes its own
 standard library (tl.sum, tl.max, ...) at ``import triton`` time, so TRITON_INTERPRET=1 must be set before
@@ -25,11 +25,9 @@ triton = pytest.importorskip("triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tests.kernel_testing import device, interpreter_active, launch_spec, np64, specs  # noqa: E402
-from tests.kernel_testing import specs as load_norm_specs  # noqa: E402
 from tests import refs  # noqa: E402
 
-FAMILY_DIR = os.path.join(ROOT, "kernels_src", "norm")
-SOURCES = ("norm.py", "rope.py", "act.py", "embedding.py")
+FAMILIES = ("norm", "rope", "act", "embedding")  # family -> kernels_src/<family>/<family>.py
 EPS = 1e-6
 
 
@@ -43,13 +41,19 @@ DEV = device()
 
 @pytest.fixture(scope="module")
 def K():
-    """Kernel modules keyed by source file name (interpreted when INTERP), plus the specs by name."""
-    mods = {src: importlib.import_module(f"kernels_src.norm.{src[:-3]}") for src in SOURCES}
+    """Kernel modules keyed by source file name (interpreted when INTERP), plus the specs of the four families by
+    name (the names do not collide across them)."""
+    mods = {f"{fam}.py": importlib.import_module(f"kernels_src.{fam}.{fam}") for fam in FAMILIES}
     if INTERP:
         from triton.runtime.interpreter import InterpretedFunction
         assert isinstance(mods["norm.py"].rmsnorm_kernel, InterpretedFunction), \
             "kernels_src.norm was imported before TRITON_INTERPRET=1 took effect"
-    return SimpleNamespace(mods=mods, specs=specs("norm"))
+    by_name = {}
+    for fam in FAMILIES:
+        s = specs(fam)
+        assert not set(s) & set(by_name), sorted(set(s) & set(by_name))
+        by_name.update(s)
+    return SimpleNamespace(mods=mods, specs=by_name)
 
 
 def launch(K, name, grid, *args):
@@ -387,13 +391,13 @@ def test_nan_fails_check():
 # ---------------------------------------------------------------------------------------- spec checks
 
 def test_specs_match_kernel_signatures(K):
-    specs = list(load_norm_specs("norm").values())
+    specs = list(K.specs.values())
     assert 30 <= len(specs) <= 45
     names = [s.name for s in specs]
     assert len(set(names)) == len(names)
     for s in specs:
         s.validate()
-        assert s.source in SOURCES, s.source
+        assert s.source == f"{s.family}.py", (s.family, s.source)
         fn = getattr(K.mods[s.source], s.entry, None)
         assert fn is not None, f"{s.name}: no entry {s.entry} in {s.source}"
         params = list(inspect.signature(fn.fn).parameters.values())
@@ -426,8 +430,9 @@ def test_specs_match_kernel_signatures(K):
 
 def test_sources_import_only_triton():
     import ast
-    for src in SOURCES:
-        tree = ast.parse(open(os.path.join(FAMILY_DIR, src)).read())
+    for fam in FAMILIES:
+        src = f"{fam}/{fam}.py"
+        tree = ast.parse(open(os.path.join(ROOT, "kernels_src", src)).read())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 assert all(a.name in ("triton", "triton.language") for a in node.names), (src, ast.dump(node))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ops_fakes import MANIFEST, Dev, install_recorder
-from vkc_runtime.ops import attention as A
+from tests.ops_fakes import MANIFEST, Dev, install_recorder, patch_ops
+from vkc_runtime.ops import attn as A
 from vkc_runtime.ops._check import OpError
 
 I32 = "<i4"
@@ -69,7 +69,7 @@ def test_prefill_use_tma_true_refuses(rec, kw, msg):
 def test_prefill_without_tma_artifacts(rec, monkeypatch):
     """An arch without the .tma artifacts (everything but sm_90a/sm_100a) takes the gather kernel; asking for
     TMA there is an error."""
-    monkeypatch.setattr(A, "has_kernel", lambda base: False)
+    patch_ops(monkeypatch, A, "has_kernel", lambda base, device=None: False)
     prefill(bs=64)
     assert rec.calls[0][0] == "attn.prefill.d256.nogate"
     with pytest.raises(OpError, match="no attn.prefill.d256.nogate.tma artifact"):

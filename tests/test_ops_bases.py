@@ -13,7 +13,6 @@ from vkc_runtime.ops import MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((REPO / "manifests").glob("sm_*.json"))
-FAMILY = {"norm": "norm", "attention": "attn", "conv": "conv", "gdn": "gdn", "gdn_decode": "gdn_decode"}
 
 
 def _kernels(path: Path) -> set[str]:
@@ -48,40 +47,51 @@ def test_optional_bases_exist_where_the_fast_path_is_built():
 
 @pytest.mark.parametrize("name", MODULES)
 def test_family_names_match_kernels_src(name):
-    """Each ops module's bases live in one family, named like its kernels_src/ directory."""
+    """Each ops module's bases live in one family, named like the module and like its kernels_src/ directory."""
     mod = importlib.import_module(f"vkc_runtime.ops.{name}")
     fams = {b.split(".", 1)[0] for b in (*mod.BASES, *getattr(mod, "OPTIONAL_BASES", ()))}
-    assert fams == {FAMILY[name]}
-    assert (REPO / "kernels_src" / FAMILY[name] / "spec.py").is_file()
+    assert fams == {name}
+    assert (REPO / "kernels_src" / name / "spec.py").is_file()
+
+
+def test_every_kernel_family_has_its_ops_module():
+    """The other direction: every family of kernels_src/ with Triton specs (selftest aside: the ABI probe, used by
+    the runtime tests) is one ops module of the same name."""
+    fams = {p.parent.name for p in (REPO / "kernels_src").glob("*/spec.py")} - {"selftest"}
+    assert fams <= set(MODULES), sorted(fams - set(MODULES))
 
 
 def test_naming_functions_produce_only_declared_names():
     """The ops pick kernels through their naming functions; every value those can be called with gives a
     declared base (the recorders of the ops tests additionally refuse any undeclared lookup)."""
-    from vkc_runtime.ops import attention as A, conv as C, gdn as G, gdn_decode as GD, norm as N
+    from vkc_runtime.ops import act as AC, conv as C, embedding as EM, gdn as G, gdn_decode as GD, norm as N
+    from vkc_runtime.ops import rope as RO
+    from vkc_runtime.ops.attn import BASES as A_BASES, OPTIONAL_BASES as A_OPTIONAL, common as A
     names = set()
     for v in ("a16", "any"):
         names |= {N._rms_base(k, b, v) for k in ("rmsnorm", "add_rmsnorm") for b in N.ROW_BLOCKS}
-        names |= {N._gated_base(v), N._silu_base(v), N._embedding_base(v)}
-        names |= {N._qk_base(d, v) for d in (256, 128)} | {N._sigmoid_base(d, v) for d in N._SIGMOID_DIMS}
+        names |= {N._gated_base(v), AC._silu_base(v), EM._embedding_base(v)}
+        names |= {RO._qk_base(d, v) for d in (256, 128)} | {AC._sigmoid_base(d, v) for d in AC._SIGMOID_DIMS}
         names |= {C._base(k, v) for k in ("prefill", "update")}
-    assert names <= set(N.BASES) | set(C.BASES) and set(N.BASES) <= names
+    rows = set(N.BASES) | set(RO.BASES) | set(AC.BASES) | set(EM.BASES)
+    assert names <= rows | set(C.BASES) and rows <= names
     assert {GD._base(t) for t in GD._SPECS} == set(GD.BASES)
     assert [G._base(k) for k in G._KERNELS] == list(G.BASES)
-    attn = {A._cache_write_base(a) for a in (True, False)}
+    attn = {A.cache_write_base(a) for a in (True, False)}
     for d in A.HEAD_DIMS:
-        attn.add(A._decode_base("split", d))
+        assert set(A.decode_bases(d)) == {A.decode_base("split", d)} | {
+            A.decode_base(k, d, g) for k in ("direct", "fused", "combine") for g in (True, False)}
+        attn |= set(A.decode_bases(d))
         for g in (True, False):
-            attn |= {A._prefill_base(d, g), A._prefill_base(d, g, tma=True)}
-            attn |= {A._decode_base(k, d, g) for k in ("direct", "fused", "combine")}
-    assert attn == set(A.BASES) | set(A.OPTIONAL_BASES)
+            attn |= {A.prefill_base(d, g), A.prefill_base(d, g, tma=True)}
+    assert attn == set(A_BASES) | set(A_OPTIONAL)
 
 
 def test_every_kernel_with_global_scratch_gets_it_from_a_workspace():
     """Kernels with ``global_scratch_size > 0`` (on any arch) are the ones whose ops take the scratch from a
-    workspace allocated before capture (gdn.workspace_for, attention.prefill_workspace) -- and which
+    workspace allocated before capture (gdn.workspace_for, attn.prefill_workspace) -- and which
     tests/gpu/test_gpu_capture.py captures on any stream. A new one must join that list (and those tests)."""
-    from vkc_runtime.ops import attention as A
+    from vkc_runtime.ops import attn as A
     covered = {"gdn.delta_h", *A.OPTIONAL_BASES}
     seen = set()
     for m in MANIFESTS:

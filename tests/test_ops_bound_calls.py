@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ops_fakes import TorchLike as T, install_recorder
+from tests.ops_fakes import TorchLike as T, install_recorder, patch_ops
 from vkc_runtime import bound, kernels
-from vkc_runtime.ops import attention as A
+from vkc_runtime.ops import attn as A
+from vkc_runtime.ops.attn import common as attn_common
 from vkc_runtime.ops._check import OpError
 
 I32 = "torch.int32"
@@ -23,13 +24,13 @@ def rec(monkeypatch):
     monkeypatch.delenv("VKC_FASTPATH", raising=False)
     kernels.clear_cache()
     validated = []
-    real = A._cache_pair
+    real = attn_common.cache_pair
 
     def counting(*a, **k):
         validated.append(a[0])
         return real(*a, **k)
 
-    monkeypatch.setattr(A, "_cache_pair", counting)
+    patch_ops(monkeypatch, A, "cache_pair", counting)
     r.validated = validated
     yield r
     kernels.clear_cache()
@@ -174,8 +175,10 @@ def test_fastpath_off_and_non_torch_inputs_always_validate(rec, monkeypatch):
 
 
 # ------------------------------------------------------------------------------ norm family and GDN decode
-def _norm_call(N, which):
-    """A call of one norm-family op on fresh tensors (created now, so both runs below see the same pointers)."""
+def _row_call(which):
+    """A call of one row op (norm, rope, act, embedding) on fresh tensors (created now, so both runs below see the
+    same pointers)."""
+    from vkc_runtime.ops import act as AC, embedding as EM, norm as N, rope as RO
     M, H = 5, 48
     return {
         "rmsnorm": lambda x=T((M, 5120)), w=T((5120,)), o=T((M, 5120)): N.rmsnorm(x, w, 1e-6, out=o),
@@ -184,10 +187,10 @@ def _norm_call(N, which):
         "gated_rmsnorm": lambda x=T((M, H * 128)), z=T((M, H * 128)), w=T((128,)), o=T((M, H * 128)):
             N.gated_rmsnorm(x, z, w, out=o),
         "qk_norm_rope": lambda qg=T((M, 24 * 512)), k=T((M, 4 * 256)), p=T((M,), I32), wq=T((256,)), wk=T((256,)),
-            qo=T((M, 24, 256)), ko=T((M, 4, 256)): N.qk_norm_rope(qg, k, p, wq, wk, 24, 4, 256, q_out=qo, k_out=ko),
-        "silu_mul": lambda x=T((M, 2 * 17408)), o=T((M, 17408)): N.silu_mul(x, out=o),
-        "sigmoid_mul": lambda x=T((M, 24 * 256)), g=gate_view(M), o=T((M, 24 * 256)): N.sigmoid_mul(x, g, out=o),
-        "embedding": lambda i=T((M,), I32), t=T((1000, 2048)), o=T((M, 2048)): N.embedding(i, t, out=o),
+            qo=T((M, 24, 256)), ko=T((M, 4, 256)): RO.qk_norm_rope(qg, k, p, wq, wk, 24, 4, 256, q_out=qo, k_out=ko),
+        "silu_mul": lambda x=T((M, 2 * 17408)), o=T((M, 17408)): AC.silu_mul(x, out=o),
+        "sigmoid_mul": lambda x=T((M, 24 * 256)), g=gate_view(M), o=T((M, 24 * 256)): AC.sigmoid_mul(x, g, out=o),
+        "embedding": lambda i=T((M,), I32), t=T((1000, 2048)), o=T((M, 2048)): EM.embedding(i, t, out=o),
     }[which]
 
 
@@ -219,13 +222,14 @@ OTHER_OPS = ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "qk_norm_rope", "silu_mu
 
 @pytest.mark.parametrize("which", OTHER_OPS)
 def test_other_ops_bind_too(monkeypatch, which):
-    """The norm-family ops, the GDN decode step and the conv ops: three calls, each on its own tensors of one layout,
-    look up a kernel (validate) once with bound calls and three times without, and launch the same (pointers
-    included)."""
+    """The row ops (norm, rope, act, embedding), the GDN decode step and the conv ops: three calls, each on its own
+    tensors of one layout, look up a kernel (validate) once with bound calls and three times without, and launch
+    the same (pointers included)."""
     from tests.ops_fakes import Recorder, declared_bases
-    from vkc_runtime.ops import conv as Cv, gdn_decode as G, norm as N
-    mod = G if which == "recurrent_decode" else Cv if which.startswith("causal") else N
-    calls = [_gdn_decode_call(G) if mod is G else _conv_call(Cv, which) if mod is Cv else _norm_call(N, which)
+    from vkc_runtime.ops import act, conv as Cv, embedding, gdn_decode as G, norm, rope
+    mod = (G if which == "recurrent_decode" else Cv if which.startswith("causal") else
+           {"qk_norm_rope": rope, "silu_mul": act, "sigmoid_mul": act, "embedding": embedding}.get(which, norm))
+    calls = [_gdn_decode_call(G) if mod is G else _conv_call(Cv, which) if mod is Cv else _row_call(which)
              for _ in range(3)]
     res = {}
     for fast in ("0", "1"):
@@ -233,7 +237,7 @@ def test_other_ops_bind_too(monkeypatch, which):
         bound.clear_bound_calls()
         r = Recorder(declared=declared_bases(mod))
         lookups = []
-        monkeypatch.setattr(mod, "get_kernel", lambda base: lookups.append(base) or r(base))
+        monkeypatch.setattr(mod, "get_kernel", lambda base, device=None: lookups.append(base) or r(base))
         for c in calls:
             c()
         res[fast] = (r.calls, len(lookups))
@@ -258,7 +262,7 @@ def test_conv_relations_are_guarded(rec, monkeypatch):
     from vkc_runtime.ops import conv as Cv
     r = Recorder(declared=declared_bases(Cv))
     lookups = []
-    monkeypatch.setattr(Cv, "get_kernel", lambda base: lookups.append(base) or r(base))
+    monkeypatch.setattr(Cv, "get_kernel", lambda base, device=None: lookups.append(base) or r(base))
     B, C = 4, 8192
     w, st, sl = T((C, 4)), T((10, 3, C)), T((B,), I32)
     for _ in range(2):

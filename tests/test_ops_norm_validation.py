@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 
 from tests.ops_fakes import MANIFEST, Dev, Recorder, declared_bases
-from vkc_runtime.ops import norm as N
+from vkc_runtime.ops import act as AC, embedding as EM, norm as N, rope as RO
 from vkc_runtime.ops._check import OpError
+
 
 @pytest.fixture()
 def rec(monkeypatch):
-    r = Recorder(declared=declared_bases(N))
-    monkeypatch.setattr(N, "get_kernel", r)
+    r = Recorder(declared=declared_bases(N) | declared_bases(RO) | declared_bases(AC) | declared_bases(EM))
+    for m in (N, RO, AC, EM):
+        monkeypatch.setattr(m, "get_kernel", r)
     return r
 
 
@@ -30,15 +32,15 @@ def test_rmsnorm_picks_block_and_variant(rec):
 
 def test_grids_from_manifest_constexprs(rec):
     N.gated_rmsnorm(Dev((5, 48 * 128)), Dev((5, 48 * 128)), Dev((128,)), out=Dev((5, 48 * 128)))
-    N.qk_norm_rope(Dev((3, 24 * 512)), Dev((3, 4 * 256)), Dev((3,), "<i4"), Dev((256,)), Dev((256,)), 24, 4, 256,
+    RO.qk_norm_rope(Dev((3, 24 * 512)), Dev((3, 4 * 256)), Dev((3,), "<i4"), Dev((256,)), Dev((256,)), 24, 4, 256,
                    q_out=Dev((3, 24, 256)), k_out=Dev((3, 4, 256)))
-    N.silu_mul(Dev((2, 2 * 17408)), out=Dev((2, 17408)))
-    N.embedding(Dev((9,), "<i4"), Dev((1000, 2048)), out=Dev((9, 2048)))
+    AC.silu_mul(Dev((2, 2 * 17408)), out=Dev((2, 17408)))
+    EM.embedding(Dev((9,), "<i4"), Dev((1000, 2048)), out=Dev((9, 2048)))
     grids = {c[0]: c[1] for c in rec.calls}
     assert grids["norm.gated_rmsnorm.h128.a16"] == (5, 48 // 4, 1)
-    assert grids["norm.qk_norm_rope.d256.r64.a16"] == (3, 24 // 4 + 1, 1)
-    assert grids["norm.silu_mul.a16"] == (2, 17, 1)
-    assert grids["norm.embedding.a16"] == (9, 2, 1)
+    assert grids["rope.qk_norm_rope.d256.r64.a16"] == (3, 24 // 4 + 1, 1)
+    assert grids["act.silu_mul.a16"] == (2, 17, 1)
+    assert grids["embedding.embedding.a16"] == (9, 2, 1)
 
 
 def test_sigmoid_mul_reads_strided_gate(rec):
@@ -46,9 +48,9 @@ def test_sigmoid_mul_reads_strided_gate(rec):
     # gate = qg.view(T, H, 2, D)[:, :, 1]: strides (H*2*D, 2*D, 1), offset D
     gate = Dev((T, H, D), strides=(H * 2 * D, 2 * D, 1), offset=D)
     x = Dev((T, H * D))
-    N.sigmoid_mul(x, gate, out=x)
+    AC.sigmoid_mul(x, gate, out=x)
     base, grid, args = rec.calls[0]
-    assert base == "norm.sigmoid_mul.d256.a16" and grid == (T, H // 4, 1)
+    assert base == "act.sigmoid_mul.d256.a16" and grid == (T, H // 4, 1)
     assert args[3:7] == (H * D, H * 2 * D, 2 * D, H * D)
 
 
@@ -61,15 +63,15 @@ def test_sigmoid_mul_reads_strided_gate(rec):
     (lambda: N.rmsnorm(np.zeros((4, 64), np.float32), Dev((64,)), out=Dev((4, 64))), "host (CPU) memory"),
     (lambda: N.add_rmsnorm(Dev((4, 64)), Dev((4, 65)), Dev((64,)), out=Dev((4, 64))), "residual has shape"),
     (lambda: N.gated_rmsnorm(Dev((4, 100)), Dev((4, 100)), Dev((128,)), out=Dev((4, 100))), "not a multiple of"),
-    (lambda: N.qk_norm_rope(Dev((3, 8 * 512)), Dev((3, 2 * 256)), Dev((3,), "<i4"), Dev((256,)), Dev((256,)), 8, 2,
+    (lambda: RO.qk_norm_rope(Dev((3, 8 * 512)), Dev((3, 2 * 256)), Dev((3,), "<i4"), Dev((256,)), Dev((256,)), 8, 2,
                             192), "head_dim must be one of"),
-    (lambda: N.qk_norm_rope(Dev((3, 8 * 512)), Dev((3, 2 * 256)), Dev((3,), "<i8"), Dev((256,)), Dev((256,)), 8, 2,
+    (lambda: RO.qk_norm_rope(Dev((3, 8 * 512)), Dev((3, 2 * 256)), Dev((3,), "<i8"), Dev((256,)), Dev((256,)), 8, 2,
                             256, q_out=Dev((3, 8, 256)), k_out=Dev((3, 2, 256))), "positions must be int32"),
-    (lambda: N.qk_norm_rope(Dev((3, 8 * 500)), Dev((3, 2 * 256)), Dev((3,), "<i4"), Dev((256,)), Dev((256,)), 8, 2,
+    (lambda: RO.qk_norm_rope(Dev((3, 8 * 500)), Dev((3, 2 * 256)), Dev((3,), "<i4"), Dev((256,)), Dev((256,)), 8, 2,
                             256), "expected num_q_heads*2*head_dim"),
-    (lambda: N.silu_mul(Dev((2, 33)), out=Dev((2, 16))), "odd number of columns"),
-    (lambda: N.sigmoid_mul(Dev((2, 4 * 64)), Dev((2, 4, 64))), "head dim must be one of"),
-    (lambda: N.embedding(Dev((3,), "<f4"), Dev((10, 64)), out=Dev((3, 64))), "ids must be int32"),
+    (lambda: AC.silu_mul(Dev((2, 33)), out=Dev((2, 16))), "odd number of columns"),
+    (lambda: AC.sigmoid_mul(Dev((2, 4 * 64)), Dev((2, 4, 64))), "head dim must be one of"),
+    (lambda: EM.embedding(Dev((3,), "<f4"), Dev((10, 64)), out=Dev((3, 64))), "ids must be int32"),
 ])
 def test_bad_input_is_refused_before_launch(rec, call, msg):
     with pytest.raises(OpError, match=None) as ei:

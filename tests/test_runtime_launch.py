@@ -666,7 +666,7 @@ def test_bound_call_replays_and_guards_every_fact(tmp_path, fake_cu, clean_env, 
     k = _kernel(root)
     x, y = T((4, 64)), T((4, 64), "torch.float32")
     rx, ry = memory.as_tensor(x), memory.as_tensor(y)
-    launches = [(k, (4, 1, 1), (rx, ry, 64, 0.5)), (k, 2, (ry, rx, 32, 0.25))]
+    launches = [bound.Launch(k, (4, 1, 1), (rx, ry, 64, 0.5)), bound.Launch(k, 2, (ry, rx, 32, 0.25))]
     bound.run_launches(launches, 0x42)
     bc = bound.bind_call((rx, ry), (0.5,), launches, 0x42)
     assert type(bc).__name__ == ("BoundCall" if native else "PyBoundCall") and k.native is native
@@ -718,7 +718,7 @@ def test_bound_call_with_global_scratch_replays_on_any_stream(tmp_path, fake_cu,
     k = _kernel(root)
     x = T((4, 64))
     rx = memory.as_tensor(x)
-    launches = [(k, 3, (rx, 64, 0.5))]
+    launches = [bound.Launch(k, 3, (rx, 64, 0.5))]
     bound.run_launches(launches, 0x60)
     sp = int.from_bytes(fake_libcuda.params()[16:24], "little")
     bc = bound.bind_call((rx,), (), launches, 0x60)
@@ -764,11 +764,11 @@ def test_bind_call_declines_what_it_cannot_guard(tmp_path, fake_cu, clean_env):
     root = make_root(tmp_path, bases=("norm.k",))
     k = _kernel(root)
     cai = memory.as_tensor(Dev((4, 64)))  # CUDA array interface (cupy): no cheap re-read -> never bound
-    assert bound.bind_call((cai,), (), [(k, 1, (cai, 64, 0.5))], 0) is None
+    assert bound.bind_call((cai,), (), [bound.Launch(k, 1, (cai, 64, 0.5))], 0) is None
     rx = memory.as_tensor(T((4, 64)))
-    assert bound.bind_call((rx, rx), (), [(k, 1, (rx, 64, 0.5))], 0) is None  # one TensorRef in two slots
+    assert bound.bind_call((rx, rx), (), [bound.Launch(k, 1, (rx, 64, 0.5))], 0) is None  # one TensorRef in two slots
     clean_env.setenv("VKC_FASTPATH", "0")
-    assert bound.bind_call((rx,), (), [(k, 1, (rx, 64, 0.5))], 0) is None
+    assert bound.bind_call((rx,), (), [bound.Launch(k, 1, (rx, 64, 0.5))], 0) is None
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -789,10 +789,10 @@ def test_bound_call_relations(tmp_path, fake_cu, clean_env, request, native):
     k = _kernel(root)
     x, y = T((4, 64), "torch.float32"), T((4, 64), "torch.float32")  # 4 * 64 * 4 = 1024 bytes each
     rx, ry = memory.as_tensor(x), memory.as_tensor(y)
-    launches = [(k, 1, (rx, ry, 64, 0.5))]
+    launches = [bound.Launch(k, 1, (rx, ry, 64, 0.5))]
     bound.run_launches(launches, 0)
-    disjoint = bound.bind_call((rx, ry), (), launches, 0, relations=[("disjoint", rx, ry)])
-    same = bound.bind_call((rx, ry), (), launches, 0, relations=[("same", rx, ry)])
+    disjoint = bound.bind_call((rx, ry), (), launches, 0, relations=[bound.disjoint(rx, ry)])
+    same = bound.bind_call((rx, ry), (), launches, 0, relations=[bound.same(rx, ry)])
     assert type(disjoint).__name__ == ("BoundCall" if native else "PyBoundCall")
 
     def pair(gap):  # two [4, 64] fp32 tensors whose pointers are `gap` bytes apart (16-byte aligned)

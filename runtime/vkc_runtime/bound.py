@@ -47,7 +47,7 @@ from .loaders.triton_cubin import Kernel
 from .native import NATIVE, native_available
 from .tensor import TensorRef
 
-__all__ = ["Launch", "TensorGuard", "Relation", "Patch", "BoundLaunch", "PyBoundCall", "bind_call", "run_launches",
+__all__ = ["Launch", "Compared", "disjoint", "same", "TensorGuard", "Relation", "Patch", "BoundLaunch", "PyBoundCall", "bind_call", "run_launches",
            "CallCache", "fastpath_enabled", "clear_bound_calls", "MAX_SLOTS"]
 
 MAX_SLOTS = 16  # tensors per bound call (the native BoundCall's fixed pointer array)
@@ -62,6 +62,23 @@ class Launch(NamedTuple):
     grid: Any
     args: tuple
     scratch: Any = None
+
+
+class Compared(NamedTuple):
+    """Two of a call's slots (TensorRefs) whose pointers validation compared, as an op states it: ``kind``
+    "disjoint" (byte spans do not overlap) or "same" (one pointer). :func:`bind_call` turns it into a
+    :class:`Relation` that every replay re-checks."""
+    kind: str
+    a: TensorRef
+    b: TensorRef
+
+
+def disjoint(a: TensorRef, b: TensorRef) -> Compared:
+    return Compared("disjoint", a, b)
+
+
+def same(a: TensorRef, b: TensorRef) -> Compared:
+    return Compared("same", a, b)
 
 
 class TensorGuard(NamedTuple):
@@ -105,7 +122,9 @@ def fastpath_enabled() -> bool:
 
 
 def _as_launch(item) -> Launch:
-    return item if type(item) is Launch else Launch(*item)
+    if type(item) is not Launch:
+        raise TypeError(f"launches are vkc_runtime.bound.Launch records, got {type(item).__name__}")
+    return item
 
 
 def _resolve(args) -> tuple:
@@ -120,7 +139,7 @@ def _launch(kernel, grid, args, stream: int, scratch) -> None:
 
 
 def run_launches(launches, stream: int) -> None:
-    """Run :class:`Launch` records (or ``(kernel, grid, args)`` tuples) in order."""
+    """Run :class:`Launch` records in order."""
     for item in launches:
         k, grid, args, scratch = _as_launch(item)
         _launch(k, grid, _resolve(args), stream, scratch)
@@ -201,7 +220,8 @@ def bind_call(slots, scalars: tuple, launches, stream: int, relations=()):
     will get the objects); ``scalars``: host values the op's choices depended on; ``launches``: the
     :class:`Launch` records given to :func:`run_launches` -- a TensorRef among ``args`` that is one of
     ``slots`` (by identity) becomes a :class:`Patch`, any other value is fixed; ``relations``:
-    ``[("disjoint" | "same", a, b)]`` for two slots whose pointers validation compared."""
+    :class:`Compared` records (:func:`disjoint`, :func:`same`) for two slots whose pointers validation
+    compared."""
     if not fastpath_enabled():
         return None
     guards = []
@@ -214,7 +234,10 @@ def bind_call(slots, scalars: tuple, launches, stream: int, relations=()):
     if len(index) != len(slots) or len(slots) > MAX_SLOTS:
         return None
     rels = []
-    for kind, a, b in relations:
+    for rel in relations:
+        if type(rel) is not Compared:
+            raise TypeError(f"relations are vkc_runtime.bound.Compared records, got {type(rel).__name__}")
+        kind, a, b = rel
         if id(a) not in index or id(b) not in index:
             return None
         rels.append(Relation(_RELATION_KINDS[kind], index[id(a)], index[id(b)], _span(a), _span(b)))

@@ -1,4 +1,4 @@
-"""GPU (H200) checks of the attention family through vkc_runtime.ops.attention: shuffled paged caches,
+"""GPU (H200) checks of the attention family through vkc_runtime.ops.attn: shuffled paged caches,
 lengths at block boundaries and 4097, mixed batches, prefix + chunk, GQA 6 and 8, D 256/128, the gate
 epilogue, poisoned outputs/scratch/unused cache slots, graph replay == eager. Reference: float32 math on
 de-paged K/V in torch (== float64 numpy within bf16 noise); relative errors per case in
@@ -20,8 +20,8 @@ TOL = 1e-2
 
 @pytest.fixture(scope="module")
 def A():
-    from vkc_runtime.ops import attention
-    return attention
+    from vkc_runtime.ops import attn
+    return attn
 
 
 def cdiv(a, b):
@@ -342,8 +342,9 @@ def test_bound_calls_match_validated_calls(A, monkeypatch):
             A.reshape_and_cache(*kv[i], *caches[i], slots)
         torch.cuda.synchronize()
         o["caches"] = [c for pair in caches for c in pair]
-        hits = (A._decode_calls.hits, dplan._calls.hits, A._prefill_calls.hits, pplan._calls.hits,
-                A._rac_calls.hits)
+        from vkc_runtime.ops.attn import cache_ops, decode_ops, prefill_ops
+        hits = (decode_ops._decode_calls.hits, dplan._calls.hits, prefill_ops._prefill_calls.hits, pplan._calls.hits,
+                cache_ops._rac_calls.hits)
         assert hits == ((n - 1,) * 5 if fast == "1" else (0,) * 5), hits
     for k in outs["0"]:
         for a, b in zip(outs["0"][k], outs["1"][k]):

@@ -31,8 +31,8 @@ def ops():
     import vkc_runtime  # noqa: F401
     from types import SimpleNamespace
 
-    from vkc_runtime.ops import attention, conv, gdn, gdn_decode, norm
-    return SimpleNamespace(A=attention, G=gdn, GD=gdn_decode, CV=conv, NM=norm)
+    from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope
+    return SimpleNamespace(A=attn, G=gdn, GD=gdn_decode, CV=conv, NM=norm, RO=rope, AC=act, EM=embedding)
 
 
 @pytest.mark.parametrize("case", list(B.PREFILL_CU))
@@ -75,8 +75,8 @@ def test_conv_update_slots(env, ops):
 
 
 def test_embedding_ids(env, ops):
-    B.check_embedding(env, ops.NM)
+    B.check_embedding(env, ops.EM)
 
 
 def test_rope_positions(env, ops):
-    B.check_rope_positions(env, ops.NM)
+    B.check_rope_positions(env, ops.RO)

@@ -156,7 +156,7 @@ MODES = ["workspace", "workspace+warmup", "default+warmup", "plan+workspace", "p
 def test_tma_prefill_capture_on_any_stream(api, mode):
     """workspace: scratch from a PrefillWorkspace, no eager call before the capture; default+warmup: the context's
     default scratch, grown by an eager call on another stream, reused by the capture on a fresh stream."""
-    from vkc_runtime.ops import attention as A
+    from vkc_runtime.ops import attn as A
     kernels.clear_cache()  # fresh default scratch
     c = _prefill_case()
     assert A.prefill_uses_tma(c["kc"], gate=True)
@@ -201,7 +201,7 @@ def test_tma_prefill_capture_on_any_stream(api, mode):
 def test_capture_without_workspace_or_warmup_is_a_clear_error():
     """No workspace and a default scratch too small for the launch: refused before the launch, with the repair
     (the capture is aborted cleanly and the stream stays usable)."""
-    from vkc_runtime.ops import attention as A
+    from vkc_runtime.ops import attn as A
     kernels.clear_cache()
     c = _prefill_case(seed=1)
     kernels.get_kernel("attn.prefill.d256.gate.tma").load()  # only the scratch is missing, not the module

@@ -27,6 +27,24 @@ def N():
     return norm
 
 
+@pytest.fixture(scope="module")
+def RO():
+    from vkc_runtime.ops import rope
+    return rope
+
+
+@pytest.fixture(scope="module")
+def AC():
+    from vkc_runtime.ops import act
+    return act
+
+
+@pytest.fixture(scope="module")
+def EM():
+    from vkc_runtime.ops import embedding
+    return embedding
+
+
 def rnd(*shape, scale=1.0, seed=None):
     g = torch.Generator(device="cuda")
     g.manual_seed(int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed)
@@ -103,12 +121,12 @@ def test_gated_rmsnorm(N, M, H):
 
 
 @pytest.mark.parametrize("T,Hq,Hkv,D", [(1, 24, 4, 256), (5, 16, 2, 256), (300, 24, 4, 256), (7, 8, 2, 128)])
-def test_qk_norm_rope(N, T, Hq, Hkv, D):
+def test_qk_norm_rope(RO, T, Hq, Hkv, D):
     qg, k = rnd(T, Hq * 2 * D), rnd(T, Hkv * D)
     pos = torch.randint(0, 4096, (T,), device="cuda", dtype=torch.int32)
     wq, wk = rnd(D, scale=0.1), rnd(D, scale=0.1)
     qo, ko = poison(T, Hq, D), poison(T, Hkv, D)
-    N.qk_norm_rope(qg, k, pos, wq, wk, Hq, Hkv, D, 1e-6, 1e7, q_out=qo, k_out=ko)
+    RO.qk_norm_rope(qg, k, pos, wq, wk, Hq, Hkv, D, 1e-6, 1e7, q_out=qo, k_out=ko)
     torch.cuda.synchronize()
     rq, rk = refs.qk_norm_rope(np64(qg), np64(k), pos.cpu().numpy(), np64(wq), np64(wk), 1e-6, 1e7, Hq, Hkv, D, D // 4)
     check(qo, rq, f"q {T},{Hq},{D}")
@@ -116,33 +134,33 @@ def test_qk_norm_rope(N, T, Hq, Hkv, D):
 
 
 @pytest.mark.parametrize("M,I", [(1, 17408), (64, 512), (3, 1000)])
-def test_silu_mul(N, M, I):
+def test_silu_mul(AC, M, I):
     x = rnd(M, 2 * I)
     y = poison(M, I)
-    N.silu_mul(x, out=y)
+    AC.silu_mul(x, out=y)
     torch.cuda.synchronize()
     check(y, refs.silu_mul(np64(x)), f"silu_mul {M}x{I}")
 
 
 @pytest.mark.parametrize("T,H,D", [(1, 24, 256), (37, 16, 256), (5, 8, 128)])
-def test_sigmoid_mul_reads_gate_in_place(N, T, H, D):
+def test_sigmoid_mul_reads_gate_in_place(AC, T, H, D):
     qg = rnd(T, H * 2 * D)
     gate = qg.view(T, H, 2, D)[:, :, 1]  # the gate halves, strided
     x = rnd(T, H * D)
     ref = refs.sigmoid_mul(np64(x), np64(gate))
-    N.sigmoid_mul(x, gate, out=x)  # in place
+    AC.sigmoid_mul(x, gate, out=x)  # in place
     torch.cuda.synchronize()
     check(x, ref, f"sigmoid_mul {T},{H},{D}")
 
 
 @pytest.mark.parametrize("T,V,Ncols", [(1, 1000, 2048), (70, 5000, 5120), (9, 300, 1000)])
-def test_embedding(N, T, V, Ncols):
+def test_embedding(EM, T, V, Ncols):
     table = rnd(V, Ncols)
     ids = torch.randint(0, V, (T,), device="cuda", dtype=torch.int32)
     if T > 2:
         ids[0], ids[1] = -1, V  # out of range -> zero rows, no OOB read
     out = poison(T, Ncols)
-    N.embedding(ids, table, out=out)
+    EM.embedding(ids, table, out=out)
     torch.cuda.synchronize()
     assert torch.equal(out, refs_embedding_torch(ids, table))
 
@@ -152,20 +170,20 @@ def refs_embedding_torch(ids, table):
     return torch.from_numpy(ref).to(torch.bfloat16).cuda()
 
 
-def test_cupy_and_vkc_inputs(vr, N):
+def test_cupy_and_vkc_inputs(vr, EM):
     cp = pytest.importorskip("cupy")
     V, C, T = 512, 2048, 9
     table = rnd(V, C)
     ids = cp.asarray(np.random.randint(0, V, size=T).astype(np.int32))  # cupy int32 ids
     out = vr.DeviceArray.empty((T, C), "bfloat16")  # vkc's own array as output
-    N.embedding(ids, table, out=out)
+    EM.embedding(ids, table, out=out)
     torch.cuda.synchronize()
     got = out.to_numpy()  # bf16 comes back as exact float32 values
     ref = refs.embedding(cp.asnumpy(ids), np64(table))
     assert np.array_equal(got.astype(np.float64), ref)
 
 
-def test_graph_replay_equals_eager(vr, N):
+def test_graph_replay_equals_eager(vr, N, RO, AC):
     T, C, H, D = 32, 2048, 16, 256
     s = vr.Stream()
     x, r0, w = rnd(T, C), rnd(T, C), rnd(C, scale=0.1)
@@ -180,9 +198,9 @@ def test_graph_replay_equals_eager(vr, N):
 
     def seq():
         N.add_rmsnorm(x, r, w, 1e-6, out=y, stream=s)
-        N.qk_norm_rope(qg, k, pos, wq, wk, H, 2, D, 1e-6, 1e7, q_out=qo, k_out=ko, stream=s)
-        N.sigmoid_mul(qo.view(T, H * D), qg.view(T, H, 2, D)[:, :, 1], out=qo.view(T, H * D), stream=s)
-        N.silu_mul(a, out=act, stream=s)
+        RO.qk_norm_rope(qg, k, pos, wq, wk, H, 2, D, 1e-6, 1e7, q_out=qo, k_out=ko, stream=s)
+        AC.sigmoid_mul(qo.view(T, H * D), qg.view(T, H, 2, D)[:, :, 1], out=qo.view(T, H * D), stream=s)
+        AC.silu_mul(a, out=act, stream=s)
 
     seq()
     s.synchronize()
@@ -202,8 +220,8 @@ def test_graph_replay_equals_eager(vr, N):
             assert torch.equal(e, t)
 
 
-def test_bound_calls_match_validated_calls(N, monkeypatch):
-    """Every norm-family op, three calls each on its own tensors (one layout): with bound calls the first validates
+def test_bound_calls_match_validated_calls(N, RO, AC, EM, monkeypatch):
+    """Every row op (norm, rope, act, embedding), three calls each on its own tensors (one layout): with bound calls the first validates
     and the other two replay through _native.BoundCall; every output (and add_rmsnorm's in-place residual) is
     byte-identical to validated calls (VKC_FASTPATH=0) on the same inputs, NaN-poisoned first."""
     M, H = 9, 48
@@ -230,14 +248,14 @@ def test_bound_calls_match_validated_calls(N, monkeypatch):
             N.rmsnorm(a["x"], a["w"], 1e-6, out=o["rms"])
             N.add_rmsnorm(a["x"], a["r"], a["w"], 1e-6, out=o["add"])
             N.gated_rmsnorm(a["gx"], a["gz"], a["gw"], out=o["gated"])
-            N.qk_norm_rope(a["qg"], a["k"], a["pos"], a["wq"], a["wk"], 24, 4, 256, q_out=o["qo"], k_out=o["ko"])
-            N.silu_mul(a["su"], out=o["silu"])
-            N.sigmoid_mul(a["sx"], a["qg"].view(M, 24, 2, 256)[:, :, 1], out=o["sig"])
-            N.embedding(a["ids"], a["table"], out=o["emb"])
+            RO.qk_norm_rope(a["qg"], a["k"], a["pos"], a["wq"], a["wk"], 24, 4, 256, q_out=o["qo"], k_out=o["ko"])
+            AC.silu_mul(a["su"], out=o["silu"])
+            AC.sigmoid_mul(a["sx"], a["qg"].view(M, 24, 2, 256)[:, :, 1], out=o["sig"])
+            EM.embedding(a["ids"], a["table"], out=o["emb"])
             o["residual"] = a["r"]
             got.append(o)
         torch.cuda.synchronize()
-        hits = N._calls.hits
+        hits = sum(m._calls.hits for m in (N, RO, AC, EM))
         assert hits == (14 if fast == "1" else 0), hits  # 7 ops x 2 replays
         outs[fast] = got
     for a, b in zip(outs["0"], outs["1"]):

@@ -65,3 +65,36 @@ def fits_i32(op: str, **vals: int) -> None:
 
 def stream_of(stream: Any) -> int:
     return resolve_stream(stream)
+
+
+# -- small helpers shared by the ops modules ------------------------------------------------------------
+
+BF16 = "bfloat16"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid_y(op: str, n: int) -> int:
+    """``n`` programs on grid axis y, refused above the driver's limit."""
+    if n > 65535:
+        raise OpError(f"{op}: the launch needs {n} programs on grid axis y (limit 65535)")
+    return n
+
+
+def variant(ptrs: Sequence[int], strides: Sequence[int]) -> str:
+    """The row kernels' specialization suffix: ``a16`` when :func:`aligned`, else ``any``."""
+    return "a16" if aligned(ptrs, strides) else "any"
+
+
+VARIANTS = ("a16", "any")  # every value :func:`variant` returns
+
+
+def bindable(out, *slots):
+    """The slots of a bound call, or None when the op allocated its output (nothing to bind)."""
+    return None if out is None else slots
+
+
+def nonempty(*dims: int) -> bool:
+    return all(d > 0 for d in dims)

@@ -18,7 +18,7 @@ bound call (vkc_runtime.bound): no revalidation, the recorded launch with the ne
 from __future__ import annotations
 
 from .. import memory
-from ..bound import CallCache
+from ..bound import CallCache, Launch, disjoint, same
 from ..kernels import get_kernel
 from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_of, tensor
 
@@ -120,10 +120,9 @@ def causal_conv1d(x, weight, cu_seqlens, *, conv_state=None, slot_idx=None, out=
     gy = _cdiv(C, k.constexprs["BLOCK_C"])
     if gy > 65535:
         raise OpError(f"{op}: C={C} needs {gy} programs on grid axis y (limit 65535)")
-    _calls.launch(key, None if out is None else tuple(ts), (),
-                  [(k, (_cdiv(T, k.constexprs["BLOCK_T"] * k.constexprs["SUB"]), gy, 1),
-                    (xt, wt, yt, st_ref, ct, sl_ref, sx, sw, sy, ss, sr, T, C, N, S))], s,
-                  relations=[("disjoint", xt, yt)])
+    launch = Launch(k, (_cdiv(T, k.constexprs["BLOCK_T"] * k.constexprs["SUB"]), gy, 1),
+                    (xt, wt, yt, st_ref, ct, sl_ref, sx, sw, sy, ss, sr, T, C, N, S))
+    _calls.launch(key, None if out is None else tuple(ts), (), [launch], s, relations=[disjoint(xt, yt)])
     return res
 
 
@@ -160,7 +159,7 @@ def causal_conv1d_update(x, weight, conv_state, slot_idx, *, out=None, stream=No
         raise OpError(f"{op}: C={C} needs {gy} programs on grid axis y (limit 65535)")
     if B >= 2**31:
         raise OpError(f"{op}: batch {B} too large")
-    _calls.launch(op, None if out is None else (xt, wt, st, it, yt), (),
-                  [(k, (B, gy, 1), (xt, wt, yt, st, it, sx, sw, sy, ss, sr, C, S))], s,
-                  relations=[("same" if yt.ptr == xt.ptr else "disjoint", xt, yt)])
+    launch = Launch(k, (B, gy, 1), (xt, wt, yt, st, it, sx, sw, sy, ss, sr, C, S))
+    _calls.launch(op, None if out is None else (xt, wt, st, it, yt), (), [launch], s,
+                  relations=[same(xt, yt) if yt.ptr == xt.ptr else disjoint(xt, yt)])
     return res

@@ -15,7 +15,7 @@ distinct within one call. Grid (B * Hv * 128 / BLOCK_V,) on axis 0 only (no 6553
 from __future__ import annotations
 
 from .. import memory
-from ..bound import CallCache
+from ..bound import CallCache, Launch
 from ..kernels import get_kernel
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 
@@ -88,7 +88,7 @@ def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: in
     nprog = B * Hv * (k.constexprs["V"] // k.constexprs["BLOCK_V"])
     if nprog >= 2**31:
         raise OpError(f"{op}: B * Hv = {B * Hv} is too large for one launch")
-    _calls.launch(key, None if out is None else (qt, at, bt, lt, dt, st, it, ot), (),
-                  [(k, (nprog, 1, 1), (qt, at, bt, lt, dt, st, it, ot, sq, sa, sb, ss, so, Hk, Hv, S, float(D ** -0.5),
-                                       1e-6))], s)
+    launch = Launch(k, (nprog, 1, 1),
+                    (qt, at, bt, lt, dt, st, it, ot, sq, sa, sb, ss, so, Hk, Hv, S, float(D ** -0.5), 1e-6))
+    _calls.launch(key, None if out is None else (qt, at, bt, lt, dt, st, it, ot), (), [launch], s)
     return res
