@@ -1,5 +1,6 @@
-"""No kernel module is loaded inside a graph capture: the attention workspaces and plans load every kernel they
-can launch when they are made (a cuModuleLoadData during a capture fails it on a real device).
+"""No kernel module is loaded inside a graph capture: the attention and GDN workspaces and the attention plans
+load every kernel they can launch when they are made (a cuModuleLoadData during a capture fails it on a real
+device).
 
 Driver-free: memory, streams and graph capture go through the fake driver (tests/runtime_support.py FakeCu),
 kernels through the ops tests' Recorder (tests/ops_fakes.py), whose kernels load on their first launch (or
@@ -110,3 +111,21 @@ def test_prefill_plan_loads_what_run_can_pick(rec, bs, workspace):
     captured(layers)
     want = "attn.prefill.d256.gate" + (".tma" if bs == 64 else "")
     assert rec.calls[-1][0] == want
+
+
+def test_gdn_workspace_loads_the_five_kernels(monkeypatch, fake_cu):
+    from vkc_runtime.ops import gdn as G
+    r = install_recorder(monkeypatch, G)
+    r.is_capturing = lambda: any(fake_cu.capturing.values())
+    hk, hv, T, N = 16, 32, 100, 2
+    ws = G.workspace_for(T, N, hk, hv)
+    assert sorted(r.loads) == sorted(G.BASES)
+    arr = lambda shape, dt: memory.DeviceArray.empty(shape, dt)  # noqa: E731
+    qkv = arr((T, 2 * hk * 128 + hv * 128), "bfloat16")
+    a, b = arr((T, hv), "bfloat16"), arr((T, hv), "bfloat16")
+    A_log, dt = arr((hv,), "float32"), arr((hv,), "float32")
+    cu, slot, state = arr((N + 1,), "int32"), arr((N,), "int32"), arr((3, hv, 128, 128), "float32")
+    out = arr((T, hv, 128), "bfloat16")
+    captured(lambda s: G.chunk_gated_delta_rule(qkv, a, b, A_log, dt, cu, hk, hv, state=state, slot_idx=slot,
+                                                out=out, workspace=ws, stream=s))
+    assert [c[0] for c in r.calls] == list(G.BASES)

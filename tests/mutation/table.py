@@ -235,4 +235,4 @@ SANITY = Mutation(
     f"from kernels_src.common import floor16, silu_f32\nraise ImportError({SANITY_MARKER!r})\n",
     NORM, "test_rmsnorm_small", "importing the mutated copy raises")
 
-FAMILIES = ("norm", "attn", "gdn", "gdn_decode", "conv")
+FAMILIES = ("norm", "rope", "act", "embedding", "attn", "gdn", "gdn_decode", "conv")

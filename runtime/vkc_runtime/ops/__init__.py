@@ -4,12 +4,14 @@ Each ops module declares the kernel bases it may launch as data (``BASES``, and 
 arch-specific fast paths), built from the naming functions it picks kernels with; it does not import the
 registry. :mod:`vkc_runtime.registry` reads that data for the import-time completeness check (it imports
 the modules listed in :data:`MODULES`). Ops use the runtime API: ``memory.as_tensor``,
-``stream.resolve_stream``, ``kernels.get_kernel(base)`` and ``bound.CallCache`` for bound calls.
+``stream.resolve_stream``, ``kernels.get_kernel(base)`` and ``bound.CallCache``, which runs ``bound.Launch``
+records and keeps them as bound calls.
 Invalid inputs raise :class:`OpError` before any launch.
 """
 from ._check import OpError
 
-MODULES = ("norm", "rope", "act", "embedding", "attn", "conv", "gdn", "gdn_decode")  # the ops modules the registry reads
+# the ops modules the registry reads, one per kernel family (kernels_src/<name>/, bases "<name>.*")
+MODULES = ("norm", "rope", "act", "embedding", "attn", "conv", "gdn", "gdn_decode")
 
 from . import act, attn, conv, embedding, gdn, gdn_decode, norm, rope  # noqa: E402,F401
 

@@ -35,7 +35,8 @@ def qk_norm_rope(qg, k, positions, q_weight, k_weight, num_q_heads: int, num_kv_
                  eps: float = 1e-6, theta: float = 1e7, q_out=None, k_out=None, stream=None):
     """Attention preamble: split q from the interleaved per-head [query | gate] projection, RMSNorm(1+w) q and k
     per head, partial neox RoPE on the first head_dim/4 dims. qg [T, Hq*2*D], k [T, Hkv*D], positions int32 [T].
-    Returns (q_out [T, Hq, D], k_out [T, Hkv, D]); the gate stays in qg (see :func:`sigmoid_mul`)."""
+    Returns (q_out [T, Hq, D], k_out [T, Hkv, D]); the gate stays in qg (see
+    :func:`vkc_runtime.ops.act.sigmoid_mul`)."""
     op = "qk_norm_rope"
     s = stream_of(stream)
     key = (op, num_q_heads, num_kv_heads, head_dim)

@@ -35,12 +35,19 @@ block_tables width * block_size is used); the split count then depends only on h
 with new lengths/tables is valid. The TMA prefill kernel builds its descriptors in Triton's global scratch:
 pass a :class:`PrefillWorkspace` (:func:`prefill_workspace`) allocated before capture, or run the same shape
 once eagerly (on any stream) so the context's default scratch is large enough. One workspace must not be
-used by launches on two streams at the same time.
+used by launches on two streams at the same time. Workspaces and plans load every kernel they can launch
+when they are made, so a capture loads no module; :func:`reshape_and_cache` loads its kernel on its first
+(eager) call.
+
+Modules: ``common`` (kernel names, the checks shared by the ops, the plans' per-layer bound calls),
+``cache_ops`` (:func:`reshape_and_cache`), ``prefill_ops`` (prefill, its plan and workspace), ``decode_ops``
+(decode, its plan and workspace, the split heuristic).
 """
+from .._check import OpError
 from .cache_ops import reshape_and_cache
-from .common import BASES, HEAD_DIMS, OPTIONAL_BASES, OpError
+from .common import BASES, HEAD_DIMS, OPTIONAL_BASES
 from .decode_ops import (MIN_KEYS_PER_SPLIT, DecodePlan, DecodeWorkspace, decode, decode_workspace, num_splits_for,
-                     use_fused_combine)
+                         use_fused_combine)
 from .prefill_ops import PrefillPlan, PrefillWorkspace, prefill, prefill_uses_tma, prefill_workspace
 
 __all__ = ["reshape_and_cache", "prefill", "PrefillPlan", "prefill_uses_tma", "PrefillWorkspace",

@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ...bound import CallCache
-from .._check import OpError, fits_i32, tensor
+from .._check import BF16, OpError, fits_i32, tensor
 
 HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # q heads per kv head processed as one padded 16-row operand in decode
-BF16 = "bfloat16"
 GATES = (True, False)
 
 
@@ -30,7 +29,8 @@ def decode_base(kind: str, D: int, gate: bool | None = None) -> str:
 
 def decode_bases(D: int) -> tuple[str, ...]:
     """Every decode kernel of head dim ``D`` (what a decode workspace or plan may launch)."""
-    return (decode_base("split", D),) + tuple(decode_base(k, D, g) for k in ("direct", "fused", "combine") for g in GATES)
+    kinds = ("direct", "fused", "combine")
+    return (decode_base("split", D),) + tuple(decode_base(k, D, g) for k in kinds for g in GATES)
 
 
 BASES = tuple(
@@ -92,13 +92,19 @@ def cache_pair(op: str, k_cache, v_cache) -> PagedCache:
     return PagedCache(kc, vc, NB, BS, Hkv, D, sb, ss, sh)
 
 
-def block_tables_arg(op: str, block_tables, n: int):
+class BlockTables(NamedTuple):
+    """The block tables of a call, as :func:`block_tables_arg` checked them."""
+    ref: object  # TensorRef, int32 [n, max_blocks]
+    row_stride: int  # elements between rows
+
+
+def block_tables_arg(op: str, block_tables, n: int) -> BlockTables:
     bt = tensor(op, "block_tables", block_tables, "int32", ndim=2, shape=(n, None))
     if bt.shape[1] < 1:
         raise OpError(f"{op}: block_tables has no columns")
     sbt = stride_of(bt, 0, bt.shape[1])
     fits_i32(op, stride_bt=sbt, max_blocks=bt.shape[1])
-    return bt, sbt
+    return BlockTables(bt, sbt)
 
 
 def check_capacity(op: str, max_blocks: int, BS: int) -> None:

@@ -9,8 +9,8 @@ from ... import driver, memory
 from ...bound import CallCache, Launch
 from ...kernels import get_kernel
 from .._check import OpError, cdiv, fits_i32, same_device, stream_of, tensor
-from .common import (BF16, HEAD_DIMS, LayerCalls, block_tables_arg, cache_pair, check_capacity, decode_base, decode_bases,
-                     group_size, plan_caches, plan_dims, q_out_gate)
+from .common import (BF16, HEAD_DIMS, LayerCalls, block_tables_arg, cache_pair, check_capacity, decode_base,
+                     decode_bases, group_size, plan_caches, plan_dims, q_out_gate)
 
 __all__ = ["decode", "DecodePlan", "DecodeWorkspace", "decode_workspace", "num_splits_for", "use_fused_combine",
            "MIN_KEYS_PER_SPLIT", "CTAS_PER_SM", "DEFAULT_MAX_SPLITS", "FUSED_KEYS_PER_SPLIT2"]
@@ -204,7 +204,8 @@ def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, wo
     sl = tensor(op, "seq_lens", seq_lens, "int32", ndim=1, shape=(B,))
     if B > 1 and sl.strides[0] != 1:
         raise OpError(f"{op}: seq_lens must be contiguous")
-    bt, sbt = block_tables_arg(op, block_tables, B)
+    tables = block_tables_arg(op, block_tables, B)
+    bt, sbt = tables.ref, tables.row_stride
     cap = bt.shape[1] * BS
     check_capacity(op, bt.shape[1], BS)
     if max_seq_len is None:
@@ -260,7 +261,8 @@ def _decode_launches(op, p: _DecodeBatch, qt, cache, ot, gate, scale):
     paged = (sb, ss, sh, p.sbt, BS, bt.shape[1], NB)
     if splits == 1:  # one launch: the direct kernel normalizes, gates and stores; no partials, no combine
         return [Launch(_kernel(p.kernels, decode_base("direct", D, g)), (B * Hkv, 1, 1),
-                       (qt, kc, vc, bt, sl, ot, gt, float(scale), Hkv, group, sqb, sqh, sob, soh, sgb, sgh) + paged)], gslot
+                       (qt, kc, vc, bt, sl, ot, gt, float(scale), Hkv, group, sqb, sqh, sob, soh, sgb, sgh) + paged)
+                ], gslot
     po, pl = ws.part_o.data_ptr(), ws.part_lse.data_ptr()
     if p.fused:  # one launch: the last split of each group combines
         return [Launch(_kernel(p.kernels, decode_base("fused", D, g)), (B * Hkv * splits, 1, 1),

@@ -74,7 +74,8 @@ def _prefill_batch(op, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q) -> _P
     for name, t in (("cu_seqlens_q", cu), ("seq_lens", sl)):
         if t.shape[0] > 1 and t.strides[0] != 1:
             raise OpError(f"{op}: {name} must be contiguous")
-    bt, sbt = block_tables_arg(op, block_tables, N)
+    tables = block_tables_arg(op, block_tables, N)
+    bt, sbt = tables.ref, tables.row_stride
     return _PrefillBatch(N, cu, sl, bt, sbt, None if max_seqlen_q is None else max(int(max_seqlen_q), 1))
 
 
