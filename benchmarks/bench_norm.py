@@ -1,4 +1,5 @@
-"""Achieved HBM bandwidth of the norm-family kernels vs torch doing the same op, in one process (H200).
+"""Achieved HBM bandwidth of the row kernels (norm, rope, act, embedding) vs torch doing the same op, in one
+process (H200).
 
 Bytes = each input read once + each output written once; % of limit at the nominal 4.8 TB/s (vkc_pct_hbm)
 and at the copy bandwidth measured in this process (vkc_pct_copy). Inputs rotate over enough copies to exceed

@@ -1,4 +1,5 @@
-"""float64 numpy references for the norm family (kernels_src/norm). Torch-free; reused by GPU tests.
+"""float64 numpy references for the row families (kernels_src/norm, rope, act, embedding). Torch-free; reused by
+GPU tests.
 
 All functions take numpy arrays holding the bf16 input values (any float dtype) and return float64
 results of the exact math, except where a kernel's contract includes a bf16 rounding step (the residual

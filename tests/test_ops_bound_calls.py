@@ -174,7 +174,7 @@ def test_fastpath_off_and_non_torch_inputs_always_validate(rec, monkeypatch):
     assert len(rec.validated) == 6
 
 
-# ------------------------------------------------------------------------------ norm family and GDN decode
+# ------------------------------------------------------ row ops (norm, rope, act, embedding) and GDN decode
 def _row_call(which):
     """A call of one row op (norm, rope, act, embedding) on fresh tensors (created now, so both runs below see the
     same pointers)."""

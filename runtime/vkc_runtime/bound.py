@@ -47,8 +47,8 @@ from .loaders.triton_cubin import Kernel
 from .native import NATIVE, native_available
 from .tensor import TensorRef
 
-__all__ = ["Launch", "Compared", "disjoint", "same", "TensorGuard", "Relation", "Patch", "BoundLaunch", "PyBoundCall", "bind_call", "run_launches",
-           "CallCache", "fastpath_enabled", "clear_bound_calls", "MAX_SLOTS"]
+__all__ = ["Launch", "Compared", "disjoint", "same", "TensorGuard", "Relation", "Patch", "BoundLaunch", "PyBoundCall",
+           "bind_call", "run_launches", "CallCache", "fastpath_enabled", "clear_bound_calls", "MAX_SLOTS"]
 
 MAX_SLOTS = 16  # tensors per bound call (the native BoundCall's fixed pointer array)
 DISJOINT, SAME = 0, 1

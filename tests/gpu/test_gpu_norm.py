@@ -1,5 +1,6 @@
-"""GPU (H200) checks of the norm family against float64 references: fresh random data, poisoned outputs,
-awkward sizes, strided/unaligned inputs (both specializations), torch/cupy/vkc inputs, graph replay."""
+"""GPU (H200) checks of the row families (norm, rope, act, embedding) against float64 references: fresh random
+data, poisoned outputs, awkward sizes, strided/unaligned inputs (both specializations), torch/cupy/vkc inputs,
+graph replay."""
 from __future__ import annotations
 
 import numpy as np
@@ -221,9 +222,10 @@ def test_graph_replay_equals_eager(vr, N, RO, AC):
 
 
 def test_bound_calls_match_validated_calls(N, RO, AC, EM, monkeypatch):
-    """Every row op (norm, rope, act, embedding), three calls each on its own tensors (one layout): with bound calls the first validates
-    and the other two replay through _native.BoundCall; every output (and add_rmsnorm's in-place residual) is
-    byte-identical to validated calls (VKC_FASTPATH=0) on the same inputs, NaN-poisoned first."""
+    """Every row op (norm, rope, act, embedding), three calls each on its own tensors (one layout): with bound calls
+    the first validates and the other two replay through _native.BoundCall; every output (and add_rmsnorm's
+    in-place residual) is byte-identical to validated calls (VKC_FASTPATH=0) on the same inputs, NaN-poisoned
+    first."""
     M, H = 9, 48
 
     def inputs(i):  # the same values in both runs (seeded), fresh tensors (new pointers) per call

@@ -20,7 +20,7 @@ from __future__ import annotations
 from .. import memory
 from ..bound import CallCache, Launch, disjoint, same
 from ..kernels import get_kernel
-from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_of, tensor
+from ._check import OpError, aligned, cdiv, fits_i32, row_stride, same_device, stream_of, tensor
 
 __all__ = ["causal_conv1d", "causal_conv1d_update", "WIDTH", "BASES"]
 
@@ -36,11 +36,6 @@ def _base(kind: str, variant: str) -> str:
 
 BASES = tuple(_base(k, v) for k in ("prefill", "update") for v in _VARIANTS)
 _calls = CallCache()  # bound calls, keyed by op (+ whether a state is passed)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 def _weight(op, weight, C):
     wt = tensor(op, "weight", weight, BF16, ndim=2, shape=(C, WIDTH))
@@ -117,10 +112,10 @@ def causal_conv1d(x, weight, cu_seqlens, *, conv_state=None, slot_idx=None, out=
     fits_i32(op, T=T, C=C, N=N, num_slots=S, stride_x=sx, stride_w=sw, stride_y=sy, stride_ss=ss, stride_sr=sr)
     v = "a16" if aligned((xt.ptr, yt.ptr, st_ptr), (sx, sy, ss, sr)) else "any"
     k = get_kernel(_base("prefill", v))
-    gy = _cdiv(C, k.constexprs["BLOCK_C"])
+    gy = cdiv(C, k.constexprs["BLOCK_C"])
     if gy > 65535:
         raise OpError(f"{op}: C={C} needs {gy} programs on grid axis y (limit 65535)")
-    launch = Launch(k, (_cdiv(T, k.constexprs["BLOCK_T"] * k.constexprs["SUB"]), gy, 1),
+    launch = Launch(k, (cdiv(T, k.constexprs["BLOCK_T"] * k.constexprs["SUB"]), gy, 1),
                     (xt, wt, yt, st_ref, ct, sl_ref, sx, sw, sy, ss, sr, T, C, N, S))
     _calls.launch(key, None if out is None else tuple(ts), (), [launch], s, relations=[disjoint(xt, yt)])
     return res
@@ -154,7 +149,7 @@ def causal_conv1d_update(x, weight, conv_state, slot_idx, *, out=None, stream=No
     fits_i32(op, C=C, num_slots=S, stride_x=sx, stride_w=sw, stride_y=sy, stride_ss=ss, stride_sr=sr)
     v = "a16" if aligned((xt.ptr, yt.ptr, st_ptr), (sx, sy, ss, sr)) else "any"
     k = get_kernel(_base("update", v))
-    gy = _cdiv(C, k.constexprs["BLOCK_C"])
+    gy = cdiv(C, k.constexprs["BLOCK_C"])
     if gy > 65535:
         raise OpError(f"{op}: C={C} needs {gy} programs on grid axis y (limit 65535)")
     if B >= 2**31:

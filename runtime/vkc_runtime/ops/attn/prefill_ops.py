@@ -195,25 +195,6 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
 _prefill_calls = CallCache()
 
 
-class LayerCalls:
-    """The bound calls of a plan's per-layer run (q, caches, out, optional gate; keyed by whether a gate is
-    passed), shared by PrefillPlan and DecodePlan."""
-
-    def __init__(self):
-        self.calls = CallCache(max_keys=2)
-
-    def replay(self, q, k_cache, v_cache, out, gate, scale, stream: int) -> bool:
-        tensors = (q, k_cache, v_cache, out) if gate is None else (q, k_cache, v_cache, out, gate)
-        return self.calls.run(gate is None, tensors, (scale,), stream)
-
-    def launch(self, qt, cache, ot, gslot, gate, scale, launches, stream: int) -> None:
-        self.calls.launch(gate is None, (qt, cache.k, cache.v, ot) + gslot, (scale,), launches, stream)
-
-    @property
-    def hits(self) -> int:
-        return self.calls.hits
-
-
 class PrefillPlan:
     """Prefill of one packed batch layout for several layers (plan once per step, run per layer), in the
     spirit of :class:`DecodePlan`: ``cu_seqlens_q``, ``seq_lens`` and ``block_tables`` are checked once and
