@@ -217,3 +217,60 @@ def test_capture_without_workspace_or_warmup_is_a_clear_error():
     A.prefill(c["q"], c["kc"], c["vc"], c["bt"], c["cu"], c["sl"], c["D"] ** -0.5, gate=c["gt"], out=out, stream=s)
     s.synchronize()
     assert torch.isfinite(out.float()).all()
+
+
+# ------------------------------------------------------------------------------------------------- decode
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("how", ["decode+workspace", "plan+own-workspace"])
+@pytest.mark.parametrize("splits,fused", [(1, None), (8, True), (8, False)], ids=["direct", "fused", "combine"])
+def test_decode_capture_without_warmup(api, how, splits, fused):
+    """decode_workspace and DecodePlan load every decode kernel when they are made: after kernels.clear_cache()
+    (no kernel loaded in this context's cache) a capture with no eager call before it works -- a module load
+    inside it would fail the capture -- and its replays give the bytes of an eager call made afterwards.
+    plan+own-workspace: a DecodeWorkspace built by hand (loads nothing), so only the plan loads."""
+    from vkc_runtime import memory
+    from vkc_runtime.ops import attn as A
+    kernels.clear_cache()
+    Hq, Hkv, D, bs = 24, 4, 256, 16
+    lens = [17, 300, 1030]
+    B = len(lens)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    nblk = max(-(-L // bs) for L in lens)
+    nb = B * nblk + 2
+    kc = torch.randn(nb, bs, Hkv, D, generator=g, device="cuda").to(torch.bfloat16)
+    vc = torch.randn(nb, bs, Hkv, D, generator=g, device="cuda").to(torch.bfloat16)
+    bt = torch.randperm(nb, generator=g, device="cuda")[:B * nblk].to(torch.int32).view(B, nblk).contiguous()
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, Hq, D, generator=g, device="cuda").to(torch.bfloat16)
+    gt = torch.randn(B, Hq, 2, D, generator=g, device="cuda").to(torch.bfloat16)[:, :, 1]
+    scale, max_len, ms = D ** -0.5, nblk * bs, 16
+    if how == "plan+own-workspace":
+        ws = A.DecodeWorkspace(memory.DeviceArray.empty((B * Hq * ms * D,), "float32"),
+                               memory.DeviceArray.empty((B * Hq * ms,), "float32"),
+                               memory.DeviceArray.zeros((B * Hq,), "int32"), B, Hq, D, ms)
+        plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws,
+                            max_seq_len=max_len, num_splits=splits, fused=fused)
+
+        def call(o, stream):
+            plan.run(q, kc, vc, scale, gate=gt, out=o, stream=stream)
+    else:
+        ws = A.decode_workspace(B, Hq, D, max_splits=ms)
+
+        def call(o, stream):
+            A.decode(q, kc, vc, bt, sl, scale, gate=gt, out=o, workspace=ws, max_seq_len=max_len, num_splits=splits,
+                     fused=fused, stream=stream)
+    shape = (B, Hq, D)
+    graph_out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    replay, keep = _capture(api, lambda s: call(graph_out, s))
+    replays = []
+    for _ in range(2):
+        graph_out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        replay()
+        replays.append(graph_out.clone())
+    eager = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    call(eager, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert torch.isfinite(eager.float()).all()
+    for r in replays:
+        assert _same_bytes(r, eager), "graph replay != eager"
