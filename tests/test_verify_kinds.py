@@ -108,6 +108,8 @@ def test_host_elf_reader(so_bytes):
     assert set(SYMBOLS) | {"vkc_gemm_use_static", f"vkc_gemm_cubin_{ARCH}"} <= so.exported
     assert "vkc_gemm_hidden" not in so.exported and "vkc_gemm_static" not in so.exported
     assert [c.sm for c in so.cubins] == [90] and "empty_kernel" in so.cubins[0].kernels
+    assert so.cubins[0].data == (REPO / f"vendored/{ARCH}/selftest/empty.cubin").read_bytes()  # exact extent
+    assert "libc.so.6" in so.needed and set(so.needed) <= hostelf.ALLOWED_NEEDED
     assert [c.sm for c in hostelf.parse(so_bytes["sm80"]).cubins] == [80]
     assert hostelf.parse(so_bytes["nocubin"]).cubins == []
     with pytest.raises(hostelf.HostElfError, match="not a shared object"):
