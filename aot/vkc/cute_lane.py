@@ -169,16 +169,17 @@ def _check_so(arch: str, host: str, specs: list[CuteKernelSpec], dsl: dict, data
     return so
 
 
-def build_arch(root: Path, arch: str, specs: list[CuteKernelSpec], deps: dict[str, list[str]]) -> CuteBuild:
+def build_arch(root: Path, arch: str, specs: list[CuteKernelSpec], deps: dict[str, list[str]],
+               python: str | None = None) -> CuteBuild:
     """Compile, link and check every CuTe spec of ``arch`` for every host platform (``deps``: source deps by
-    base, from :func:`vkc.discover.source_deps`)."""
+    base, from :func:`vkc.discover.source_deps`; ``python``: the DSL interpreter, default :func:`dsl_python`)."""
     out = CuteBuild()
     if not specs:
         return out
     fams = sorted({s.family for s in specs})
     if len(fams) != 1:  # one shared object per family: group when a second family arrives
         raise CuteLaneError(f"{arch}: CuTe specs of several families {fams}; the lane links one family per arch")
-    python = dsl_python(root)
+    python = python or dsl_python(root)
     a = get_arch(arch)
     arts: dict[str, list[dict[str, Any]]] = {s.base: [] for s in specs}
     launch: dict[str, dict[str, Any]] = {}

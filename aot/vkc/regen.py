@@ -175,7 +175,10 @@ def install_arch(root: Path, arch: str, results: dict[str, TaskResult], doc: dic
 
 
 def regen(root: Path, archs: list[str], jobs: int | None = None,
-          progress: Callable[[str, int, int], None] | None = None) -> dict[str, dict[str, Any]]:
+          progress: Callable[[str, int, int], None] | None = None,
+          cute_python: str | None = None) -> dict[str, dict[str, Any]]:
+    """Compile and install ``archs``; ``cute_python``: the CuTe DSL interpreter (default:
+    :func:`vkc.cute_lane.dsl_python`)."""
     problems = toolchain.check_installed()
     if problems:
         raise RegenError("toolchain differs from the pins:\n  " + "\n  ".join(problems))
@@ -186,7 +189,7 @@ def regen(root: Path, archs: list[str], jobs: int | None = None,
     cute_plan = {arch: discover.cute_specs_for_arch(root, arch) for arch in archs}
     if any(cute_plan.values()):
         try:  # fail before the Triton compiles when the DSL is missing
-            cute_lane.dsl_python(root)
+            cute_python = cute_python or cute_lane.dsl_python(root)
         except cute_lane.CuteLaneError as e:
             raise RegenError(f"{', '.join(a for a in archs if cute_plan[a])}: {e}") from None
     ptxas = {arch: toolchain.probe_ptxas(toolchain.ptxas_name_for(get_arch(arch).triton_cc)) for arch in archs}
@@ -219,7 +222,7 @@ def regen(root: Path, archs: list[str], jobs: int | None = None,
                 continue
             try:
                 deps = {s.base: discover.source_deps(root, s.family, s.source) for s in cute_plan[arch]}
-                cute[arch] = cute_lane.build_arch(root, arch, cute_plan[arch], deps)
+                cute[arch] = cute_lane.build_arch(root, arch, cute_plan[arch], deps, cute_python)
             except cute_lane.CuteLaneError as e:
                 errors.append(f"{arch} CuTe lane: {e}")
                 continue

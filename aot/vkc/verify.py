@@ -234,11 +234,14 @@ def rebuild_compare(root: Path, archs: list[str], jobs: int | None = None) -> li
     P: list[Problem] = []
     with tempfile.TemporaryDirectory(prefix="vkc-rebuild-") as tmp:
         copy = Path(tmp) / "tree"
-        for rel in ("aot", "contract", "runtime", "kernels_src"):
+        for rel in ("aot", "contract", "runtime", "kernels_src", cute_lane.SHIM_DIR):
             shutil.copytree(root / rel, copy / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         (copy / "manifests").mkdir(parents=True)
         shutil.copy2(root / manifest.SCHEMA_PATH, copy / manifest.SCHEMA_PATH)
-        regen.regen(copy, archs, jobs=jobs)
+        cute = None  # the checkout's DSL (the copy has no .venv-cute), only when some arch needs it
+        if any(discover.cute_specs_for_arch(root, a) for a in archs):
+            cute = cute_lane.dsl_python(root)
+        regen.regen(copy, archs, jobs=jobs, cute_python=cute)
         for arch in archs:
             mine = manifest.manifest_path(root, arch)
             theirs = manifest.manifest_path(copy, arch)
