@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 HASH := $(shell cat pyproject.toml CMakeLists.txt csrc/*.cpp 2>/dev/null | sha256sum | cut -c1-16)
 REGEN_STAMP := $(VENV)/.installed-regen-$(HASH)
 # where aot/vkc/cute_lane.py looks when VKC_CUTE_PYTHON is unset
-CUTE_VENV := .venv-cute
+CUTE_VENV ?= .venv-cute
 # keep in step with aot/vkc/toolchain.py CUTLASS_DSL (regen refuses any other version or flavor)
 CUTE_PINS := nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
              nvidia-cutlass-dsl-libs-cu12==4.8.1
@@ -52,7 +52,7 @@ $(CUTE_STAMP):
 cute-env: $(CUTE_STAMP)
 
 regen: $(REGEN_STAMP) $(CUTE_STAMP)
-	$(BIN)/vkc regen --all
+	VKC_CUTE_PYTHON="$${VKC_CUTE_PYTHON:-$(CUTE_VENV)/bin/python}" $(BIN)/vkc regen --all
 	$(BIN)/vkc verify
 
 verify: $(REGEN_STAMP)
