@@ -235,7 +235,8 @@ def rebuild_compare(root: Path, archs: list[str], jobs: int | None = None) -> li
     with tempfile.TemporaryDirectory(prefix="vkc-rebuild-") as tmp:
         copy = Path(tmp) / "tree"
         for rel in ("aot", "contract", "runtime", "kernels_src", cute_lane.SHIM_DIR):
-            shutil.copytree(root / rel, copy / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+            if (root / rel).is_dir():  # the shim: only trees with CuTe kernels have (and need) it
+                shutil.copytree(root / rel, copy / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         (copy / "manifests").mkdir(parents=True)
         shutil.copy2(root / manifest.SCHEMA_PATH, copy / manifest.SCHEMA_PATH)
         cute = None  # the checkout's DSL (the copy has no .venv-cute), only when some arch needs it
