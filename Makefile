@@ -4,14 +4,22 @@
 #   make test                regen toolchain + test deps (`.[test]`: torch for Triton's interpreter, transformers),
 #                            drift check + the CPU test suite (what CI runs)
 #   make wheel ARCH=sm_90a   a wheel with that arch's artifacts + the native launcher (ARCH=all | none | a,b,...)
+#   make cute-env            .venv-cute: the CuTe DSL lane's compiler (pinned nvidia-cutlass-dsl, cu12 flavor only),
+#                            which `vkc regen` runs in fresh subprocesses (env VKC_CUTE_PYTHON names another one)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HASH := $(shell cat pyproject.toml CMakeLists.txt csrc/*.cpp 2>/dev/null | sha256sum | cut -c1-16)
 REGEN_STAMP := $(VENV)/.installed-regen-$(HASH)
+# where aot/vkc/cute_lane.py looks when VKC_CUTE_PYTHON is unset
+CUTE_VENV ?= .venv-cute
+# keep in step with aot/vkc/toolchain.py CUTLASS_DSL (regen refuses any other version or flavor)
+CUTE_PINS := nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
+             nvidia-cutlass-dsl-libs-cu12==4.8.1
+CUTE_STAMP := $(CUTE_VENV)/.installed-dsl-4.8.1-cu12
 TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 
-.PHONY: regen verify test wheel clean
+.PHONY: regen verify test wheel clean cute-env
 
 # `make wheel` without ARCH used to build a wheel with no kernels (an empty VKC_ARCHES): refuse before any work.
 ifneq ($(filter wheel,$(MAKECMDGOALS)),)
@@ -36,8 +44,15 @@ $(TEST_STAMP): | $(BIN)/python
 	rm -f $(VENV)/.installed-*
 	touch $@ $(REGEN_STAMP)
 
-regen: $(REGEN_STAMP)
-	$(BIN)/vkc regen --all
+$(CUTE_STAMP):
+	$(PY) -m venv $(CUTE_VENV)
+	$(CUTE_VENV)/bin/python -m pip install -q $(CUTE_PINS)
+	touch $@
+
+cute-env: $(CUTE_STAMP)
+
+regen: $(REGEN_STAMP) $(CUTE_STAMP)
+	VKC_CUTE_PYTHON="$${VKC_CUTE_PYTHON:-$(CUTE_VENV)/bin/python}" $(BIN)/vkc regen --all
 	$(BIN)/vkc verify
 
 verify: $(REGEN_STAMP)
@@ -51,4 +66,4 @@ wheel: | $(BIN)/python
 	VKC_ARCHES=$(ARCH) $(BIN)/python -m pip wheel --no-deps -w dist .
 
 clean:
-	rm -rf build dist $(VENV)
+	rm -rf build dist $(VENV) $(CUTE_VENV)

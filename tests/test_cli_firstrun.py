@@ -284,13 +284,13 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
 def _pip_extras(target: str, venv: Path) -> list[str]:
     """The extras `make TARGET` installs into a fresh venv (from make's own dry run)."""
-    out = subprocess.run(["make", "-n", "-C", str(REPO), target, f"VENV={venv}"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["make", "-n", "-C", str(REPO), target, f"VENV={venv}", f"CUTE_VENV={venv}-cute"],
+                         capture_output=True, text=True, check=True).stdout
     pips = [line for line in out.splitlines() if re.search(r"\bpip install\b", line)]
     assert pips, out
     extras = []
     for line in pips:
-        if "--upgrade pip" in line:
+        if "--upgrade pip" in line or line.startswith(f"{venv}-cute/"):  # the CuTe DSL's own venv (make cute-env)
             continue
         m = re.fullmatch(r".*pip install -q -e '\.\[([a-z,]+)\]'", line)
         assert m, f"unexpected install line in `make {target}`: {line}"
@@ -327,6 +327,14 @@ def test_make_regen_installs_no_torch(tmp_path):
 
     regen = _requirements(_pip_extras("regen", tmp_path / "venv"))
     assert "torch" not in {_name(r) for r in regen}, regen
+    # the CuTe lane's DSL goes into its own venv, pinned to toolchain.CUTLASS_DSL (regen refuses any other)
+    cute = tmp_path / "venv-cute"
+    out = subprocess.run(["make", "-n", "-C", str(REPO), "regen", f"VENV={tmp_path / 'venv'}", f"CUTE_VENV={cute}"],
+                         capture_output=True, text=True, check=True).stdout
+    dsl = [line for line in out.splitlines() if line.startswith(f"{cute}/bin/python -m pip install")]
+    v = toolchain.CUTLASS_DSL["version"]
+    assert len(dsl) == 1 and f"nvidia-cutlass-dsl=={v}" in dsl[0], out
+    assert f"nvidia-cutlass-dsl-libs-{toolchain.CUTLASS_DSL['flavor']}=={v}" in dsl[0], dsl
     assert f"triton=={toolchain.TRITON_VERSION}" in [r.replace(" ", "") for r in regen], regen
     test = _requirements(_pip_extras("test", tmp_path / "venv"))
     assert {"torch", "transformers", "pytest"} <= {_name(r) for r in test}, test

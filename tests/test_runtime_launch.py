@@ -375,14 +375,15 @@ def test_unknown_artifact_kind_is_refused(tmp_path, fake_cu, clean_env):
     assert loaders.loader_of("norm.k", aset.entry("norm.k")) == "triton-cubin"
     art = dict(aset.entry("norm.k")["artifact"], kind="triton-cubin", loader="triton-cubin")
     assert loaders.loader_of("norm.k", {"artifact": art}) == "triton-cubin"
-    with pytest.raises(ArtifactError, match="artifact kind 'cute-so' has no loader"):
-        loaders.loader_of("cute.gemm", {"artifact": dict(art, kind="cute-so", loader=None)})
-    with pytest.raises(ArtifactError, match="needs loader 'cute-so'.*a cute-so loader comes with the CuTe lane"):
-        loaders.loader_of("cute.gemm", {"artifact": dict(art, kind="cute-so", loader="cute-so")})
-    aset.kernels["cute.gemm"]["artifact"].update(kind="cute-so", loader="cute-so")
+    assert loaders.loader_of("cute.gemm", {"artifact": dict(art, kind="cute-so", loader=None)}) == "cute-so"
+    with pytest.raises(ArtifactError, match="artifact kind 'mystery-so' has no loader"):
+        loaders.loader_of("cute.gemm", {"artifact": dict(art, kind="mystery-so", loader=None)})
+    with pytest.raises(ArtifactError, match="needs loader 'tvm-so', which this vkc_runtime does not have"):
+        loaders.loader_of("cute.gemm", {"artifact": dict(art, kind="cute-so", loader="tvm-so")})
+    aset.kernels["cute.gemm"]["artifact"].update(kind="cute-so", loader="tvm-so")
     fake_cu.current = 0xC0C0
-    kernels.context_info(0xC0C0).aset.kernels["cute.gemm"]["artifact"].update(kind="cute-so", loader="cute-so")
-    with pytest.raises(ArtifactError, match="needs loader 'cute-so'"):
+    kernels.context_info(0xC0C0).aset.kernels["cute.gemm"]["artifact"].update(kind="cute-so", loader="tvm-so")
+    with pytest.raises(ArtifactError, match="needs loader 'tvm-so'"):
         kernels.get_kernel("cute.gemm")
     assert fake_cu.loaded == []
 

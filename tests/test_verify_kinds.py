@@ -16,7 +16,7 @@ import pytest
 from vkc import discover, hostelf, manifest, verify
 from vkc_contract import layout
 from vkc_contract.hashing import sha256_bytes
-from tests.aot_tree import REPO, assert_caught, edit_manifest, problems
+from tests.aot_tree import REPO, assert_caught, assert_found, edit_manifest, problems
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 HOST = layout.current_host_platform()
@@ -33,6 +33,9 @@ __attribute__((visibility("hidden"))) int vkc_gemm_hidden(void) { return 3; }
 static int vkc_gemm_static(void) { return 4; }
 int vkc_gemm_use_static(void) { return vkc_gemm_static(); }
 """
+
+
+LIBM_SRC = "double cos(double);\ndouble vkc_gemm_uses_libm(double x) { return cos(x); }\n"
 
 
 def cubin_array(arch: str) -> str:
@@ -55,7 +58,9 @@ def build(tmp: Path, name: str, extra: str = "", flags: tuple[str, ...] = ("-sha
 def so_bytes(tmp_path_factory) -> dict[str, bytes]:
     tmp = tmp_path_factory.mktemp("so")
     return {"good": build(tmp, "good", cubin_array(ARCH)), "sm80": build(tmp, "sm80", cubin_array("sm_80")),
-            "nocubin": build(tmp, "nocubin"), "object": build(tmp, "object", flags=("-c", "-fPIC"))}
+            "nocubin": build(tmp, "nocubin"), "object": build(tmp, "object", flags=("-c", "-fPIC")),
+            "libm": build(tmp, "libm", cubin_array(ARCH) + LIBM_SRC, flags=("-shared", "-fPIC", "-Wl,--no-as-needed",
+                                                                             "-lm"))}
 
 
 def so_entry(path: str, data: bytes, host: str, symbols: list[str], sass: str | None = ARCH) -> dict:
@@ -108,6 +113,9 @@ def test_host_elf_reader(so_bytes):
     assert set(SYMBOLS) | {"vkc_gemm_use_static", f"vkc_gemm_cubin_{ARCH}"} <= so.exported
     assert "vkc_gemm_hidden" not in so.exported and "vkc_gemm_static" not in so.exported
     assert [c.sm for c in so.cubins] == [90] and "empty_kernel" in so.cubins[0].kernels
+    assert so.cubins[0].data == (REPO / f"vendored/{ARCH}/selftest/empty.cubin").read_bytes()  # exact extent
+    assert set(so.needed) <= hostelf.ALLOWED_NEEDED
+    assert "libm.so.6" in hostelf.parse(so_bytes["libm"]).needed
     assert [c.sm for c in hostelf.parse(so_bytes["sm80"]).cubins] == [80]
     assert hostelf.parse(so_bytes["nocubin"]).cubins == []
     with pytest.raises(hostelf.HostElfError, match="not a shared object"):
@@ -219,15 +227,35 @@ def test_cute_so_stray_file(root):
                   mode=verify.INSTALLED)
 
 
-def test_runtime_refuses_a_host_code_kernel_as_cubin(root):
-    """vkc_runtime loads triton-cubin only; a cute-so entry gives a clear ArtifactError, never a misload."""
-    code = ("import sys; from vkc_runtime.artifacts import ArtifactSet; from vkc_runtime.errors import ArtifactError\n"
-            f"s = ArtifactSet({str(root)!r}, {ARCH!r})\n"
-            "try:\n    s.path('gemm.bf16')\nexcept ArtifactError as e:\n    print('refused:', e)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "VKC_IMPORT_CHECK": "0"})
-    assert r.returncode == 0 and "refused:" in r.stdout, r.stdout + r.stderr
-    assert "is a 'cute-so' artifact (loader 'cute-so'); this runtime loads triton-cubin only" in r.stdout, r.stdout
+def test_cute_so_needs_more_than_glibc(tmp_path, so_bytes):
+    r = make_root(tmp_path / "r", so_bytes["libm"])
+    P = assert_caught(r, "host-needed", "needs libm.so.6 (only glibc is allowed", mode=verify.INSTALLED)
+    assert len(P) == 1, P  # one file shared by two kernels: reported once
+
+
+def test_cute_so_recorded_cubin_not_embedded(root):
+    edit_manifest(root, ARCH, lambda d: d["kernels"]["gemm.bf16"].update(launch={"cubin_sha256": "ab" * 32}))
+    P = assert_caught(root, "embedded-cubin-missing", "does not embed the kernel's recorded cubin abababababab",
+                      mode=verify.INSTALLED)
+    assert any(p.startswith(f"sm_90a: gemm.bf16: vendored/sm_90a/gemm/gemm.{HOST}.so does not") for p in P), P
+    cub = sha256_bytes((REPO / f"vendored/{ARCH}/selftest/empty.cubin").read_bytes())
+    edit_manifest(root, ARCH, lambda d: d["kernels"]["gemm.bf16"].update(launch={"cubin_sha256": cub}))
+    assert problems(root, verify.INSTALLED) == []
+
+
+def test_runtime_picks_the_host_platform_artifact(root):
+    """vkc_runtime hands a cute-so entry to the cute-so loader, with this machine's file; an entry without one for
+    this host platform is refused by name, never misloaded."""
+    from vkc_runtime.artifacts import ArtifactSet
+    from vkc_runtime.errors import ArtifactError
+    from vkc_runtime.loaders import loader_of
+
+    s = ArtifactSet(root, ARCH)
+    assert loader_of("gemm.bf16", s.entry("gemm.bf16"), ARCH) == "cute-so"
+    assert s.path("gemm.bf16") == so_path(root) and s.artifact("gemm.bf16")["host_platform"] == HOST
+    s.kernels["gemm.bf16"]["artifacts"][0]["host_platform"] = OTHER or "riscv"
+    with pytest.raises(ArtifactError, match=f"no artifact for this host platform \\({HOST}; built for"):
+        s.path("gemm.bf16")
 
 
 def test_inspect_lists_host_code_kernels(root):
@@ -236,3 +264,32 @@ def test_inspect_lists_host_code_kernels(root):
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert sorted((x["base"], x["kind"]) for x in rows) == [("gemm.bf16", "cute-so"), ("gemm.fp8", "cute-so")]
+
+
+# ------------------------------------------------------------------ the CuTe lane's toolchain record
+
+def test_cute_dsl_pin(root):
+    edit_manifest(root, ARCH, lambda d: d["toolchain"]["cutlass_dsl"].update(version="4.7.0"))
+    assert_caught(root, "cutlass-dsl-pin", "CuTe kernels built with nvidia-cutlass-dsl 4.7.0 (cu12), pinned "
+                  "nvidia-cutlass-dsl 4.8.1 (cu12)", mode=verify.INSTALLED)
+    edit_manifest(root, ARCH, lambda d: d["toolchain"]["cutlass_dsl"].update(version="4.8.1", flavor="cu13"))
+    assert_caught(root, "cutlass-dsl-pin", "built with nvidia-cutlass-dsl 4.8.1 (cu13)", mode=verify.INSTALLED)
+
+
+def test_cute_dsl_unrecorded(root):
+    edit_manifest(root, ARCH, lambda d: d["toolchain"].update(cutlass_dsl=None))
+    assert_caught(root, "cutlass-dsl-unrecorded", "the manifest has CuTe kernels but records no CuTe DSL toolchain",
+                  mode=verify.INSTALLED)
+
+
+def test_cute_shim_changed(tmp_path):
+    """In a checkout, the shim sources linked into every cute-so must be the ones the manifest recorded."""
+    from vkc import cute_lane
+    doc = json.loads((REPO / f"manifests/{ARCH}.json").read_text())
+    shutil.copytree(REPO / cute_lane.SHIM_DIR, tmp_path / cute_lane.SHIM_DIR)
+    assert verify._cute_toolchain(tmp_path, ARCH, doc) == []
+    with open(tmp_path / cute_lane.SHIM_DIR / "vkc_cute_shim.c", "a") as f:
+        f.write("/* edited */\n")
+    P = verify._cute_toolchain(tmp_path, ARCH, doc)
+    assert_found(P, "cute-shim-changed", "the CuTe driver-API shim csrc/cute_shim/vkc_cute_shim.c changed since regen")
+    assert len(P) == 1, P

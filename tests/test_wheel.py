@@ -28,6 +28,8 @@ def test_wheel_holds_one_arch(wheel):
     manifests = sorted(n for n in names if n.startswith("vkc_runtime/artifacts/manifests/"))
     assert manifests == ["vkc_runtime/artifacts/manifests/schema.json", "vkc_runtime/artifacts/manifests/sm_90a.json"]
     assert any(n.startswith("vkc_runtime/_native.") and n.endswith(".so") for n in names)
+    cute = sorted(n for n in names if n.startswith("vkc_runtime/artifacts/vendored/sm_90a/gemm/"))
+    assert cute == [f"vkc_runtime/artifacts/vendored/sm_90a/gemm/gemm.{h}.so" for h in ("aarch64", "x86_64")], cute
     assert wheel.stat().st_size < 2 * 1024 * 1024, wheel.stat().st_size
 
 
@@ -53,3 +55,6 @@ def test_fresh_venv_import_and_doctor(wheel, tmp_path):
     assert r.returncode == 0 or "artifacts complete, but cannot run here: no CUDA" in r.stderr, r.stderr
     assert re.search(r"^\s*sm_90a\s+\d+ kernels, complete$", r.stdout, re.M), r.stdout
     assert re.search(r"^\s*sm_80\s+no manifest$", r.stdout, re.M), r.stdout  # only sm_90a is in this wheel
+    # the installed cute-so artifacts verify with no DSL and no GPU
+    r = subprocess.run([str(env_dir / "bin" / "vkc"), "verify"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and "vkc verify: clean (sm_90a)" in r.stdout, r.stdout + r.stderr

@@ -31,6 +31,9 @@ CHECKS: dict[str, str] = {
     "ptxas-pin": "ptxas {got} != pinned {name} {want}; {fix}",
     "line-info": "line info policy differs (manifest {got}, pinned {want}); {fix}",
     "generator": "generator (aot/ sources) changed since regen ({old} -> {new}); {fix}",
+    "cutlass-dsl-pin": "CuTe kernels built with {got}, pinned {want}; `make cute-env` and {fix}",
+    "cutlass-dsl-unrecorded": "the manifest has CuTe kernels but records no CuTe DSL toolchain; {fix}",
+    "cute-shim-changed": "the CuTe driver-API shim {rel} changed since regen; {fix}",
     # sources and specs (source checkout only)
     "source-missing": "source {rel} recorded in the manifest is missing; {fix}",
     "source-changed": "source {rel} changed since regen (stale artifacts); {fix}",
@@ -71,6 +74,8 @@ CHECKS: dict[str, str] = {
     "host-sass-recorded": "{name}: {rel}: the manifest records SASS {got}, not {arch}'s; {fix}",
     "no-embedded-cubin": "{name}: {rel} embeds no cubin, but the manifest records SASS {want}; {fix}",
     "embedded-sass": "{name}: {rel} embeds SASS for sm_{sm}, not {want}; {fix}",
+    "host-needed": "{name}: {rel} needs {libs} (only glibc is allowed: libcuda is opened at run time); {fix}",
+    "embedded-cubin-missing": "{name}: {rel} does not embed the kernel's recorded cubin {sha}; {fix}",
 }
 
 

@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from vkc import cute_spec
 from vkc.spec import KernelSpec, SpecError, with_family
 from vkc_contract.hashing import sha256_file
 
@@ -41,13 +42,18 @@ def families(root: Path) -> list[str]:
     return sorted(p.name for p in kdir.iterdir() if (p / SPEC_FILE).is_file())
 
 
-def load_specs(root: Path, family: str) -> list[KernelSpec]:
+def _spec_module(root: Path, family: str):
     path = root / KERNELS_DIR / family / SPEC_FILE
     mod_name = f"_vkc_spec_{family}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return path, mod
+
+
+def load_specs(root: Path, family: str) -> list[KernelSpec]:
+    path, mod = _spec_module(root, family)
     specs = getattr(mod, "SPECS", None)
     if not isinstance(specs, (list, tuple)):
         raise SpecError(f"{path}: must define SPECS = [KernelSpec(...), ...]")
@@ -65,6 +71,32 @@ def load_specs(root: Path, family: str) -> list[KernelSpec]:
         names.add(s.name)
         out.append(s)
     return out
+
+
+def load_cute_specs(root: Path, family: str) -> list[cute_spec.CuteKernelSpec]:
+    """The family's ``CUTE_SPECS`` (none when spec.py defines no such list)."""
+    path, mod = _spec_module(root, family)
+    specs = getattr(mod, "CUTE_SPECS", [])
+    if not isinstance(specs, (list, tuple)):
+        raise SpecError(f"{path}: CUTE_SPECS must be a list of CuteKernelSpec")
+    out, names = [], set()
+    triton_names = {s.name for s in load_specs(root, family)}
+    for s in specs:
+        if not isinstance(s, cute_spec.CuteKernelSpec):
+            raise SpecError(f"{path}: CUTE_SPECS holds a {type(s).__name__}, not a CuteKernelSpec")
+        s = cute_spec.with_family(s, family)
+        s.validate()
+        if s.name in names or s.name in triton_names:
+            raise SpecError(f"{path}: spec name {s.name!r} appears twice")
+        if not (root / KERNELS_DIR / family / s.source).is_file():
+            raise SpecError(f"CuTe spec {s.base}: source {s.source} not found in {KERNELS_DIR}/{family}/")
+        names.add(s.name)
+        out.append(s)
+    return out
+
+
+def cute_specs_for_arch(root: Path, arch: str) -> list[cute_spec.CuteKernelSpec]:
+    return [s for fam in families(root) for s in load_cute_specs(root, fam) if arch in s.archs]
 
 
 def load_tuning(root: Path, family: str, arch: str) -> dict[str, dict[str, Any]]:
@@ -165,6 +197,8 @@ GENERATOR_FILES = (
     # everything whose change can change an artifact or a manifest byte
     "aot/vkc/spec.py", "aot/vkc/discover.py", "aot/vkc/compile.py", "aot/vkc/manifest.py",
     "aot/vkc/regen.py", "aot/vkc/toolchain.py", "aot/vkc/elf.py",
+    "aot/vkc/cute_spec.py", "aot/vkc/cute_dsl.py", "aot/vkc/cute_glue.py", "aot/vkc/cute_lane.py",
+    "aot/vkc/hostelf.py",
     "contract/vkc_contract/abi.py", "contract/vkc_contract/arch.py", "contract/vkc_contract/layout.py",
 )
 

@@ -106,8 +106,9 @@ def check_triton_cubin(ctx: Ctx, name: str, k: dict[str, Any]) -> list[Problem]:
 
 def check_cute_so(ctx: Ctx, name: str, k: dict[str, Any]) -> list[Problem]:
     """Host shared objects, one per (arch, family, host platform), shared by the family's kernels: ELF
-    class and machine of the recorded host platform, the launchers this kernel needs exported, and the
-    SASS arch of the embedded cubins where the manifest records it."""
+    class and machine of the recorded host platform, the launchers this kernel needs exported, no NEEDED library
+    beyond glibc, the kernel's recorded cubin (``launch.cubin_sha256``) embedded, and the SASS arch of the
+    embedded cubins where the manifest records it."""
     P: list[Problem] = []
     for art in k["artifacts"]:
         rel, host = art["path"], art["host_platform"]
@@ -131,6 +132,12 @@ def check_cute_so(ctx: Ctx, name: str, k: dict[str, Any]) -> list[Problem]:
         missing = [s for s in art["symbols"] if s not in so.exported]
         if missing:
             P.append(ctx.p("missing-symbol", name=name, rel=rel, symbols=", ".join(missing)))
+        extra = [n for n in so.needed if n not in hostelf.ALLOWED_NEEDED]
+        if extra and first:
+            P.append(ctx.p("host-needed", name=name, rel=rel, libs=", ".join(extra)))
+        want_cubin = (k.get("launch") or {}).get("cubin_sha256")
+        if want_cubin and want_cubin not in {sha256_bytes(c.data) for c in so.cubins}:
+            P.append(ctx.p("embedded-cubin-missing", name=name, rel=rel, sha=want_cubin[:12]))
         want = art.get("sass_arch")
         if want is None or not first:
             continue

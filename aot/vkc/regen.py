@@ -18,7 +18,7 @@ from vkc_contract.arch import get as get_arch
 from vkc_contract.hashing import sha256_bytes, sha256_file
 from vkc_contract.layout import ARTIFACT_KINDS, TRITON_CUBIN, kind_relpath
 
-from vkc import discover, manifest, toolchain
+from vkc import cute_lane, discover, manifest, toolchain
 from vkc.spec import ResolvedSpec
 
 
@@ -103,10 +103,11 @@ def check_resources(arch: str, base: str, r: TaskResult, allow_spills: bool) -> 
 
 
 def build_manifest(root: Path, arch: str, bases: list[discover.Base], results: dict[str, TaskResult],
-                   ptxas: dict[str, str]) -> dict[str, Any]:
+                   ptxas: dict[str, str], cute: cute_lane.CuteBuild | None = None) -> dict[str, Any]:
     a = get_arch(arch)
-    kernels: dict[str, Any] = {}
-    all_deps: set[str] = set()
+    cute = cute or cute_lane.CuteBuild()
+    kernels: dict[str, Any] = dict(cute.kernels)
+    all_deps: set[str] = {d for k in cute.kernels.values() for d in k["inputs"]["deps"]}
     for b in bases:
         r = results[b.spec.base]
         deps = discover.source_deps(root, b.spec.family, b.spec.source)
@@ -132,7 +133,7 @@ def build_manifest(root: Path, arch: str, bases: list[discover.Base], results: d
             "python": toolchain.python_version(),
             "line_info": toolchain.LINE_INFO,
             "generator_sha256": discover.generator_hash(root),
-            "cutlass_dsl": None,
+            "cutlass_dsl": cute.toolchain,
         },
         "sources": discover.hash_sources(root, sorted(all_deps)),
         "kernels": kernels,
@@ -140,17 +141,20 @@ def build_manifest(root: Path, arch: str, bases: list[discover.Base], results: d
     return manifest.seal(doc)
 
 
-def install_arch(root: Path, arch: str, results: dict[str, TaskResult], doc: dict[str, Any]) -> None:
-    """Swap in the new vendored/<arch>/ tree, then write the manifest (atomic rename each)."""
+def install_arch(root: Path, arch: str, results: dict[str, TaskResult], doc: dict[str, Any],
+                 host_files: dict[str, bytes] | None = None) -> None:
+    """Swap in the new vendored/<arch>/ tree, then write the manifest (atomic rename each). ``host_files``: the
+    CuTe lane's shared objects by path."""
     vend = root / "vendored"
     vend.mkdir(exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{arch}.staging-", dir=vend))
+    files = {e["artifact"]["path"]: results[b].cubin for b, e in doc["kernels"].items() if "artifact" in e}
+    files.update(host_files or {})
     try:
-        for base, entry in doc["kernels"].items():
-            rel = Path(entry["artifact"]["path"]).relative_to(f"vendored/{arch}")
-            dst = staging / rel
+        for path, data in sorted(files.items()):
+            dst = staging / Path(path).relative_to(f"vendored/{arch}")
             dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(results[base].cubin)
+            dst.write_bytes(data)
             os.chmod(dst, 0o644)
         for d in sorted(p for p in staging.rglob("*") if p.is_dir()):
             os.chmod(d, 0o755)
@@ -171,7 +175,10 @@ def install_arch(root: Path, arch: str, results: dict[str, TaskResult], doc: dic
 
 
 def regen(root: Path, archs: list[str], jobs: int | None = None,
-          progress: Callable[[str, int, int], None] | None = None) -> dict[str, dict[str, Any]]:
+          progress: Callable[[str, int, int], None] | None = None,
+          cute_python: str | None = None) -> dict[str, dict[str, Any]]:
+    """Compile and install ``archs``; ``cute_python``: the CuTe DSL interpreter (default:
+    :func:`vkc.cute_lane.dsl_python`)."""
     problems = toolchain.check_installed()
     if problems:
         raise RegenError("toolchain differs from the pins:\n  " + "\n  ".join(problems))
@@ -179,6 +186,12 @@ def regen(root: Path, archs: list[str], jobs: int | None = None,
     for arch in archs:
         get_arch(arch)
     plan = {arch: discover.bases_for_arch(root, arch) for arch in archs}
+    cute_plan = {arch: discover.cute_specs_for_arch(root, arch) for arch in archs}
+    if any(cute_plan.values()):
+        try:  # fail before the Triton compiles when the DSL is missing
+            cute_python = cute_python or cute_lane.dsl_python(root)
+        except cute_lane.CuteLaneError as e:
+            raise RegenError(f"{', '.join(a for a in archs if cute_plan[a])}: {e}") from None
     ptxas = {arch: toolchain.probe_ptxas(toolchain.ptxas_name_for(get_arch(arch).triton_cc)) for arch in archs}
     tasks = [(arch, b) for arch in archs for b in plan[arch]]
     results: dict[str, dict[str, TaskResult]] = {arch: {} for arch in archs}
@@ -202,15 +215,29 @@ def regen(root: Path, archs: list[str], jobs: int | None = None,
                 results[arch][b.spec.base] = r
                 if progress:
                     progress(f"{arch} {b.spec.base}", done, len(tasks))
+    cute: dict[str, cute_lane.CuteBuild] = {}
+    if not errors:  # the CuTe lane: one DSL process per (arch, host platform), after the Triton pool
+        for arch in archs:
+            if not cute_plan[arch]:
+                continue
+            try:
+                deps = {s.base: discover.source_deps(root, s.family, s.source) for s in cute_plan[arch]}
+                cute[arch] = cute_lane.build_arch(root, arch, cute_plan[arch], deps, cute_python)
+            except cute_lane.CuteLaneError as e:
+                errors.append(f"{arch} CuTe lane: {e}")
+                continue
+            if progress:
+                progress(f"{arch} CuTe: {len(cute_plan[arch])} kernels, {len(cute[arch].files)} shared objects",
+                         len(tasks), len(tasks))
     if errors:
         raise RegenError("regen failed; nothing was written:\n  " + "\n  ".join(sorted(errors)))
     docs = {}
     for arch in archs:
-        doc = build_manifest(root, arch, plan[arch], results[arch], ptxas[arch])
+        doc = build_manifest(root, arch, plan[arch], results[arch], ptxas[arch], cute.get(arch))
         errs = manifest.schema_errors(root, doc)
         if errs:
             raise RegenError(f"{arch}: generated manifest violates the schema:\n  " + "\n  ".join(errs))
-        install_arch(root, arch, results[arch], doc)
+        install_arch(root, arch, results[arch], doc, cute[arch].files if arch in cute else None)
         docs[arch] = doc
     return docs
 

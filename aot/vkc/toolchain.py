@@ -28,6 +28,12 @@ PTXAS = {
 }
 
 
+# The CuTe DSL lane's compiler (aot/vkc/cute_lane.py), in its own environment (`make cute-env`): one flavor only,
+# cu12 (cubins ELF ABI 7 that the H200's CUDA 12.8+/13 drivers load; with cu13 also installed and no driver the DSL
+# would pick cu13).
+CUTLASS_DSL = {"package": "nvidia-cutlass-dsl", "version": "4.8.1", "flavor": "cu12"}
+
+
 def ptxas_name_for(triton_cc: int) -> str:
     """Which bundled ptxas Triton 3.9 uses for a target (``get_ptxas``: < 90 → ptxas)."""
     return "ptxas" if triton_cc < 90 else "ptxas-blackwell"

@@ -22,7 +22,9 @@ from vkc_contract.arch import ALL_ARCHS
 from vkc_contract.arch import get as get_arch
 from vkc_contract.hashing import sha256_file
 
-from vkc import discover, kinds, manifest, toolchain
+from vkc_contract.layout import CUTE_SO
+
+from vkc import cute_lane, discover, kinds, manifest, toolchain
 from vkc.checks import CHECKS, Problem, problem  # noqa: F401 - CHECKS re-exported for the tests
 from vkc.compile import params_of
 from vkc.spec import SpecError
@@ -89,6 +91,34 @@ def _toolchain(root: Path | None, arch: str, tc: dict[str, Any]) -> list[Problem
     gen = discover.generator_hash(root)
     if tc["generator_sha256"] != gen:
         P.append(problem("generator", arch, old=tc["generator_sha256"][:12], new=gen[:12], fix=fix))
+    dsl = tc.get("cutlass_dsl")
+    if dsl is not None:
+        got = {k: dsl.get(k) for k in toolchain.CUTLASS_DSL}
+        if got != toolchain.CUTLASS_DSL:
+            P.append(problem("cutlass-dsl-pin", arch, got=_dsl_name(got), want=_dsl_name(toolchain.CUTLASS_DSL),
+                             fix=fix))
+    return P
+
+
+def _dsl_name(d: dict[str, Any]) -> str:
+    return f"{d.get('package')} {d.get('version')} ({d.get('flavor')})"
+
+
+def _cute_toolchain(root: Path | None, arch: str, doc: dict[str, Any]) -> list[Problem]:
+    """A manifest with cute-so kernels records the DSL and (checked in a checkout) the shim it linked."""
+    fix = _regen(arch)
+    if not any(kinds.kind_of(k) == CUTE_SO for k in doc["kernels"].values()):
+        return []
+    dsl = doc["toolchain"].get("cutlass_dsl")
+    if dsl is None:
+        return [problem("cutlass-dsl-unrecorded", arch, fix=fix)]
+    if root is None:
+        return []
+    P = []
+    recorded = dsl.get("shim_sha256") or {}
+    for rel, h in sorted(cute_lane.shim_hashes(root).items()):
+        if recorded.get(rel) != h:
+            P.append(problem("cute-shim-changed", arch, rel=rel, fix=fix))
     return P
 
 
@@ -104,28 +134,34 @@ def _sources_and_specs(root: Path, arch: str, doc: dict[str, Any]) -> list[Probl
             P.append(problem("source-changed", arch, rel=rel, fix=fix))
     try:
         bases = {b.spec.base: b for b in discover.bases_for_arch(root, arch)}
+        cute = {s.base: s for s in discover.cute_specs_for_arch(root, arch)}
     except (SpecError, SyntaxError, OSError) as e:
         return P + [problem("specs-unreadable", arch, err=e, fix=fix)]
     recorded = doc["kernels"]
-    for name in sorted(set(bases) - set(recorded)):
+    for name in sorted((set(bases) | set(cute)) - set(recorded)):
         P.append(problem("spec-added", arch, name=name, fix=fix))
-    for name in sorted(set(recorded) - set(bases)):
+    for name in sorted(set(recorded) - set(bases) - set(cute)):
         P.append(problem("spec-removed", arch, name=name, fix=fix))
     all_deps: set[str] = set()
-    for name in sorted(set(bases) & set(recorded)):
-        b, k = bases[name], recorded[name]
-        inputs = b.resolved.inputs_json()
+    for name in sorted((set(bases) | set(cute)) & set(recorded)):
+        k = recorded[name]
+        spec = bases[name].spec if name in bases else cute[name]
         try:
-            inputs["deps"] = discover.source_deps(root, b.spec.family, b.spec.source)
+            deps = discover.source_deps(root, spec.family, spec.source)
         except (OSError, SyntaxError) as e:
             P.append(problem("source-unscannable", arch, name=name, err=e, fix=fix))
             continue
-        all_deps.update(inputs["deps"])
+        if name in bases:
+            inputs = bases[name].resolved.inputs_json()
+            inputs["deps"] = deps
+        else:
+            inputs = cute[name].inputs_json(deps)
+        all_deps.update(deps)
         for key in sorted(set(inputs) | set(k["inputs"])):
             if inputs.get(key) != k["inputs"].get(key):
                 P.append(problem("spec-input", arch, name=name, key=key, old=k["inputs"].get(key),
                                  new=inputs.get(key), fix=fix))
-        if k.get("params") != params_of(b.resolved):
+        if name in bases and k.get("params") != params_of(bases[name].resolved):
             P.append(problem("params-signature", arch, name=name, fix=fix))
     for rel in sorted(all_deps - set(doc["sources"])):
         P.append(problem("source-unrecorded", arch, rel=rel, fix=fix))
@@ -138,6 +174,7 @@ def verify_arch(root: Path, arch: str, tracked: set[str] | None, mode: str = CHE
         return P
     fix = _regen(arch)
     P += _toolchain(root if mode == CHECKOUT else None, arch, doc["toolchain"])
+    P += _cute_toolchain(root if mode == CHECKOUT else None, arch, doc)
     if mode == CHECKOUT:
         P += _sources_and_specs(root, arch, doc)
     ctx = kinds.Ctx(root, arch)
@@ -197,11 +234,15 @@ def rebuild_compare(root: Path, archs: list[str], jobs: int | None = None) -> li
     P: list[Problem] = []
     with tempfile.TemporaryDirectory(prefix="vkc-rebuild-") as tmp:
         copy = Path(tmp) / "tree"
-        for rel in ("aot", "contract", "runtime", "kernels_src"):
-            shutil.copytree(root / rel, copy / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        for rel in ("aot", "contract", "runtime", "kernels_src", cute_lane.SHIM_DIR):
+            if (root / rel).is_dir():  # the shim: only trees with CuTe kernels have (and need) it
+                shutil.copytree(root / rel, copy / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         (copy / "manifests").mkdir(parents=True)
         shutil.copy2(root / manifest.SCHEMA_PATH, copy / manifest.SCHEMA_PATH)
-        regen.regen(copy, archs, jobs=jobs)
+        cute = None  # the checkout's DSL (the copy has no .venv-cute), only when some arch needs it
+        if any(discover.cute_specs_for_arch(root, a) for a in archs):
+            cute = cute_lane.dsl_python(root)
+        regen.regen(copy, archs, jobs=jobs, cute_python=cute)
         for arch in archs:
             mine = manifest.manifest_path(root, arch)
             theirs = manifest.manifest_path(copy, arch)

@@ -1,6 +1,5 @@
-"""BF16 GEMM family written with the CUTLASS CuTe DSL (built by tools/cute/build.py, not by the Triton regen).
+"""GEMM family written with the CUTLASS CuTe DSL (built by the CuTe lane of `vkc regen`: aot/vkc/cute_lane.py).
 
 Importing this package imports nothing from the DSL: the kernel modules (``sm90_wgmma``) are imported only inside
-the DSL's own virtual environment, by the build subprocess; :mod:`kernels_src.gemm.variants` (the build
-description) is plain Python.
+the DSL's own virtual environment, by the build subprocess; ``spec.py`` is plain Python.
 """

@@ -3,8 +3,10 @@
     C[M, N] = A[M, K] @ W[N, K]^T        A, W, C bf16 row-major; fp32 accumulation
 
 W is [N, K] as Hugging Face stores a Linear weight, so both operands are K-major and feed WGMMA straight from
-shared memory. M is a runtime value; N and K are fixed per compiled variant. The tensor-memory accelerator clips
-every load and store to the tensor bounds (zero-filled loads past M, no stores past M), so any M >= 1 is safe.
+shared memory. M, N, K and the three row strides are runtime values (one compiled kernel per tile
+configuration); the host guarantees K, N and the strides are multiples of 8 elements (16-byte TMA row pitch) and
+K >= 8. The tensor-memory accelerator clips every load and store to the tensor bounds (zero-filled loads past M,
+N or K, no stores past M or N), so any such shape is safe and a partial last k-slice adds zeros.
 
 CTA organisation (one output tile per CTA, not persistent, so nothing depends on the SM count):
 
@@ -20,7 +22,7 @@ A rows and W columns that a wave of CTAs reads stay in L2.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 
@@ -38,26 +40,12 @@ EPI_BARRIER_ID = 1         # named barrier among the math threads (0 is __syncth
 SMEM_ALIGN = 1024          # 128B-swizzled tiles want 1 KiB-aligned buffers
 
 
-@dataclass(frozen=True)
-class Sm90GemmConfig:
-    """Compile-time shape of one kernel variant (everything but M)."""
-    n: int
-    k: int
-    tile_m: int = 128
-    tile_n: int = 256
-    stages: int = 4
-    epi_stages: int = 2
-    group_m: int = 8
-
-    def check(self) -> None:
-        if self.tile_m != 128:
-            raise ValueError("tile_m must be 128 (two math warp groups of 64 rows)")
-        if self.tile_n not in (64, 128, 256):
-            raise ValueError("tile_n must be 64, 128 or 256")
-        if self.n % 8 or self.k % 8:
-            raise ValueError("N and K must be multiples of 8 (16-byte TMA row pitch)")
-        if self.stages < 2 or self.epi_stages < 1 or self.group_m < 1:
-            raise ValueError("need stages >= 2, epi_stages >= 1, group_m >= 1")
+class _Tile(NamedTuple):
+    tile_m: int
+    tile_n: int
+    stages: int
+    epi_stages: int
+    group_m: int
 
 
 class Sm90BF16Gemm:
@@ -65,15 +53,21 @@ class Sm90BF16Gemm:
 
     TILE_K = 64  # one 128-byte swizzle row of bf16 per k-slice
 
-    def __init__(self, cfg: Sm90GemmConfig):
-        cfg.check()
-        self.cfg = cfg
+    def __init__(self, *, tile_m: int, tile_n: int, stages: int, epi_stages: int, group_m: int):
+        """The keyword arguments are a spec's ``config`` (kernels_src/gemm/spec.py)."""
+        if tile_m != 128:
+            raise ValueError("tile_m must be 128 (two math warp groups of 64 rows)")
+        if tile_n not in (64, 128, 256):
+            raise ValueError("tile_n must be 64, 128 or 256")
+        if stages < 2 or epi_stages < 1 or group_m < 1:
+            raise ValueError("need stages >= 2, epi_stages >= 1, group_m >= 1")
+        self.cfg = _Tile(tile_m, tile_n, stages, epi_stages, group_m)
         self.n_math_wg = 2
         self.threads = WARP_GROUP * (1 + self.n_math_wg)
         self.math_threads = WARP_GROUP * self.n_math_wg
-        self.tile = (cfg.tile_m, cfg.tile_n, self.TILE_K)
+        self.tile = (tile_m, tile_n, self.TILE_K)
 
-    # ---------------------------------------------------------------- host side (traced once per variant)
+    # ---------------------------------------------------------------- host side (traced once per tile configuration)
     @cute.jit
     def __call__(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, stream: cuda.CUstream):
         cfg = self.cfg
@@ -113,7 +107,7 @@ class Sm90BF16Gemm:
         self.epi_tile = epi_tile
 
         m_tiles = (c.shape[0] + cfg.tile_m - 1) // cfg.tile_m
-        n_tiles = (cfg.n + cfg.tile_n - 1) // cfg.tile_n
+        n_tiles = (c.shape[1] + cfg.tile_n - 1) // cfg.tile_n
         self.device(load_a, tma_a, load_w, tma_w, store_c, tma_c, mma, a_ring, w_ring, c_ring).launch(
             grid=(m_tiles * n_tiles, 1, 1), block=(self.threads, 1, 1), stream=stream)
 
@@ -134,7 +128,7 @@ class Sm90BF16Gemm:
             cpasync.prefetch_descriptor(store_c)
 
         # ---- which output tile: grouped rasterisation over (m_tiles x n_tiles)
-        n_tiles = (cfg.n + cfg.tile_n - 1) // cfg.tile_n
+        n_tiles = (tma_c.shape[1] + cfg.tile_n - 1) // cfg.tile_n
         m_tiles = (tma_c.shape[0] + cfg.tile_m - 1) // cfg.tile_m
         per_group = cfg.group_m * n_tiles
         group = bid // per_group

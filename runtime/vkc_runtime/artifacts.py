@@ -26,7 +26,7 @@ from vkc_contract import abi
 from vkc_contract import arch as _arch
 from .errors import ArtifactError, MissingKernelError
 from vkc_contract.hashing import IntegrityError, sha256_bytes, sha256_file
-from vkc_contract.layout import SCHEMA_VERSION, TRITON_CUBIN, manifest_path
+from vkc_contract.layout import ARTIFACT_KINDS, SCHEMA_VERSION, TRITON_CUBIN, current_host_platform, manifest_path
 
 __all__ = [
     "SCHEMA_VERSION", "find_root", "find_root_info", "manifest_path", "load_manifest", "select_arch",
@@ -182,14 +182,29 @@ class ArtifactSet:
                 arch=self.arch, missing=[base], repair=repair_hint(self.arch)) from None
 
     def _artifact(self, base: str) -> dict[str, Any]:
+        """The entry's artifact for this machine: ``artifact`` (device code), or among ``artifacts`` (host-code
+        kinds, one per host platform) the one whose ``host_platform`` is this machine's."""
         entry = self.entry(base)
-        art = entry.get("artifact", (entry.get("artifacts") or [None])[0])  # "artifacts": host-code kinds
+        if "artifacts" in entry:
+            arts = entry["artifacts"] if isinstance(entry["artifacts"], list) else []
+            host = current_host_platform()
+            art = next((a for a in arts if isinstance(a, dict) and a.get("host_platform") == host), None)
+            if art is None:
+                have = sorted(str(a.get("host_platform")) for a in arts if isinstance(a, dict))
+                raise ArtifactError(f"{self.arch}.json: kernel {base!r} has no artifact for this host platform "
+                                    f"({host or 'unknown CPU'}; built for: {', '.join(have) or 'none'})")
+        else:
+            art = entry.get("artifact")
         if not isinstance(art, dict) or not all(k in art for k in ("path", "sha256", "size")):
             raise ArtifactError(f"{self.arch}.json: kernel {base!r} has no valid 'artifact' (path, sha256, size)")
-        if art.get("kind", TRITON_CUBIN) != TRITON_CUBIN:  # kinds: vkc_contract.layout.ARTIFACT_KINDS
+        if art.get("kind", TRITON_CUBIN) not in ARTIFACT_KINDS:
             raise ArtifactError(f"{self.arch}.json: kernel {base!r} is a {art.get('kind')!r} artifact (loader "
-                                f"{art.get('loader')!r}); this runtime loads {TRITON_CUBIN} only")
+                                f"{art.get('loader')!r}); this runtime knows {', '.join(ARTIFACT_KINDS)}")
         return art
+
+    def artifact(self, base: str) -> dict[str, Any]:
+        """The manifest's artifact record of ``base`` for this machine (kind, loader, path, sha256, size, ...)."""
+        return dict(self._artifact(base))
 
     def path(self, base: str) -> Path:
         rel = _safe_relpath(self._artifact(base)["path"], f"{self.arch}.json:{base}")

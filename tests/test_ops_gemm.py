@@ -1,0 +1,122 @@
+"""``vkc_runtime.ops.gemm.linear`` without a driver: the tile rule, the exact launcher arguments (pointers, row
+strides, M, N, K, stream) for dense and strided operands, and every host-checkable problem refused before any
+launch (the recorded launches stay empty)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.ops_fakes import Dev
+from vkc_runtime.errors import MissingKernelError
+from vkc_runtime.ops import gemm as G
+from vkc_runtime.ops._check import OpError
+
+
+class FakeKernel:
+    device = 0
+
+    def __init__(self, base, calls):
+        self.base, self.calls = base, calls
+
+    def launch(self, *args):
+        assert len(args) == 10 and all(isinstance(a, int) for a in args), args
+        self.calls.append((self.base, args))
+
+
+@pytest.fixture()
+def calls(monkeypatch):
+    got: list = []
+    monkeypatch.setattr(G, "get_kernel", lambda base: (base in G.OPTIONAL_BASES or pytest.fail(base))
+                        and FakeKernel(base, got))
+    monkeypatch.setattr(G, "has_kernel", lambda base: True)
+    monkeypatch.setattr(G, "_sm_count", lambda dev: 132)
+    return got
+
+
+def ptr(d: Dev) -> int:
+    return d.__cuda_array_interface__["data"][0]
+
+
+def test_tile_rule():
+    # M = 2048, N = 5120: 320 wide tiles fill 3 waves at 81%, 640 narrow ones 5 waves at 97%
+    assert G.pick_tile(2048, 5120, 132) == 128
+    assert G.pick_tile(8192, 34816, 132) == 256          # 66 full waves: the widest tile
+    assert G.pick_tile(4096, 10240, 132) == 256
+    assert G.pick_tile(2048, 64, 132) == 64              # N = 64: a 256-wide tile would be 3/4 padding
+    assert G.pick_tile(16, 5120, 132) == 64              # few rows: more CTAs
+    assert G.pick_tile(255, 10240, 132) == 256
+    assert G.pick_tile(1, 10240, 132) == 128
+    assert G.pick_tile(2048, 5120, 132, tiles=(256,)) == 256
+    assert set(G.OPTIONAL_BASES) == {G.gemm_base(t) for t in G.TILES} and G.BASES == ()
+
+
+def test_linear_launch_arguments(calls):
+    x, w, y = Dev((300, 4096)), Dev((2048, 4096)), Dev((300, 2048))
+    assert G.linear(x, w, y, stream=0) is y
+    base, args = calls[0]
+    assert base == G.gemm_base(G.pick_tile(300, 2048, 132))
+    assert args == (ptr(x), 4096, ptr(w), 4096, ptr(y), 2048, 300, 2048, 4096, 0)
+
+
+def test_linear_strided_views(calls):
+    # x: the first 512 columns of a [7, 1024] buffer; out: columns 64.. of a [7, 192] buffer (row strides > cols)
+    x = Dev((7, 512), strides=(1024, 1))
+    y = Dev((7, 128), strides=(192, 1), offset=64)
+    w = Dev((128, 512))
+    G.linear(x, w, y)
+    assert calls[0][1][:6] == (ptr(x), 1024, ptr(w), 512, ptr(y), 192)
+    # one row: its row stride is never read (torch may report anything), the row length is passed
+    x1 = Dev((1, 512), strides=(3, 1))
+    G.linear(x1, w, Dev((1, 128)))
+    assert calls[1][1][1] == 512 and calls[1][1][6:9] == (1, 128, 512)
+
+
+def test_linear_empty_does_not_launch(calls):
+    y = Dev((0, 64))
+    assert G.linear(Dev((0, 128)), Dev((64, 128)), y) is y
+    G.linear(Dev((5, 128)), Dev((0, 128)), Dev((5, 0)))
+    assert calls == []
+
+
+def test_linear_without_kernel(monkeypatch, calls):
+    monkeypatch.setattr(G, "has_kernel", lambda base: False)
+    with pytest.raises(MissingKernelError, match="sm_90a only"):
+        G.linear(Dev((5, 128)), Dev((64, 128)), Dev((5, 64)))
+    assert calls == []
+
+
+@pytest.mark.parametrize("args, msg", [
+    (lambda: (Dev((4, 64), "<f4"), Dev((64, 64)), Dev((4, 64))), "x must be bfloat16, got float32"),
+    (lambda: (Dev((4, 64)), Dev((64, 64), "<f2"), Dev((4, 64))), "weight must be bfloat16"),
+    (lambda: (Dev((4, 64)), Dev((64, 64)), Dev((4, 64), "<f4")), "out must be bfloat16"),
+    (lambda: (Dev((4, 4, 16)), Dev((64, 64)), Dev((4, 64))), "x must have 2 dims"),
+    (lambda: (Dev((4, 64)), Dev((64, 72)), Dev((4, 64))), "expected dim 1 == K = 64"),
+    (lambda: (Dev((4, 64)), Dev((64, 64)), Dev((4, 72))), "out has shape (4, 72)"),
+    (lambda: (Dev((4, 60)), Dev((64, 60)), Dev((4, 64))), "K = 60 and N = 64 must be positive multiples of 8"),
+    (lambda: (Dev((4, 64)), Dev((60, 64)), Dev((4, 60))), "K = 64 and N = 60"),
+    (lambda: (Dev((4, 0)), Dev((64, 0)), Dev((4, 64))), "K = 0"),
+    (lambda: (Dev((4, 64), strides=(128, 2)), Dev((64, 64)), Dev((4, 64))), "x must be contiguous in its last dim"),
+    (lambda: (Dev((4, 64), strides=(68, 1)), Dev((64, 64)), Dev((4, 64))), "x row stride 68 must be a multiple of 8"),
+    (lambda: (Dev((4, 64), strides=(32, 1)), Dev((64, 64)), Dev((4, 64))), "x rows overlap (row stride 32 < K = 64)"),
+    (lambda: (Dev((4, 64)), Dev((64, 64), strides=(72, 1)), Dev((4, 64), strides=(2**36, 1))),
+     "out row stride 68719476736 exceeds"),
+    (lambda: (Dev((4, 64), offset=1), Dev((64, 64)), Dev((4, 64))), "x data pointer"),
+    (lambda: (Dev((4, 64)), Dev((64, 64), offset=4), Dev((4, 64))), "weight data pointer"),
+    (lambda: (Dev((4, 64)), Dev((64, 64)), Dev((4, 64), offset=4)), "out data pointer"),
+])
+def test_linear_refuses_before_launch(calls, args, msg):
+    with pytest.raises(OpError) as e:
+        G.linear(*args())
+    assert msg in str(e.value), str(e.value)
+    assert calls == []
+
+
+def test_linear_refuses_overlap(calls):
+    x = Dev((4, 64))
+    base = ptr(x)
+    with pytest.raises(OpError, match="out must not overlap x"):
+        G.linear(x, Dev((64, 64)), Dev((4, 64), device_ptr=base + 128))
+    w = Dev((64, 64))
+    with pytest.raises(OpError, match="out must not overlap weight"):
+        G.linear(Dev((4, 64)), w, Dev((4, 64), device_ptr=ptr(w) + 64 * 64 * 2 - 16))
+    G.linear(x, Dev((64, 64)), Dev((4, 64), device_ptr=base + 4 * 64 * 2))  # adjacent, not overlapping
+    assert len(calls) == 1
