@@ -100,6 +100,11 @@ def parse_config(raw: dict, generation_config: dict | None = None) -> ModelConfi
     if top_type not in DENSE_TYPES and mtype not in DENSE_TYPES:
         raise ConfigError(f"config.json: model_type {top_type!r} is not a Qwen3.5/3.6 model "
                           f"(expected one of {DENSE_TYPES})")
+    quant = raw.get("quantization_config") or text.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise ConfigError(f"config.json: quantization_config (quant_method {method!r}) is not supported yet: "
+                          "bf16 checkpoints only (FP8 / NVFP4 need the quantized GEMMs)")
     n_layers = _get(text, "num_hidden_layers", int, where)
     layer_types = text.get("layer_types")
     if layer_types is None:
