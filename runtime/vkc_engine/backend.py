@@ -43,19 +43,24 @@ class VkcBackend:
     supports_graphs = False  # decode capture is a later step; every decode buffer is already preallocated
 
     def __init__(self, device: int | None = None):
+        self._bind_modules()
+        self._drv.ensure_context(device)
+        self.device = self._drv.context_device()
+        self._gdn_ws = self._pws = self._dws = None
+
+    def _bind_modules(self, gemm=None) -> None:
+        """The vkc_runtime modules this backend calls (``gemm`` injectable for driver-free tests)."""
         from vkc_runtime import driver, memory  # noqa: PLC0415
-        from vkc_runtime.tensor import TensorRef  # noqa: PLC0415
         from vkc_runtime.ops import attention, conv, gdn, gdn_decode, norm  # noqa: PLC0415
-        try:
-            from vkc_runtime.ops import gemm  # noqa: PLC0415
-        except ImportError as e:
-            raise BackendError(f"vkc_runtime.ops.gemm (the BF16 linear op) is not available: {e}") from None
+        from vkc_runtime.tensor import TensorRef  # noqa: PLC0415
+        if gemm is None:
+            try:
+                from vkc_runtime.ops import gemm  # noqa: PLC0415
+            except ImportError as e:
+                raise BackendError(f"vkc_runtime.ops.gemm (the BF16 linear op) is not available: {e}") from None
         self._drv, self._mem, self._Ref = driver, memory, TensorRef
         self._norm, self._attn, self._conv, self._gdn, self._gdn_dec, self._gemm = \
             norm, attention, conv, gdn, gdn_decode, gemm
-        driver.ensure_context(device)
-        self.device = driver.context_device()
-        self._gdn_ws = self._pws = self._dws = None
 
     # ---------------------------------------------------------------------------------------- checks
     def check_model(self, cfg) -> None:
