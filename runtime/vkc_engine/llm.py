@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .cache import BlockPool, CacheStorage, SlotPool, plan_cache
+from .chat import load_chat_template, render_chat
 from .config import load_config
 from .detok import IncrementalDetokenizer
 from .loader import Checkpoint
@@ -95,6 +96,7 @@ class LLM:
                       "seq_lens": be.empty((Bm,), "i32"), "block_tables": be.empty((Bm * self.max_blocks,), "i32"),
                       "gdn_slots": be.empty((Bm,), "i32"), "logit_rows": be.empty((Tm,), "i32")}
         self.tokenizer = _load_tokenizer(self.model_dir)
+        self.chat_template = load_chat_template(self.model_dir)
         self.eos_ids = set(self.cfg.eos_token_ids)
         self._requests: dict[str, Sequence] = {}
         self.load_seconds = time.perf_counter() - t0
@@ -229,6 +231,15 @@ class LLM:
                 if o.finished:
                     final[o.request_id] = o
         return [final[i] for i in ids]
+
+    def chat(self, conversations, params: SamplingParams | list[SamplingParams] | None = None,
+             on_output=None, **template_kwargs) -> list[RequestOutput]:
+        """:meth:`generate` on chat conversations (one list of {"role", "content"} messages, or several),
+        rendered with the model's chat template (``template_kwargs``, e.g. ``enable_thinking=False``, go to it)."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [render_chat(self.chat_template, list(c), **template_kwargs) for c in conversations]
+        return self.generate(prompts, params, on_output)
 
     def prompt_logits(self, token_ids: list[int], chunk: int | None = None) -> np.ndarray:
         """Teacher-forced logits [len(token_ids), V] (float32, host) of one sequence, prefilled in chunks of

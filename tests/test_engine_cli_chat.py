@@ -1,0 +1,61 @@
+"""`vkc generate` (streaming, exit status) and chat templates, on the numpy backend (no GPU)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tests.engine_fixtures import make_checkpoint
+from tests.engine_numpy_backend import NumpyBackend
+
+pytest.importorskip("transformers")
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory):
+    d = tmp_path_factory.mktemp("click")
+    make_checkpoint(d, layer_types=["linear_attention", "full_attention"], hidden=128, intermediate=256, seed=6)
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    return d
+
+
+def test_generate_streams_the_same_text_as_the_api(ck, monkeypatch):
+    import vkc_engine.backend as B
+    from vkc_cli.main import main
+    from vkc_engine import LLM, SamplingParams
+    monkeypatch.setattr(B, "VkcBackend", NumpyBackend)
+    r = CliRunner().invoke(main, ["generate", "--model", str(ck), "--prompt", "the quick", "--max-tokens", "6",
+                                  "--ignore-eos", "--max-model-len", "64", "--max-num-seqs", "2",
+                                  "--max-num-batched-tokens", "32"])
+    assert r.exit_code == 0, r.output
+    want = LLM(ck, backend=NumpyBackend(), max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32).generate(
+        "the quick", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    assert want.text in r.output and "6 tokens in" in r.output and "finish: length" in r.output
+    assert "loading weights" in r.output and "KV cache:" in r.output
+
+
+def test_generate_reports_a_bad_model_in_one_line(tmp_path):
+    from vkc_cli.main import main
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
+    r = CliRunner().invoke(main, ["generate", "--model", str(tmp_path), "--prompt", "x"])
+    assert r.exit_code == 1 and "MoE" in r.output and "Traceback" not in r.output
+
+
+def test_chat_template(ck):
+    from vkc_engine import LLM, SamplingParams
+    from vkc_engine.chat import ChatTemplateError, render_chat
+    msgs = [{"role": "user", "content": "héllo"}]
+    assert render_chat(TEMPLATE, msgs) == "<|user|>héllo\n<|assistant|>"
+    with pytest.raises(ChatTemplateError, match="boom"):
+        render_chat("{{ raise_exception('boom') }}", msgs)
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        render_chat(None, msgs)
+    llm = LLM(ck, backend=NumpyBackend(), max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32)
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    a = llm.chat(msgs, sp)[0]
+    b = llm.generate(render_chat(TEMPLATE, msgs), sp)[0]
+    assert a.token_ids == b.token_ids and a.prompt == "<|user|>héllo\n<|assistant|>"
