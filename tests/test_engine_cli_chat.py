@@ -59,3 +59,16 @@ def test_chat_template(ck):
     a = llm.chat(msgs, sp)[0]
     b = llm.generate(render_chat(TEMPLATE, msgs), sp)[0]
     assert a.token_ids == b.token_ids and a.prompt == "<|user|>héllo\n<|assistant|>"
+
+
+def test_dummy_load_format(ck):
+    import numpy as np
+    from vkc_engine import LLM, SamplingParams
+    llm = LLM(ck, backend=NumpyBackend(), max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32,
+              load_format="dummy")
+    lg = llm.prompt_logits([1, 2, 3, 4, 5])
+    assert lg.shape == (5, llm.cfg.vocab_size) and np.isfinite(lg).all() and lg.std() > 0
+    out = llm.generate([3, 4], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3
+    with pytest.raises(ValueError, match="load_format"):
+        LLM(ck, backend=NumpyBackend(), load_format="gguf")

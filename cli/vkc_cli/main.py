@@ -378,8 +378,10 @@ def doctor(as_json: bool, deep: bool) -> None:
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=16), default=2048, show_default=True)
 @click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.85, show_default=True,
               help="share of the free device memory (after weights) for the KV cache and GDN states")
+@click.option("--load-format", type=click.Choice(["safetensors", "dummy"]), default="safetensors", show_default=True,
+              help="dummy: random weights of config.json's shapes (speed runs without a checkpoint)")
 def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, seed, stop, ignore_eos,
-             max_model_len, max_num_seqs, max_num_batched_tokens, memory_fraction) -> None:
+             max_model_len, max_num_seqs, max_num_batched_tokens, memory_fraction, load_format) -> None:
     """Generate text with the vkc engine (needs a GPU). One prompt streams to the terminal; several print in
     order once done."""
     from vkc_engine import LLM, SamplingParams  # noqa: PLC0415
@@ -397,7 +399,8 @@ def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, s
     t0 = time.perf_counter()
     try:
         llm = LLM(model_dir, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                  max_num_batched_tokens=max_num_batched_tokens, memory_fraction=memory_fraction, progress=progress,
+                  max_num_batched_tokens=max_num_batched_tokens, memory_fraction=memory_fraction,
+                  load_format=load_format, progress=progress,
                   log=lambda m: click.echo(m, err=True))
     finally:
         if "bar" in bar:

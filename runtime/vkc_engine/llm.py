@@ -19,6 +19,7 @@ from .cache import BlockPool, CacheStorage, SlotPool, plan_cache
 from .chat import load_chat_template, render_chat
 from .config import load_config
 from .detok import IncrementalDetokenizer
+from .dummy import DummyCheckpoint
 from .loader import Checkpoint
 from .model import Qwen35Model, Step, host_step_arrays
 from .sampler import SamplingParams
@@ -54,12 +55,13 @@ class LLM:
     ``max_num_seqs``: sequences per step (and GDN state slots); ``max_num_batched_tokens``: the per-step token
     budget (chunked prefill); ``max_model_len``: longest prompt + output; ``block_size``: KV block tokens;
     ``memory_fraction``: share of the device's free memory (after weights) for the caches, or ``num_blocks``
-    exactly. ``progress(done, total)`` is called while weights load.
+    exactly. ``load_format="dummy"``: random weights of the config's shapes instead of the safetensors (speed
+    runs; vkc_engine.dummy). ``progress(done, total)`` is called while weights load.
     """
 
     def __init__(self, model_dir, *, backend=None, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, block_size: int = 64, memory_fraction: float = 0.85,
-                 num_blocks: int | None = None, progress=None, log=None):
+                 num_blocks: int | None = None, load_format: str = "safetensors", progress=None, log=None):
         t0 = time.perf_counter()
         self.model_dir = Path(model_dir)
         self.cfg = load_config(self.model_dir)
@@ -72,7 +74,12 @@ class LLM:
         self.max_model_len = int(max_model_len or min(self.cfg.max_position_embeddings, 32768))
         self.max_num_seqs = int(max_num_seqs)
         self.max_num_batched_tokens = int(max_num_batched_tokens)
-        ckpt = Checkpoint(self.model_dir)
+        if load_format == "dummy":
+            ckpt = DummyCheckpoint(self.model_dir)
+        elif load_format == "safetensors":
+            ckpt = Checkpoint(self.model_dir)
+        else:
+            raise ValueError(f"load_format must be 'safetensors' or 'dummy', got {load_format!r}")
         if ckpt.ignored_summary():
             self.log(ckpt.ignored_summary())
         self.model = Qwen35Model(self.cfg, ckpt, be, max_tokens=self.max_num_batched_tokens,
