@@ -223,7 +223,7 @@ class LLM:
                  on_output=None) -> list[RequestOutput]:
         """Run every prompt (text or token-id list) to completion; outputs in prompt order. ``on_output`` gets
         each step's RequestOutputs (streaming)."""
-        single = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
+        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer)))
         prompts = [prompts] if single else list(prompts)
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
@@ -254,6 +254,8 @@ class LLM:
         if self.scheduler.has_unfinished():
             raise RuntimeError("prompt_logits needs an idle engine")
         n = len(token_ids)
+        if not 0 < n <= self.max_model_len:
+            raise ValueError(f"prompt_logits needs 1 .. max_model_len ({self.max_model_len}) tokens, got {n}")
         chunk = min(chunk or self.max_num_batched_tokens, self.max_num_batched_tokens)
         pool, slots = self.scheduler.blocks, self.scheduler.slots
         table: list[int] = []
