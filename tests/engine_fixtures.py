@@ -6,7 +6,8 @@ dt_bias spread), rounds them to bf16 values (``A_log`` and ``linear_attn.norm.we
 stores them) and writes a safetensors directory: text-only names (``model.layers.N``), optionally VLM-wrapped
 (``model.language_model.layers.N`` + ``mtp.*`` / ``model.visual.*`` tensors and a ``text_config``), optionally
 sharded with an index. A tiny byte-level BPE tokenizer.json goes with it. Returns the fp32 HF model holding
-exactly the saved values (the reference).
+exactly the saved values (the reference). The model's vocabulary is the tokenizer's rounded up to a multiple of
+64 (as the real 248320 is; ids past the tokenizer decode to nothing).
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
     out.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(out / "tokenizer.json")
     cfg = Qwen3_5TextConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=intermediate,
+        vocab_size=-(-tok.get_vocab_size() // 64) * 64, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=len(layer_types), layer_types=list(layer_types), head_dim=256,
         linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
         tie_word_embeddings=tie, eos_token_id=tok.token_to_id(EOS), max_position_embeddings=4096,
