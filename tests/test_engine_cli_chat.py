@@ -72,3 +72,12 @@ def test_dummy_load_format(ck):
     assert len(out.token_ids) == 3
     with pytest.raises(ValueError, match="load_format"):
         LLM(ck, backend=NumpyBackend(), load_format="gguf")
+
+
+def test_bench_engine_runs_on_the_numpy_backend(ck):
+    from benchmarks.bench_engine import SHAPES, run
+    from vkc_engine.config import parse_config
+    assert parse_config(SHAPES["27b"]).layer_types.count("full_attention") == 16  # the real 27B layout
+    res = run(ck, batches=(1, 2), prefill=24, steps=2, backend=NumpyBackend(), load_format="safetensors")
+    assert res["prefill"]["tokens"] == 24 and [d["batch"] for d in res["decode"]] == [1, 2]
+    assert all(d["ms_per_step"] > 0 for d in res["decode"])
