@@ -414,6 +414,7 @@ def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, s
             for o in outs:
                 if o.delta_text:
                     click.echo(o.delta_text, nl=False)
+                    sys.stdout.flush()  # partial lines show as they come
         outs = llm.generate(list(prompts), sp, on_output=stream)
         click.echo()
     else:
