@@ -1,5 +1,5 @@
-"""The `vkc` command line: regen, verify, inspect, tune (the build side, package ``vkc``) and doctor (the runtime,
-``vkc_runtime``). Each subcommand imports its side when it runs.
+"""The `vkc` command line: regen, verify, inspect, tune (the build side, package ``vkc``), doctor (the runtime,
+``vkc_runtime``) and generate (the engine, ``vkc_engine``). Each subcommand imports its side when it runs.
 
 Every user error is one line and a non-zero exit status: click's usage errors (status 2) for bad arguments,
 ``Error: ...`` (status 1) for the rest; an unexpected exception is shown as one line too (``VKC_DEBUG=1``
@@ -365,6 +365,72 @@ def doctor(as_json: bool, deep: bool) -> None:
             what = "cannot run here" if code == D.EXIT_BROKEN else "artifacts complete, but cannot run here"
             click.echo(f"vkc doctor: {what}: {'; '.join(reasons)}", err=True)
     sys.exit(code)
+
+
+@main.command()
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="an HF model directory (config.json, *.safetensors, tokenizer.json)")
+@click.option("--prompt", "prompts", multiple=True, required=True, help="prompt text (repeatable: one batch)")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0: greedy")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=-1), default=0, show_default=True, help="0 or -1: off")
+@click.option("--min-p", type=click.FloatRange(0, 1), default=0.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="stop string (repeatable)")
+@click.option("--ignore-eos", is_flag=True)
+@click.option("--max-model-len", type=click.IntRange(min=2), default=4096, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=16), default=2048, show_default=True)
+@click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.85, show_default=True,
+              help="share of the free device memory (after weights) for the KV cache and GDN states")
+@click.option("--load-format", type=click.Choice(["safetensors", "dummy"]), default="safetensors", show_default=True,
+              help="dummy: random weights of config.json's shapes (speed runs without a checkpoint)")
+def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, seed, stop, ignore_eos,
+             max_model_len, max_num_seqs, max_num_batched_tokens, memory_fraction, load_format) -> None:
+    """Generate text with the vkc engine (needs a GPU). One prompt streams to the terminal; several print in
+    order once done."""
+    from vkc_engine import LLM, SamplingParams  # noqa: PLC0415
+
+    bar = {}
+
+    def progress(done: int, total: int) -> None:
+        if "bar" not in bar:
+            bar["bar"] = click.progressbar(length=total, label="loading weights", file=sys.stderr)
+            bar["bar"].__enter__()
+            bar["n"] = 0
+        bar["bar"].update(done - bar["n"])
+        bar["n"] = done
+
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(model_dir, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                  max_num_batched_tokens=max_num_batched_tokens, memory_fraction=memory_fraction,
+                  load_format=load_format, progress=progress,
+                  log=lambda m: click.echo(m, err=True))
+    finally:
+        if "bar" in bar:
+            bar["bar"].__exit__(None, None, None)
+    click.echo(f"loaded in {time.perf_counter() - t0:.1f} s", err=True)
+    sp = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens,
+                        seed=seed, stop=list(stop), ignore_eos=ignore_eos)
+    t1 = time.perf_counter()
+    if len(prompts) == 1:
+        def stream(outs):
+            for o in outs:
+                if o.delta_text:
+                    click.echo(o.delta_text, nl=False)
+                    sys.stdout.flush()  # partial lines show as they come
+        outs = llm.generate(list(prompts), sp, on_output=stream)
+        click.echo()
+    else:
+        outs = llm.generate(list(prompts), sp)
+        for i, o in enumerate(outs):
+            click.echo(f"--- [{i}] {o.prompt!r}\n{o.text}")
+    n = sum(len(o.token_ids) for o in outs)
+    dt = time.perf_counter() - t1
+    click.echo(f"{n} tokens in {dt:.2f} s ({n / max(dt, 1e-9):.1f} tok/s); finish: "
+               f"{', '.join(str(o.finish_reason) for o in outs)}", err=True)
 
 
 if __name__ == "__main__":

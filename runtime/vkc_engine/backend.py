@@ -1,0 +1,224 @@
+"""The engine's one door to the kernels: every op the model, the caches and the runner need, as methods of a
+backend object. :class:`VkcBackend` maps them onto ``vkc_runtime.ops`` (the only place the engine names an op
+module or function); tests run the same model code on a float32 numpy backend with the same methods.
+
+Arrays are whatever the backend makes: here ``vkc_runtime.DeviceArray`` for owned contiguous buffers and
+``vkc_runtime.TensorRef`` for strided views (column slices of a fused projection, per-head views, the
+attention gate). Layout conventions the model relies on (all row-major, rows = tokens):
+
+  linear(x [M, K], w [N, K]) -> [M, N]           embedding(ids [T], table [V, N]) -> [T, N] (rows gather)
+  rmsnorm / add_rmsnorm: RMSNorm(1 + w); add_rmsnorm updates ``residual`` in place to x + residual
+  gated_rmsnorm(x [T, Hv*128], z, w [128])       silu_mul([T, 2I]) -> [T, I]
+  qk_norm_rope(qg [T, Hq*2*D] (per head query|gate), k [T, Hkv*D], positions) -> q [T, Hq, D], k [T, Hkv, D]
+  attention caches [num_blocks, block_size, Hkv, D]; GDN state [slots, Hv, 128, 128] fp32; conv state
+  [slots, 3, C] bf16 (C = the GDN conv channels)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .loader import RawTensor, to_bf16_bits, to_float32
+
+__all__ = ["VkcBackend", "BackendError"]
+
+BF16, F32, I32 = "bfloat16", "float32", "int32"
+_DT = {"bf16": BF16, "f32": F32, "i32": I32}
+
+
+class BackendError(RuntimeError):
+    """The backend cannot run this model or configuration (the message says which op or size)."""
+
+
+class VkcBackend:
+    """vkc_runtime's kernels on one CUDA device (the default stream). Op calls, in the order the model uses
+    them (the names the lead wires at merge live only in this class):
+
+    norm.embedding, norm.rmsnorm, norm.add_rmsnorm, gemm.linear, norm.qk_norm_rope,
+    attention.reshape_and_cache, attention.prefill (+ prefill_workspace), attention.decode (+ decode_workspace),
+    conv.causal_conv1d, conv.causal_conv1d_update, gdn.chunk_gated_delta_rule (+ workspace_for),
+    gdn_decode.recurrent_decode, norm.gated_rmsnorm, norm.silu_mul; sampling: :meth:`sample`.
+    """
+
+    name = "vkc"
+    supports_graphs = False  # decode capture is a later step; every decode buffer is already preallocated
+
+    def __init__(self, device: int | None = None):
+        self._bind_modules()
+        self._drv.ensure_context(device)
+        self.device = self._drv.context_device()
+        self._gdn_ws = self._pws = self._dws = None
+
+    def _bind_modules(self, gemm=None) -> None:
+        """The vkc_runtime modules this backend calls (``gemm`` injectable for driver-free tests)."""
+        from vkc_runtime import driver, memory  # noqa: PLC0415
+        from vkc_runtime.ops import attention, conv, gdn, gdn_decode, norm  # noqa: PLC0415
+        from vkc_runtime.tensor import TensorRef  # noqa: PLC0415
+        if gemm is None:
+            try:
+                from vkc_runtime.ops import gemm  # noqa: PLC0415
+            except ImportError as e:
+                raise BackendError(f"vkc_runtime.ops.gemm (the BF16 linear op) is not available: {e}") from None
+        self._drv, self._mem, self._Ref = driver, memory, TensorRef
+        self._norm, self._attn, self._conv, self._gdn, self._gdn_dec, self._gemm = \
+            norm, attention, conv, gdn, gdn_decode, gemm
+
+    # ---------------------------------------------------------------------------------------- checks
+    def check_model(self, cfg) -> None:
+        """Refuse configurations the kernels were not built for, before any weight is read."""
+        if cfg.head_dim not in (128, 256):
+            raise BackendError(f"attention head_dim {cfg.head_dim}: the kernels exist for 128 and 256")
+        if cfg.rotary_dim * 4 != cfg.head_dim:
+            raise BackendError(f"rotary dims {cfg.rotary_dim} of head_dim {cfg.head_dim}: qk_norm_rope rotates "
+                               "head_dim / 4 (partial_rotary_factor 0.25)")
+        if cfg.num_q_heads // cfg.num_kv_heads > 16:
+            raise BackendError(f"GQA group {cfg.num_q_heads // cfg.num_kv_heads} > 16 is not supported")
+        if cfg.gdn_head_dim != 128 or cfg.conv_width != 4:
+            raise BackendError(f"GDN head dim {cfg.gdn_head_dim} / conv width {cfg.conv_width}: the kernels need "
+                               "128 / 4")
+        if cfg.hidden_size > 16384:
+            raise BackendError(f"hidden_size {cfg.hidden_size} > 16384 (largest rmsnorm row)")
+
+    def prepare(self, max_tokens: int, max_seqs: int, cfg) -> None:
+        """Workspaces for batches of up to max_tokens tokens in max_seqs sequences (before any capture)."""
+        d = self.device
+        self._gdn_ws = self._gdn.workspace_for(max_tokens, max_seqs, cfg.gdn_k_heads, cfg.gdn_v_heads, device=d)
+        self._pws = self._attn.prefill_workspace(max_tokens, max_seqs, cfg.num_q_heads, cfg.head_dim, device=d)
+        self._dws = self._attn.decode_workspace(max_seqs, cfg.num_q_heads, cfg.head_dim, device=d)
+
+    def free_memory(self) -> tuple[int, int]:
+        """(free, total) bytes of the device."""
+        free, total = self._drv.call(self._drv.cu.cuMemGetInfo)
+        return int(free), int(total)
+
+    # ---------------------------------------------------------------------------------------- memory
+    def empty(self, shape, dtype: str):
+        return self._mem.DeviceArray.empty(tuple(shape), _DT[dtype], device=self.device)
+
+    def zeros(self, shape, dtype: str):
+        return self._mem.DeviceArray.zeros(tuple(shape), _DT[dtype], device=self.device)
+
+    def weight(self, parts: list[RawTensor], dtype: str, shape=None):
+        """Upload tensors stacked along dim 0 (a fused projection when several) as one contiguous array of
+        ``dtype`` ('bf16' or 'f32'); bf16 parts stored as bf16 are copied from the file mapping directly."""
+        rows = sum(p.shape[0] for p in parts)
+        tail = parts[0].shape[1:]
+        out = self.empty((rows,) + tuple(tail), dtype)
+        off = 0
+        for p in parts:
+            host = to_bf16_bits(p) if dtype == "bf16" else to_float32(p)
+            host = np.ascontiguousarray(host)
+            if host.nbytes:
+                self._drv.call(self._drv.cu.cuMemcpyHtoD, out.ptr + off, host.ctypes.data, host.nbytes)
+            off += host.nbytes
+        return out if shape is None else out.reshape(*shape)
+
+    def upload_into(self, dst, host: np.ndarray):
+        """Copy a host array into the front of a preallocated flat device buffer of its dtype; returns that
+        prefix, shaped like ``host``."""
+        host = np.ascontiguousarray(host)
+        view = self.rows(dst, host.size).reshape(*host.shape)
+        if host.nbytes:
+            self._drv.call(self._drv.cu.cuMemcpyHtoD, view.ptr, host.ctypes.data, host.nbytes)
+        return view
+
+    def to_host(self, x) -> np.ndarray:
+        """float32 (bf16 exact) / int32 host copy; synchronous."""
+        if isinstance(x, self._mem.DeviceArray):
+            return x.to_numpy()
+        raise BackendError("to_host needs a contiguous DeviceArray")
+
+    def zero_slots(self, pool, slots) -> None:
+        """Zero pool[s] (a [slots, ...] state pool) for each slot index s."""
+        per = pool.nbytes // pool.shape[0]
+        for s in slots:
+            self._drv.call(self._drv.cu.cuMemsetD8, pool.ptr + int(s) * per, 0, per)
+
+    # ---------------------------------------------------------------------------------------- views
+    def rows(self, x, n: int):
+        """The first n rows of x (a view)."""
+        if isinstance(x, self._mem.DeviceArray):
+            return self._mem.DeviceArray((n,) + x.shape[1:], x.dtype_name, ptr=x.ptr, base=x, device=x.device,
+                                         ctx=x.ctx)
+        return self._Ref(x.ptr, (n,) + tuple(x.shape[1:]), tuple(x.strides), x.dtype, x.device, x)
+
+    def _ref(self, x):
+        return self._mem.as_tensor(x)
+
+    def cols(self, x, start: int, width: int):
+        """Columns [start, start + width) of a 2-D array (a strided view)."""
+        r = self._ref(x)
+        rs = r.strides[0] if r.shape[0] > 1 else r.shape[1]
+        return self._Ref(r.ptr + start * r.itemsize, (r.shape[0], width), (rs, 1), r.dtype, r.device, x)
+
+    def heads(self, x, H: int, D: int):
+        """A [T, H*D] row view as [T, H, D]."""
+        r = self._ref(x)
+        rs = r.strides[0] if r.shape[0] > 1 else H * D
+        return self._Ref(r.ptr, (r.shape[0], H, D), (rs, D, 1), r.dtype, r.device, x)
+
+    def flat(self, x):
+        """A contiguous [T, H, D] array as [T, H*D]."""
+        return x.reshape(x.shape[0], -1)
+
+    def gate_of(self, qg, H: int, D: int):
+        """The gate halves of the per-head [query | gate] projection, a [T, H, D] view."""
+        r = self._ref(qg)
+        rs = r.strides[0] if r.shape[0] > 1 else 2 * H * D
+        return self._Ref(r.ptr + D * r.itemsize, (r.shape[0], H, D), (rs, 2 * D, 1), r.dtype, r.device, qg)
+
+    # ---------------------------------------------------------------------------------------- ops
+    def embedding(self, ids, table, out):
+        return self._norm.embedding(ids, table, out=out)
+
+    def rmsnorm(self, x, w, eps, out):
+        return self._norm.rmsnorm(x, w, eps, out=out)
+
+    def add_rmsnorm(self, x, residual, w, eps, out):
+        return self._norm.add_rmsnorm(x, residual, w, eps, out=out)
+
+    def gated_rmsnorm(self, x, z, w, eps, out):
+        return self._norm.gated_rmsnorm(x, z, w, eps, out=out)
+
+    def silu_mul(self, x, out):
+        return self._norm.silu_mul(x, out=out)
+
+    def linear(self, x, w, out):
+        return self._gemm.linear(x, w, out)
+
+    def qk_norm_rope(self, qg, k, positions, qw, kw, Hq, Hkv, D, eps, theta, q_out, k_out):
+        return self._norm.qk_norm_rope(qg, k, positions, qw, kw, Hq, Hkv, D, eps=eps, theta=theta, q_out=q_out,
+                                       k_out=k_out)
+
+    def reshape_and_cache(self, k, v, k_cache, v_cache, slot_mapping):
+        self._attn.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+
+    def attn_prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale, gate, out):
+        return self._attn.prefill(q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale, gate=gate, out=out,
+                                  workspace=self._pws)
+
+    def attn_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, gate, out):
+        return self._attn.decode(q, k_cache, v_cache, block_tables, seq_lens, scale, gate=gate, out=out,
+                                 workspace=self._dws)
+
+    def conv_prefill(self, x, w, cu_seqlens, conv_state, slots, out):
+        return self._conv.causal_conv1d(x, w, cu_seqlens, conv_state=conv_state, slot_idx=slots, out=out)
+
+    def conv_decode(self, x, w, conv_state, slots, out):
+        return self._conv.causal_conv1d_update(x, w, conv_state, slots, out=out)
+
+    def gdn_prefill(self, qkv, a, b, A_log, dt_bias, cu_seqlens, Hk, Hv, state, slots, out):
+        return self._gdn.chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, Hk, Hv, state=state,
+                                                slot_idx=slots, out=out, workspace=self._gdn_ws)
+
+    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out):
+        return self._gdn_dec.recurrent_decode(qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out=out)
+
+    def logits_to_host(self, logits) -> np.ndarray:
+        """[B, V] float32 on the host (bf16 logits widened exactly)."""
+        return self.to_host(logits)
+
+    def sample(self, logits, params: list, generators: list) -> np.ndarray:
+        """One token per row of logits [B, V] under per-row SamplingParams; int32 [B] on the host. Today the
+        host sampler (vkc_engine.sampler); the device sampling kernels plug in here."""
+        from .sampler import sample_host  # noqa: PLC0415
+        return sample_host(self.logits_to_host(logits), params, generators)

@@ -1,0 +1,187 @@
+"""The model configuration the engine needs, read from an HF ``config.json`` (Qwen3.5/3.6 text models).
+
+Accepted: ``model_type`` ``qwen3_5`` / ``qwen3_5_text`` (dense), either flat (a text-only checkpoint) or
+VLM-wrapped (the text fields under ``text_config``; the vision fields are ignored). ``qwen3_5_moe`` is
+recognised and refused for now with a clear error (the MoE block is not built yet). Every problem raises
+:class:`ConfigError` naming the field.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ConfigError", "ModelConfig", "load_config", "parse_config"]
+
+DENSE_TYPES = ("qwen3_5", "qwen3_5_text")
+MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
+LAYER_KINDS = ("linear_attention", "full_attention")
+
+
+class ConfigError(ValueError):
+    """config.json is missing a field, has a bad value, or describes a model the engine does not run."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    layer_types: tuple[str, ...]
+    # full attention
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    # gated delta net
+    gdn_k_heads: int
+    gdn_v_heads: int
+    gdn_head_dim: int
+    conv_width: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    vlm_wrapped: bool
+    max_position_embeddings: int
+
+    @property
+    def gdn_qkv_dim(self) -> int:
+        """Channels of the GDN conv input [q | k | v]."""
+        return (2 * self.gdn_k_heads + self.gdn_v_heads) * self.gdn_head_dim
+
+    @property
+    def gdn_value_dim(self) -> int:
+        return self.gdn_v_heads * self.gdn_head_dim
+
+    def layer_indices(self, kind: str) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == kind]
+
+
+def _get(d: dict, name: str, typ, where: str, default=None, required: bool = True):
+    if name not in d or d[name] is None:
+        if default is not None or not required:
+            return default
+        raise ConfigError(f"config.json: {where}{name} is missing")
+    v = d[name]
+    if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
+        raise ConfigError(f"config.json: {where}{name} must be an integer, got {v!r}")
+    if typ is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise ConfigError(f"config.json: {where}{name} must be a number, got {v!r}")
+    if typ is int and v <= 0:
+        raise ConfigError(f"config.json: {where}{name} must be positive, got {v}")
+    return typ(v)
+
+
+def _eos(*sources) -> tuple[int, ...]:
+    for v in sources:
+        if v is None:
+            continue
+        ids = v if isinstance(v, list) else [v]
+        if all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            return tuple(ids)
+    return ()
+
+
+def parse_config(raw: dict, generation_config: dict | None = None) -> ModelConfig:
+    """A :class:`ModelConfig` from the parsed config.json (and generation_config.json, for EOS ids)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config.json: the top level must be a JSON object")
+    top_type = raw.get("model_type")
+    wrapped = isinstance(raw.get("text_config"), dict)
+    text = raw["text_config"] if wrapped else raw
+    where = "text_config." if wrapped else ""
+    mtype = text.get("model_type", top_type) if wrapped else top_type
+    if top_type in MOE_TYPES or mtype in MOE_TYPES:
+        raise ConfigError(f"config.json: model_type {top_type or mtype!r} (MoE) is not supported by this engine yet; "
+                          "dense qwen3_5 checkpoints only")
+    if top_type not in DENSE_TYPES and mtype not in DENSE_TYPES:
+        raise ConfigError(f"config.json: model_type {top_type!r} is not a Qwen3.5/3.6 model "
+                          f"(expected one of {DENSE_TYPES})")
+    quant = raw.get("quantization_config") or text.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise ConfigError(f"config.json: quantization_config (quant_method {method!r}) is not supported yet: "
+                          "bf16 checkpoints only (FP8 / NVFP4 need the quantized GEMMs)")
+    n_layers = _get(text, "num_hidden_layers", int, where)
+    layer_types = text.get("layer_types")
+    if layer_types is None:
+        interval = _get(text, "full_attention_interval", int, where, default=4)
+        layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
+    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+        raise ConfigError(f"config.json: {where}layer_types must list {n_layers} entries (num_hidden_layers)")
+    for i, t in enumerate(layer_types):
+        if t not in LAYER_KINDS:
+            raise ConfigError(f"config.json: {where}layer_types[{i}] is {t!r}; expected one of {LAYER_KINDS}")
+    hidden = _get(text, "hidden_size", int, where)
+    n_q = _get(text, "num_attention_heads", int, where)
+    n_kv = _get(text, "num_key_value_heads", int, where)
+    head_dim = _get(text, "head_dim", int, where, default=hidden // n_q)
+    if n_q % n_kv:
+        raise ConfigError(f"config.json: {where}num_attention_heads ({n_q}) is not a multiple of "
+                          f"num_key_value_heads ({n_kv})")
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"config.json: {where}rope_parameters must be an object")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ConfigError(f"config.json: {where}rope_parameters.rope_type {rope_type!r} is not supported "
+                          "(default RoPE only)")
+    theta = _get(rope, "rope_theta", float, where + "rope_parameters.", default=None, required=False)
+    if theta is None:
+        theta = _get(text, "rope_theta", float, where, default=10000.0)
+    factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ConfigError(f"config.json: {where}partial_rotary_factor must be in (0, 1], got {factor!r}")
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim % 2:
+        raise ConfigError(f"config.json: head_dim * partial_rotary_factor = {rotary_dim} must be even")
+    act = text.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"config.json: {where}hidden_act {act!r} is not supported (silu only)")
+    if text.get("attention_bias"):
+        raise ConfigError(f"config.json: {where}attention_bias true is not supported (Qwen3.5 has none)")
+    k_heads = _get(text, "linear_num_key_heads", int, where)
+    v_heads = _get(text, "linear_num_value_heads", int, where)
+    k_dim = _get(text, "linear_key_head_dim", int, where)
+    v_dim = _get(text, "linear_value_head_dim", int, where)
+    if k_dim != v_dim:
+        raise ConfigError(f"config.json: {where}linear_key_head_dim ({k_dim}) != linear_value_head_dim ({v_dim}) "
+                          "is not supported")
+    if v_heads % k_heads:
+        raise ConfigError(f"config.json: {where}linear_num_value_heads ({v_heads}) is not a multiple of "
+                          f"linear_num_key_heads ({k_heads})")
+    tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    gen = generation_config or {}
+    return ModelConfig(
+        model_type=str(mtype or top_type), vocab_size=_get(text, "vocab_size", int, where), hidden_size=hidden,
+        intermediate_size=_get(text, "intermediate_size", int, where), num_layers=n_layers,
+        layer_types=tuple(layer_types), num_q_heads=n_q, num_kv_heads=n_kv, head_dim=head_dim,
+        rotary_dim=rotary_dim, rope_theta=float(theta), gdn_k_heads=k_heads, gdn_v_heads=v_heads,
+        gdn_head_dim=k_dim, conv_width=_get(text, "linear_conv_kernel_dim", int, where, default=4),
+        rms_norm_eps=_get(text, "rms_norm_eps", float, where, default=1e-6), tie_word_embeddings=bool(tie),
+        eos_token_ids=_eos(gen.get("eos_token_id"), text.get("eos_token_id"), raw.get("eos_token_id")),
+        vlm_wrapped=wrapped, max_position_embeddings=_get(text, "max_position_embeddings", int, where,
+                                                          default=262144))
+
+
+def load_config(model_dir) -> ModelConfig:
+    """Read ``config.json`` (and ``generation_config.json`` when present) from an HF model directory."""
+    d = Path(model_dir)
+    p = d / "config.json"
+    if not p.is_file():
+        raise ConfigError(f"{d}: no config.json (is this an HF model directory?)")
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON ({e})") from None
+    gen = None
+    g = d / "generation_config.json"
+    if g.is_file():
+        try:
+            gen = json.loads(g.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{g}: not valid JSON ({e})") from None
+    return parse_config(raw, gen)

@@ -1,0 +1,211 @@
+"""HF checkpoint reading: safetensors files (single or sharded with ``model.safetensors.index.json``), tensor
+names normalised across the text-only and VLM-wrapped layouts, each tensor's dtype from the file header.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte
+offsets into the data area) and the data. The header is parsed here rather than through the ``safetensors``
+package because its numpy path cannot return bf16 without ml_dtypes; the tensors come back as read-only
+views of a memory map (no host copy): bf16 as ``uint16`` bits, with the dtype name beside them. Every
+inconsistency (truncated file, offsets outside the data, a size that does not match the shape) raises
+:class:`CheckpointError` naming the file and tensor.
+
+Names: ``model.language_model.X`` (VLM-wrapped releases) is read as ``model.X``; ``mtp.*`` (the
+multi-token-prediction head) and ``model.visual.*`` / ``visual.*`` (the vision tower) are skipped and
+counted in :attr:`Checkpoint.ignored`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CheckpointError", "RawTensor", "SafetensorsFile", "Checkpoint", "to_float32", "to_bf16_bits",
+           "FLOAT_DTYPES"]
+
+# safetensors dtype code -> (numpy dtype of the raw view, itemsize)
+_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4), "F64": (np.float64, 8),
+           "I8": (np.int8, 1), "U8": (np.uint8, 1), "I16": (np.int16, 2), "I32": (np.int32, 4),
+           "I64": (np.int64, 8), "BOOL": (np.bool_, 1), "F8_E4M3": (np.uint8, 1), "F8_E5M2": (np.uint8, 1)}
+FLOAT_DTYPES = ("BF16", "F16", "F32")  # what the engine converts to its compute dtypes
+_MAX_HEADER = 100 * 2**20
+_IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file or tensor the engine cannot use (the message names the file / tensor)."""
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """A tensor as stored: ``data`` a read-only view of the file (bf16 as uint16 bits), ``dtype`` the
+    safetensors code (``BF16``, ``F32``, ...), ``name`` and ``file`` for messages."""
+    name: str
+    dtype: str
+    data: np.ndarray
+    file: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+
+def to_float32(t: RawTensor) -> np.ndarray:
+    """The stored values as float32 (exact for bf16, f16 and f32)."""
+    if t.dtype == "BF16":
+        return (t.data.astype(np.uint32) << 16).view(np.float32)
+    if t.dtype in ("F16", "F32"):
+        return t.data.astype(np.float32)
+    raise CheckpointError(f"{t.file}: tensor {t.name} has dtype {t.dtype}; expected one of {FLOAT_DTYPES}")
+
+
+def to_bf16_bits(t: RawTensor) -> np.ndarray:
+    """bf16 bits (uint16) of the stored values: the file's own bytes for BF16 (no copy), round-to-nearest-even
+    for F16 / F32."""
+    if t.dtype == "BF16":
+        return t.data
+    f = np.ascontiguousarray(to_float32(t))
+    u = f.view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits[np.isnan(f)] = 0x7FC0
+    return bits
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file: header parsed and checked against the file size at open, tensors as
+    memory-mapped views."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        size = os.path.getsize(self.path)
+        if size < 8:
+            raise CheckpointError(f"{self.path}: file is truncated ({size} bytes, no safetensors header)")
+        with open(self.path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > _MAX_HEADER or 8 + n > size:
+                raise CheckpointError(f"{self.path}: header length {n} does not fit the file ({size} bytes): "
+                                      "truncated or not a safetensors file")
+            try:
+                header = json.loads(f.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{self.path}: header is not valid JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{self.path}: header is not a JSON object")
+        self.metadata = header.pop("__metadata__", None) or {}
+        self._data_start = 8 + n
+        data_len = size - self._data_start
+        self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, e in header.items():
+            try:
+                dt, shape, (b, end) = e["dtype"], tuple(int(s) for s in e["shape"]), e["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise CheckpointError(f"{self.path}: header entry of {name} is malformed: {e!r}") from None
+            if dt not in _DTYPES:
+                raise CheckpointError(f"{self.path}: tensor {name} has unknown dtype {dt!r}")
+            need = math.prod(shape) * _DTYPES[dt][1]
+            if not 0 <= b <= end or end - b != need:
+                raise CheckpointError(f"{self.path}: tensor {name} ({dt} {list(shape)}) has byte range [{b}, {end}), "
+                                      f"expected {need} bytes")
+            if end > data_len:
+                raise CheckpointError(f"{self.path}: file is truncated: tensor {name} ends at data byte {end}, the "
+                                      f"file holds {data_len} data bytes")
+            self.entries[name] = (dt, shape, b, end)
+        self._map = None
+
+    def _mm(self) -> np.ndarray:
+        if self._map is None:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        return self._map
+
+    def tensor(self, name: str, stored_name: str | None = None) -> RawTensor:
+        key = stored_name or name
+        dt, shape, b, end = self.entries[key]
+        raw = self._mm()[self._data_start + b:self._data_start + end]
+        arr = raw.view(_DTYPES[dt][0]).reshape(shape)
+        return RawTensor(name, dt, arr, self.path)
+
+
+def _canonical(name: str) -> str | None:
+    """The text-only name of a stored tensor, or None for tensors the text model does not use."""
+    if name.startswith(_IGNORED_PREFIXES):
+        return None
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model."):]
+    return name
+
+
+class Checkpoint:
+    """The safetensors of an HF model directory, by canonical (text-only) tensor name."""
+
+    def __init__(self, model_dir):
+        self.dir = Path(model_dir)
+        idx = self.dir / "model.safetensors.index.json"
+        if idx.is_file():
+            try:
+                weight_map = json.loads(idx.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{idx}: not a valid safetensors index ({e!r})") from None
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in self.dir.glob("*.safetensors"))
+            weight_map = None
+        if not files:
+            raise CheckpointError(f"{self.dir}: no *.safetensors files (and no model.safetensors.index.json)")
+        self.files: dict[str, SafetensorsFile] = {}
+        for fn in files:
+            p = self.dir / fn
+            if not p.is_file():
+                raise CheckpointError(f"{idx}: lists shard {fn}, which does not exist")
+            self.files[fn] = SafetensorsFile(p)
+        self._where: dict[str, tuple[str, str]] = {}  # canonical name -> (file, stored name)
+        self.ignored: dict[str, int] = {}
+        for fn, sf in self.files.items():
+            for stored in sf.entries:
+                if weight_map is not None and weight_map.get(stored) not in (None, fn):
+                    continue  # the index says another shard owns it
+                c = _canonical(stored)
+                if c is None:
+                    pre = stored.split(".")[0] if stored.startswith(("mtp.", "visual.")) else "model.visual"
+                    self.ignored[pre] = self.ignored.get(pre, 0) + 1
+                    continue
+                if c in self._where:
+                    raise CheckpointError(f"{self.dir}: tensor {c} is stored twice ({self._where[c][1]} in "
+                                          f"{self._where[c][0]}, {stored} in {fn})")
+                self._where[c] = (fn, stored)
+        if weight_map is not None:
+            for stored, fn in weight_map.items():
+                c = _canonical(stored)
+                if c is not None and c not in self._where:
+                    raise CheckpointError(f"{idx}: tensor {stored} is listed in shard {fn} but not stored there")
+
+    def names(self) -> list[str]:
+        return sorted(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def ignored_summary(self) -> str:
+        """One line naming the skipped tensor groups (empty when none)."""
+        if not self.ignored:
+            return ""
+        parts = [f"{n} {p}.* tensors" for p, n in sorted(self.ignored.items())]
+        return "ignored (not part of the text decoder): " + ", ".join(parts)
+
+    def get(self, name: str, shape=None, dtypes=FLOAT_DTYPES) -> RawTensor:
+        """The tensor ``name`` (canonical), checked against ``shape`` (None entries are free) and ``dtypes``."""
+        if name not in self._where:
+            raise CheckpointError(f"{self.dir}: tensor {name} is missing from the checkpoint")
+        fn, stored = self._where[name]
+        t = self.files[fn].tensor(name, stored)
+        if shape is not None:
+            shape = tuple(shape)
+            if len(shape) != len(t.shape) or any(s is not None and s != a for s, a in zip(shape, t.shape)):
+                raise CheckpointError(f"{fn}: tensor {stored} has shape {list(t.shape)}, expected "
+                                      f"{[s if s is not None else '*' for s in shape]}")
+        if dtypes is not None and t.dtype not in dtypes:
+            hint = " (FP8/NVFP4 checkpoints are not supported yet)" if t.dtype.startswith(("F8", "U8", "I8")) else ""
+            raise CheckpointError(f"{fn}: tensor {stored} has dtype {t.dtype}, expected one of {list(dtypes)}{hint}")
+        return t

@@ -1,0 +1,247 @@
+"""The Qwen3.5/3.6 dense decoder over a backend's ops (vkc_engine.backend): weights fused at load, one small
+class per block kind, activations in buffers allocated once for the largest step.
+
+Per layer: RMSNorm(1 + w) (fused with the residual add from the second layer on), then the token mixer --
+a Gated DeltaNet block (``linear_attention``) or a gated full-attention block (``full_attention``) -- then
+add + RMSNorm and the SwiGLU MLP; at the end add + RMSNorm and the LM head on the rows that need logits.
+
+Fusions at load (rows stacked, one GEMM each): GDN ``in_proj_qkv | in_proj_z | in_proj_b | in_proj_a``;
+attention ``q_proj | k_proj | v_proj`` (q_proj keeps HF's per-head [query | gate] rows, which is what
+qk_norm_rope and the attention gate read); MLP ``gate_proj | up_proj``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+from .loader import Checkpoint, CheckpointError
+
+__all__ = ["Step", "Qwen35Model"]
+
+
+@dataclass
+class Step:
+    """One forward's batch, already on the device: T tokens of N sequences (packed in sequence order)."""
+    T: int
+    N: int
+    decode: bool              # every sequence contributes exactly one token
+    ids: object               # int32 [T]
+    positions: object         # int32 [T]
+    slot_mapping: object      # int32 [T]  KV slot of each token
+    cu_seqlens: object        # int32 [N + 1]
+    seq_lens: object          # int32 [N]  context length after this step
+    block_tables: object      # int32 [N, max_blocks]
+    gdn_slots: object         # int32 [N]
+    logit_rows: object        # int32 [n_logits]  rows of the batch to project to logits
+    n_logits: int
+
+
+class _Weights:
+    """Reads, checks and uploads tensors; remembers which checkpoint names were used."""
+
+    def __init__(self, ckpt: Checkpoint, backend, progress=None, total: int = 0):
+        self.ckpt, self.be, self.used = ckpt, backend, set()
+        self.progress, self.total, self.done = progress, total, 0
+
+    def load(self, names_shapes, dtype: str, shape=None):
+        parts = []
+        for name, shp in names_shapes:
+            parts.append(self.ckpt.get(name, shp))
+            self.used.add(name)
+        out = self.be.weight(parts, dtype, shape)
+        self.done += len(parts)
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+        return out
+
+
+class _MLP:
+    def __init__(self, w: _Weights, p: str, cfg: ModelConfig):
+        H, I = cfg.hidden_size, cfg.intermediate_size
+        self.gate_up = w.load([(p + "gate_proj.weight", (I, H)), (p + "up_proj.weight", (I, H))], "bf16")
+        self.down = w.load([(p + "down_proj.weight", (H, I))], "bf16")
+
+    def forward(self, be, bufs, x, T):
+        gu = be.linear(x, self.gate_up, be.rows(bufs["gate_up"], T))
+        act = be.silu_mul(gu, be.rows(bufs["act"], T))
+        return be.linear(act, self.down, be.rows(bufs["mix"], T))
+
+
+class _Attention:
+    def __init__(self, w: _Weights, p: str, cfg: ModelConfig, layer: int):
+        H, Hq, Hkv, D = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        self.layer, self.Hq, self.Hkv, self.D = layer, Hq, Hkv, D
+        self.eps, self.theta, self.scale = cfg.rms_norm_eps, cfg.rope_theta, D ** -0.5
+        self.qkv = w.load([(p + "q_proj.weight", (Hq * 2 * D, H)), (p + "k_proj.weight", (Hkv * D, H)),
+                           (p + "v_proj.weight", (Hkv * D, H))], "bf16")
+        self.o = w.load([(p + "o_proj.weight", (H, Hq * D))], "bf16")
+        self.q_norm = w.load([(p + "q_norm.weight", (D,))], "bf16")
+        self.k_norm = w.load([(p + "k_norm.weight", (D,))], "bf16")
+
+    def forward(self, be, bufs, cache, s: Step, x):
+        T, Hq, Hkv, D = s.T, self.Hq, self.Hkv, self.D
+        qkv = be.linear(x, self.qkv, be.rows(bufs["attn_qkv"], T))
+        qg = be.cols(qkv, 0, Hq * 2 * D)
+        k = be.cols(qkv, Hq * 2 * D, Hkv * D)
+        v = be.heads(be.cols(qkv, Hq * 2 * D + Hkv * D, Hkv * D), Hkv, D)
+        q, k = be.qk_norm_rope(qg, k, s.positions, self.q_norm, self.k_norm, Hq, Hkv, D, self.eps, self.theta,
+                               be.rows(bufs["q"], T), be.rows(bufs["k"], T))
+        kc, vc = cache.kv[self.layer]
+        be.reshape_and_cache(k, v, kc, vc, s.slot_mapping)
+        gate = be.gate_of(qg, Hq, D)
+        out = be.rows(bufs["attn_o"], T)
+        if s.decode:
+            o = be.attn_decode(q, kc, vc, s.block_tables, s.seq_lens, self.scale, gate, out)
+        else:
+            o = be.attn_prefill(q, kc, vc, s.block_tables, s.cu_seqlens, s.seq_lens, self.scale, gate, out)
+        return be.linear(be.flat(o), self.o, be.rows(bufs["mix"], T))
+
+
+class _GatedDeltaNet:
+    def __init__(self, w: _Weights, p: str, cfg: ModelConfig, layer: int):
+        H, Hk, Hv, Dh = cfg.hidden_size, cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim
+        C, Vd = cfg.gdn_qkv_dim, cfg.gdn_value_dim
+        self.layer, self.Hk, self.Hv, self.C, self.Vd, self.eps = layer, Hk, Hv, C, Vd, cfg.rms_norm_eps
+        self.in_proj = w.load([(p + "in_proj_qkv.weight", (C, H)), (p + "in_proj_z.weight", (Vd, H)),
+                               (p + "in_proj_b.weight", (Hv, H)), (p + "in_proj_a.weight", (Hv, H))], "bf16")
+        self.conv = w.load([(p + "conv1d.weight", (C, 1, cfg.conv_width))], "bf16", shape=(C, cfg.conv_width))
+        self.A_log = w.load([(p + "A_log", (Hv,))], "f32")
+        self.dt_bias = w.load([(p + "dt_bias", (Hv,))], "f32")
+        self.norm = w.load([(p + "norm.weight", (Dh,))], "bf16")
+        self.out = w.load([(p + "out_proj.weight", (H, Vd))], "bf16")
+
+    def forward(self, be, bufs, cache, s: Step, x):
+        T, C, Vd, Hv = s.T, self.C, self.Vd, self.Hv
+        proj = be.linear(x, self.in_proj, be.rows(bufs["gdn_proj"], T))
+        mixed = be.cols(proj, 0, C)
+        z = be.cols(proj, C, Vd)
+        b = be.cols(proj, C + Vd, Hv)
+        a = be.cols(proj, C + Vd + Hv, Hv)
+        state, conv_state = cache.gdn[self.layer]
+        cout = be.rows(bufs["conv_out"], T)
+        core = be.rows(bufs["core"], T)
+        if s.decode:
+            y = be.conv_decode(mixed, self.conv, conv_state, s.gdn_slots, cout)
+            o = be.gdn_decode(y, a, b, self.A_log, self.dt_bias, state, s.gdn_slots, self.Hk, Hv, core)
+        else:
+            y = be.conv_prefill(mixed, self.conv, s.cu_seqlens, conv_state, s.gdn_slots, cout)
+            o = be.gdn_prefill(y, a, b, self.A_log, self.dt_bias, s.cu_seqlens, self.Hk, Hv, state, s.gdn_slots,
+                               core)
+        g = be.gated_rmsnorm(be.flat(o), z, self.norm, self.eps, be.rows(bufs["gnorm"], T))
+        return be.linear(g, self.out, be.rows(bufs["mix"], T))
+
+
+class _Layer:
+    def __init__(self, w: _Weights, cfg: ModelConfig, i: int):
+        p = f"model.layers.{i}."
+        H = cfg.hidden_size
+        self.in_norm = w.load([(p + "input_layernorm.weight", (H,))], "bf16")
+        self.post_norm = w.load([(p + "post_attention_layernorm.weight", (H,))], "bf16")
+        if cfg.layer_types[i] == "full_attention":
+            self.mixer = _Attention(w, p + "self_attn.", cfg, i)
+        else:
+            self.mixer = _GatedDeltaNet(w, p + "linear_attn.", cfg, i)
+        self.mlp = _MLP(w, p + "mlp.", cfg)
+
+
+def _count_tensors(cfg: ModelConfig) -> int:
+    n_attn = len(cfg.layer_indices("full_attention"))
+    # embedding + final norm (+ lm_head); per layer 2 norms + 3 MLP; attention 6; GDN 9
+    return 2 + (0 if cfg.tie_word_embeddings else 1) + cfg.num_layers * 5 + n_attn * 6 + (cfg.num_layers - n_attn) * 9
+
+
+class Qwen35Model:
+    """Weights + forward. ``max_tokens`` / ``max_seqs`` size the activation buffers (one step's batch)."""
+
+    def __init__(self, cfg: ModelConfig, ckpt: Checkpoint, backend, *, max_tokens: int, max_seqs: int,
+                 progress=None):
+        self.cfg, self.be = cfg, backend
+        self.max_tokens, self.max_seqs = int(max_tokens), int(max_seqs)
+        H, V = cfg.hidden_size, cfg.vocab_size
+        w = _Weights(ckpt, backend, progress, _count_tensors(cfg))
+        self.embed = w.load([("model.embed_tokens.weight", (V, H))], "bf16")
+        self.layers = [_Layer(w, cfg, i) for i in range(cfg.num_layers)]
+        self.final_norm = w.load([("model.norm.weight", (H,))], "bf16")
+        if cfg.tie_word_embeddings:
+            self.lm_head = self.embed
+            w.used.add("lm_head.weight")  # a tied checkpoint may still store a copy
+        else:
+            self.lm_head = w.load([("lm_head.weight", (V, H))], "bf16")
+        extra = [n for n in ckpt.names() if n not in w.used]
+        if extra:
+            more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
+            raise CheckpointError(f"{ckpt.dir}: tensors the dense Qwen3.5 decoder does not use: "
+                                  f"{', '.join(extra[:5])}{more}")
+        self._alloc_buffers()
+
+    def _alloc_buffers(self) -> None:
+        cfg, be, Tm, Bm = self.cfg, self.be, self.max_tokens, self.max_seqs
+        H, I = cfg.hidden_size, cfg.intermediate_size
+        Hq, Hkv, D = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        C, Vd, Hv = cfg.gdn_qkv_dim, cfg.gdn_value_dim, cfg.gdn_v_heads
+        shapes = {"residual": (Tm, H), "h": (Tm, H), "mix": (Tm, H), "gate_up": (Tm, 2 * I), "act": (Tm, I),
+                  "sel": (Tm, H)}
+        if cfg.layer_indices("full_attention"):
+            shapes.update(attn_qkv=(Tm, Hq * 2 * D + 2 * Hkv * D), q=(Tm, Hq, D), k=(Tm, Hkv, D), attn_o=(Tm, Hq, D))
+        if cfg.layer_indices("linear_attention"):
+            shapes.update(gdn_proj=(Tm, C + Vd + 2 * Hv), conv_out=(Tm, C), core=(Tm, Hv, cfg.gdn_head_dim),
+                          gnorm=(Tm, Vd))
+        self.bufs = {k: be.empty(v, "bf16") for k, v in shapes.items()}
+        self.bufs["logits"] = be.empty((Bm, cfg.vocab_size), "bf16")
+
+    def forward(self, cache, s: Step, logits_out=None):
+        """Logits [s.n_logits, V] of the rows ``s.logit_rows`` (into ``logits_out`` when given, else the
+        preallocated buffer, which holds up to max_seqs rows)."""
+        be, bufs, cfg, T = self.be, self.bufs, self.cfg, s.T
+        eps = cfg.rms_norm_eps
+        if T > self.max_tokens:
+            raise ValueError(f"step of {T} tokens exceeds max_tokens {self.max_tokens}")
+        residual = be.embedding(s.ids, self.embed, be.rows(bufs["residual"], T))
+        h_buf = be.rows(bufs["h"], T)
+        out = None
+        for i, layer in enumerate(self.layers):
+            if i == 0:
+                h = be.rmsnorm(residual, layer.in_norm, eps, h_buf)
+            else:
+                h = be.add_rmsnorm(out, residual, layer.in_norm, eps, h_buf)
+            mix = layer.mixer.forward(be, bufs, cache, s, h)
+            h = be.add_rmsnorm(mix, residual, layer.post_norm, eps, h_buf)
+            out = layer.mlp.forward(be, bufs, h, T)
+        h = be.add_rmsnorm(out, residual, self.final_norm, eps, h_buf)
+        sel = be.embedding(s.logit_rows, h, be.rows(bufs["sel"], s.n_logits))
+        if logits_out is None:
+            if s.n_logits > self.max_seqs:
+                raise ValueError(f"{s.n_logits} logit rows exceed the buffer of max_seqs {self.max_seqs}")
+            logits_out = be.rows(bufs["logits"], s.n_logits)
+        return be.linear(sel, self.lm_head, logits_out)
+
+
+def host_step_arrays(chunks, block_size: int, max_blocks: int) -> dict[str, np.ndarray]:
+    """Host int32 arrays of a step from ``chunks``: (tokens, start, block_table, gdn_slot, want_logits) per
+    sequence, where ``tokens`` are the new tokens at positions start .. start + len - 1. ``want_logits``:
+    'last', 'all' or None."""
+    ids, pos, slots, cu, lens, rows = [], [], [], [0], [], []
+    bt = np.full((len(chunks), max_blocks), -1, dtype=np.int32)
+    gslots = np.empty(len(chunks), dtype=np.int32)
+    for n, (toks, start, table, gslot, want) in enumerate(chunks):
+        t0 = cu[-1]
+        L = len(toks)
+        p = np.arange(start, start + L, dtype=np.int64)
+        tab = np.asarray(table, dtype=np.int64)
+        ids.append(np.asarray(toks, dtype=np.int32))
+        pos.append(p.astype(np.int32))
+        slots.append((tab[p // block_size] * block_size + p % block_size).astype(np.int32))
+        cu.append(t0 + L)
+        lens.append(start + L)
+        bt[n, :len(table)] = table
+        gslots[n] = gslot
+        if want == "all":
+            rows.extend(range(t0, t0 + L))
+        elif want == "last":
+            rows.append(t0 + L - 1)
+    cat = (lambda xs: np.concatenate(xs).astype(np.int32)) if chunks else (lambda xs: np.zeros(0, np.int32))
+    return {"ids": cat(ids), "positions": cat(pos), "slot_mapping": cat(slots),
+            "cu_seqlens": np.asarray(cu, dtype=np.int32), "seq_lens": np.asarray(lens, dtype=np.int32),
+            "block_tables": bt, "gdn_slots": gslots, "logit_rows": np.asarray(rows, dtype=np.int32)}

@@ -1,0 +1,137 @@
+"""Tiny random Qwen3.5 checkpoints made with HF transformers (CPU tests and tests/gpu/test_gpu_engine.py).
+
+:func:`make_checkpoint` builds ``Qwen3_5ForCausalLM`` with scaled-down real head configurations, gives every
+parameter random values whose constants matter (norm weights away from zero so 1 + w is exercised, A_log and
+dt_bias spread), rounds them to bf16 values (``A_log`` and ``linear_attn.norm.weight`` stay fp32, as Qwen3.5
+stores them) and writes a safetensors directory: text-only names (``model.layers.N``), optionally VLM-wrapped
+(``model.language_model.layers.N`` + ``mtp.*`` / ``model.visual.*`` tensors and a ``text_config``), optionally
+sharded with an index. A tiny byte-level BPE tokenizer.json goes with it. Returns the fp32 HF model holding
+exactly the saved values (the reference). The model's vocabulary is the tokenizer's rounded up to a multiple of
+64 (as the real 248320 is; ids past the tokenizer decode to nothing).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# the scaled-down head configurations: (GDN key/value heads, attention q/kv heads) with the real ratios
+HEADS_27B = dict(linear_num_key_heads=2, linear_num_value_heads=6, num_attention_heads=6, num_key_value_heads=1)
+HEADS_35B = dict(linear_num_key_heads=2, linear_num_value_heads=4, num_attention_heads=8, num_key_value_heads=1)
+LAYERS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+CORPUS = ["the quick brown fox jumps over the lazy dog", "héllo wörld, naïve café — ünïcode ✓ 日本語 テキスト",
+          "def f(x):\n    return x * 2\n", "vkc compiles kernels ahead of time for seven archs"] * 20
+EOS = "<|endoftext|>"
+
+
+def make_tokenizer(path: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.save(str(path))
+    return tok
+
+
+def _randomize(model, seed: int):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.log(torch.rand(p.shape, generator=g) * 8 + 0.5))
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif "norm" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if name.endswith("linear_attn.norm.weight")
+                                                                    else 0.0))
+            elif "conv1d" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+
+
+def _keep_fp32(name: str) -> bool:
+    return name.endswith("A_log") or name.endswith("linear_attn.norm.weight")
+
+
+def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256, intermediate=512, tie=False,
+                    vlm=False, shards: int = 1, seed: int = 0, all_bf16: bool = False):
+    """Write a tiny checkpoint into ``out_dir``; returns (fp32 HF model in eval mode, tokenizer)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = make_tokenizer(out / "tokenizer.json")
+    cfg = Qwen3_5TextConfig(
+        vocab_size=-(-tok.get_vocab_size() // 64) * 64, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=len(layer_types), layer_types=list(layer_types), head_dim=256,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+        tie_word_embeddings=tie, eos_token_id=tok.token_to_id(EOS), max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}, **heads)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(cfg).float().eval()
+    _randomize(model, seed)
+    sd = {}
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            if tie and name == "lm_head.weight":
+                continue
+            if _keep_fp32(name) and not all_bf16:
+                sd[name] = p.detach().clone().contiguous()
+            else:
+                sd[name] = p.detach().to(torch.bfloat16).contiguous()
+        model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+        if tie:
+            model.tie_weights()
+    if vlm:
+        sd = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in sd.items()}
+        sd["mtp.fc.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
+        sd["model.visual.blocks.0.attn.qkv.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
+    names = sorted(sd)
+    if shards == 1:
+        save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i in range(shards):
+            fn = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: sd[n] for n in names[i::shards]}
+            save_file(part, str(out / fn), metadata={"format": "pt"})
+            weight_map.update({n: fn for n in part})
+        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    text = cfg.to_dict()
+    if vlm:
+        text["model_type"] = "qwen3_5_text"
+        conf = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text,
+                "vision_config": {"depth": 1}, "tie_word_embeddings": tie}
+    else:
+        conf = dict(text, model_type="qwen3_5", architectures=["Qwen3_5ForCausalLM"])
+    (out / "config.json").write_text(json.dumps(conf, indent=1))
+    return model, tok
+
+
+def hf_logits(model, ids) -> "np.ndarray":  # noqa: F821
+    """Teacher-forced fp32 logits [len(ids), V] of the HF model (no cache)."""
+    import torch
+    with torch.no_grad():
+        out = model(torch.tensor([list(ids)], dtype=torch.long), use_cache=False)
+    return out.logits[0].float().numpy()
+
+
+def hf_greedy(model, ids, n: int):
+    """HF's greedy continuation of n tokens (recomputing the whole prefix each step, no cache) and the top-1 /
+    top-2 margin of each step's logits."""
+    import numpy as np
+    seq, margins = list(ids), []
+    for _ in range(n):
+        lg = hf_logits(model, seq)[-1]
+        top2 = np.sort(lg)[-2:]
+        margins.append(float(top2[1] - top2[0]))
+        seq.append(int(np.argmax(lg)))
+    return seq[len(ids):], margins

@@ -1,0 +1,256 @@
+"""A float32 numpy implementation of vkc_engine's backend interface (runtime/vkc_engine/backend.py), for CPU
+tests of the engine's wiring against HF transformers. Straightforward per-sequence, per-token math (no
+chunking tricks), written from the op contracts in runtime/vkc_runtime/ops/*.py.
+
+Freshly allocated float buffers are filled with NaN (int buffers with -7), so a read of anything the step did
+not write shows up in the logits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from vkc_engine.loader import to_float32
+
+_NP = {"bf16": np.float32, "f32": np.float32, "i32": np.int32}
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _rms(x, eps):
+    x64 = x.astype(np.float64)
+    return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
+
+
+class NumpyBackend:
+    name = "numpy"
+    supports_graphs = False
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def _log(self, name):
+        self.calls.append(name)
+
+    def check_model(self, cfg) -> None:
+        if cfg.rotary_dim * 4 != cfg.head_dim:
+            raise ValueError("the numpy backend, like qk_norm_rope, rotates head_dim / 4")
+
+    def prepare(self, max_tokens, max_seqs, cfg) -> None:
+        pass
+
+    def free_memory(self):
+        return 1 << 30, 1 << 30
+
+    # memory
+    def empty(self, shape, dtype):
+        return np.full(shape, -7 if dtype == "i32" else np.nan, dtype=_NP[dtype])
+
+    def zeros(self, shape, dtype):
+        return np.zeros(shape, dtype=_NP[dtype])
+
+    def weight(self, parts, dtype, shape=None):
+        w = np.concatenate([to_float32(p) for p in parts], axis=0)
+        return w if shape is None else w.reshape(shape)
+
+    def upload_into(self, dst, host):
+        view = dst[:host.size].reshape(host.shape)
+        view[...] = host
+        return view
+
+    def to_host(self, x):
+        return np.array(x, dtype=np.float32)
+
+    def logits_to_host(self, x):
+        return np.array(x, dtype=np.float32)
+
+    def zero_slots(self, pool, slots):
+        for s in slots:
+            pool[int(s)] = 0
+
+    # views
+    def rows(self, x, n):
+        return x[:n]
+
+    def cols(self, x, start, width):
+        return x[:, start:start + width]
+
+    def heads(self, x, H, D):
+        return x.reshape(x.shape[0], H, D)
+
+    def flat(self, x):
+        return x.reshape(x.shape[0], -1)
+
+    def gate_of(self, qg, H, D):
+        return qg.reshape(qg.shape[0], H, 2, D)[:, :, 1]
+
+    # ops
+    def embedding(self, ids, table, out):
+        self._log("embedding")
+        ok = (ids >= 0) & (ids < table.shape[0])
+        out[...] = 0
+        out[ok] = table[ids[ok]]
+        return out
+
+    def rmsnorm(self, x, w, eps, out):
+        self._log("rmsnorm")
+        out[...] = _rms(x, eps) * (1.0 + w)
+        return out
+
+    def add_rmsnorm(self, x, residual, w, eps, out):
+        self._log("add_rmsnorm")
+        residual[...] = x + residual
+        out[...] = _rms(residual, eps) * (1.0 + w)
+        return out
+
+    def gated_rmsnorm(self, x, z, w, eps, out):
+        self._log("gated_rmsnorm")
+        T = x.shape[0]
+        xh, zh = x.reshape(T, -1, 128), z.reshape(T, -1, 128)
+        out[...] = (_rms(xh, eps) * w * _silu(zh.astype(np.float64))).reshape(T, -1)
+        return out
+
+    def silu_mul(self, x, out):
+        self._log("silu_mul")
+        I = x.shape[1] // 2
+        out[...] = _silu(x[:, :I].astype(np.float64)) * x[:, I:]
+        return out
+
+    def linear(self, x, w, out):
+        self._log("linear")
+        out[...] = x.astype(np.float64) @ w.astype(np.float64).T
+        return out
+
+    def qk_norm_rope(self, qg, k, positions, qw, kw, Hq, Hkv, D, eps, theta, q_out, k_out):
+        self._log("qk_norm_rope")
+        T = qg.shape[0]
+        q = qg.reshape(T, Hq, 2, D)[:, :, 0]
+        r = D // 4
+        inv = 1.0 / (theta ** (np.arange(0, r, 2, dtype=np.float64) / r))
+        ang = positions.astype(np.float64)[:, None] * inv[None, :]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+        def one(x, w):
+            y = _rms(x, eps) * (1.0 + w)
+            x1, x2 = y[..., :r // 2].copy(), y[..., r // 2:r].copy()
+            y[..., :r // 2] = x1 * cos - x2 * sin
+            y[..., r // 2:r] = x2 * cos + x1 * sin
+            return y
+
+        q_out[...] = one(q, qw)
+        k_out[...] = one(k.reshape(T, Hkv, D), kw)
+        return q_out, k_out
+
+    def reshape_and_cache(self, k, v, k_cache, v_cache, slot_mapping):
+        self._log("reshape_and_cache")
+        NB, BS, Hkv, D = k_cache.shape
+        kf, vf = k_cache.reshape(NB * BS, Hkv, D), v_cache.reshape(NB * BS, Hkv, D)
+        ok = (slot_mapping >= 0) & (slot_mapping < NB * BS)
+        kf[slot_mapping[ok]] = k[ok]
+        vf[slot_mapping[ok]] = v[ok]
+
+    def _attend(self, q, kc, vc, table, L, scale):
+        """q [n, Hq, D] are the last n positions of a context of L keys."""
+        NB, BS, Hkv, D = kc.shape
+        n, Hq, _ = q.shape
+        pos = np.arange(L)
+        blocks = np.asarray(table)[pos // BS]
+        K = kc[blocks, pos % BS].astype(np.float64)   # [L, Hkv, D]
+        Vv = vc[blocks, pos % BS].astype(np.float64)
+        grp = Hq // Hkv
+        K, Vv = np.repeat(K, grp, axis=1), np.repeat(Vv, grp, axis=1)  # [L, Hq, D]
+        s = np.einsum("nhd,lhd->hnl", q.astype(np.float64), K) * scale
+        qpos = np.arange(L - n, L)
+        s = np.where(pos[None, None, :] <= qpos[None, :, None], s, -np.inf)
+        s -= s.max(-1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(-1, keepdims=True)
+        return np.einsum("hnl,lhd->nhd", p, Vv)
+
+    def attn_prefill(self, q, kc, vc, block_tables, cu, seq_lens, scale, gate, out):
+        self._log("attn_prefill")
+        for i in range(len(seq_lens)):
+            a, b = cu[i], cu[i + 1]
+            if b > a:
+                out[a:b] = self._attend(q[a:b], kc, vc, block_tables[i], int(seq_lens[i]), scale) * \
+                    _sigmoid(gate[a:b].astype(np.float64))
+        return out
+
+    def attn_decode(self, q, kc, vc, block_tables, seq_lens, scale, gate, out):
+        self._log("attn_decode")
+        for i in range(q.shape[0]):
+            out[i:i + 1] = self._attend(q[i:i + 1], kc, vc, block_tables[i], int(seq_lens[i]), scale) * \
+                _sigmoid(gate[i:i + 1].astype(np.float64))
+        return out
+
+    def _conv_seq(self, x, w, state, slot):
+        W = w.shape[1]
+        valid = 0 <= slot < state.shape[0]
+        prev = state[slot].astype(np.float64) if valid else np.zeros((W - 1, x.shape[1]))
+        xx = np.concatenate([prev, x.astype(np.float64)], axis=0)
+        y = sum(xx[j:j + x.shape[0]] * w[:, j] for j in range(W))
+        if valid and x.shape[0]:
+            state[slot] = xx[-(W - 1):]
+        return _silu(y)
+
+    def conv_prefill(self, x, w, cu, conv_state, slots, out):
+        self._log("conv_prefill")
+        for i in range(len(slots)):
+            a, b = cu[i], cu[i + 1]
+            out[a:b] = self._conv_seq(x[a:b], w, conv_state, int(slots[i]))
+        return out
+
+    def conv_decode(self, x, w, conv_state, slots, out):
+        self._log("conv_decode")
+        for i in range(x.shape[0]):
+            out[i:i + 1] = self._conv_seq(x[i:i + 1], w, conv_state, int(slots[i]))
+        return out
+
+    def _gdn_seq(self, qkv, a, b, A_log, dt_bias, Hk, Hv, state, slot):
+        T = qkv.shape[0]
+        K = 128
+        q = qkv[:, :Hk * K].reshape(T, Hk, K).astype(np.float64)
+        k = qkv[:, Hk * K:2 * Hk * K].reshape(T, Hk, K).astype(np.float64)
+        v = qkv[:, 2 * Hk * K:].reshape(T, Hv, K).astype(np.float64)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) * K ** -0.5
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+        rep = Hv // Hk
+        q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
+        x = a.astype(np.float64) + dt_bias
+        g = -np.exp(A_log.astype(np.float64)) * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+        beta = _sigmoid(b.astype(np.float64))
+        valid = 0 <= slot < state.shape[0]
+        S = state[slot].astype(np.float64) if valid else np.zeros((Hv, K, K))
+        o = np.empty((T, Hv, K))
+        for t in range(T):
+            S = S * np.exp(g[t])[:, None, None]
+            mem = np.einsum("hkv,hk->hv", S, k[t])
+            delta = (v[t] - mem) * beta[t][:, None]
+            S = S + k[t][:, :, None] * delta[:, None, :]
+            o[t] = np.einsum("hkv,hk->hv", S, q[t])
+        if valid and T:
+            state[slot] = S
+        return o
+
+    def gdn_prefill(self, qkv, a, b, A_log, dt_bias, cu, Hk, Hv, state, slots, out):
+        self._log("gdn_prefill")
+        for i in range(len(slots)):
+            s, e = cu[i], cu[i + 1]
+            out[s:e] = self._gdn_seq(qkv[s:e], a[s:e], b[s:e], A_log, dt_bias, Hk, Hv, state, int(slots[i]))
+        return out
+
+    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out):
+        self._log("gdn_decode")
+        for i in range(qkv.shape[0]):
+            out[i:i + 1] = self._gdn_seq(qkv[i:i + 1], a[i:i + 1], b[i:i + 1], A_log, dt_bias, Hk, Hv, state,
+                                         int(slots[i]))
+        return out
+
+    def sample(self, logits, params, generators):
+        from vkc_engine.sampler import sample_host
+        return sample_host(self.logits_to_host(logits), params, generators)
