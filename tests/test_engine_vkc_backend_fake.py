@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.engine_fixtures import HEADS_27B, make_checkpoint
-from tests.ops_fakes import Recorder, declared_bases
+from tests.ops_fakes import Recorder, declared_bases, patch_ops
 
 pytest.importorskip("transformers")
 
@@ -50,7 +50,7 @@ class _Rec(Recorder):
 @pytest.fixture()
 def fake_vkc(monkeypatch):
     from vkc_runtime import memory
-    from vkc_runtime.ops import attention, conv, gdn, gdn_decode, norm
+    from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope
     nxt = [1 << 36]
 
     def fake_alloc(cls, shape, dtype="float32", *, device=None, stream=None):
@@ -61,11 +61,11 @@ def fake_vkc(monkeypatch):
     monkeypatch.setattr(memory.DeviceArray, "empty", classmethod(fake_alloc))
     monkeypatch.setattr(memory.DeviceArray, "zeros", classmethod(fake_alloc))
     recs = {}
-    for m in (attention, conv, gdn, gdn_decode, norm):
+    for m in (act, attn, conv, embedding, gdn, gdn_decode, norm, rope):
         recs[m.__name__.split(".")[-1]] = r = _Rec(declared=declared_bases(m))
-        monkeypatch.setattr(m, "get_kernel", r)
-    monkeypatch.setattr(attention, "has_kernel", lambda base, device=None: recs["attention"].has(base))
-    monkeypatch.setattr(attention, "_sm_count", lambda dev: 132)
+        patch_ops(monkeypatch, m, "get_kernel", r)
+    patch_ops(monkeypatch, attn, "has_kernel", lambda base, device=None: recs["attn"].has(base))
+    patch_ops(monkeypatch, attn, "_sm_count", lambda dev: 132)
     return recs
 
 
@@ -116,14 +116,16 @@ def test_every_op_call_passes_the_real_validation(fake_vkc, ckpt):
     outs = llm.generate([[5] * 70, [7] * 3, [9], [11] * 30], sp)  # chunked (70 > 40), mixed and decode steps
     assert all(len(o.token_ids) == 3 for o in outs)
     names = {k: {c[0] for c in r.calls} for k, r in fake_vkc.items()}
-    assert "attn.prefill.d256.gate.tma" in names["attention"]  # block 64 on sm_90a: the TMA kernel
-    assert any(n.startswith("attn.decode") for n in names["attention"])
-    assert any(n.startswith("attn.cache_write") or "cache" in n for n in names["attention"])
+    assert "attn.prefill.d256.gate.tma" in names["attn"]  # block 64 on sm_90a: the TMA kernel
+    assert any(n.startswith("attn.decode") for n in names["attn"])
+    assert any(n.startswith("attn.cache_write") or "cache" in n for n in names["attn"])
     assert {n.split(".")[1] for n in names["conv"]} == {"prefill", "update"}
     assert {n.split(".")[1] for n in names["gdn"]} == {"chunk_index", "prep", "kkt_wy", "delta_h", "chunk_o"}
     assert names["gdn_decode"]
-    assert {n.split(".")[1] for n in names["norm"]} >= {"embedding", "rmsnorm", "add_rmsnorm", "gated_rmsnorm",
-                                                        "qk_norm_rope", "silu_mul"}
+    assert {n.split(".")[1] for n in names["norm"]} == {"rmsnorm", "add_rmsnorm", "gated_rmsnorm"}
+    assert {n.split(".")[1] for n in names["embedding"]} == {"embedding"}
+    assert {n.split(".")[1] for n in names["rope"]} == {"qk_norm_rope"}
+    assert {n.split(".")[1] for n in names["act"]} == {"silu_mul"}
     cfg = llm.cfg
     H, V = cfg.hidden_size, cfg.vocab_size
     Ns = {n for _, n, _ in be.gemm.calls}

@@ -33,10 +33,10 @@ class VkcBackend:
     """vkc_runtime's kernels on one CUDA device (the default stream). Op calls, in the order the model uses
     them (the names the lead wires at merge live only in this class):
 
-    norm.embedding, norm.rmsnorm, norm.add_rmsnorm, gemm.linear, norm.qk_norm_rope,
-    attention.reshape_and_cache, attention.prefill (+ prefill_workspace), attention.decode (+ decode_workspace),
+    embedding.embedding, norm.rmsnorm, norm.add_rmsnorm, gemm.linear, rope.qk_norm_rope,
+    attn.reshape_and_cache, attn.prefill (+ prefill_workspace), attn.decode (+ decode_workspace),
     conv.causal_conv1d, conv.causal_conv1d_update, gdn.chunk_gated_delta_rule (+ workspace_for),
-    gdn_decode.recurrent_decode, norm.gated_rmsnorm, norm.silu_mul; sampling: :meth:`sample`.
+    gdn_decode.recurrent_decode, norm.gated_rmsnorm, act.silu_mul; sampling: :meth:`sample`.
     """
 
     name = "vkc"
@@ -51,7 +51,7 @@ class VkcBackend:
     def _bind_modules(self, gemm=None) -> None:
         """The vkc_runtime modules this backend calls (``gemm`` injectable for driver-free tests)."""
         from vkc_runtime import driver, memory  # noqa: PLC0415
-        from vkc_runtime.ops import attention, conv, gdn, gdn_decode, norm  # noqa: PLC0415
+        from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope  # noqa: PLC0415
         from vkc_runtime.tensor import TensorRef  # noqa: PLC0415
         if gemm is None:
             try:
@@ -60,7 +60,8 @@ class VkcBackend:
                 raise BackendError(f"vkc_runtime.ops.gemm (the BF16 linear op) is not available: {e}") from None
         self._drv, self._mem, self._Ref = driver, memory, TensorRef
         self._norm, self._attn, self._conv, self._gdn, self._gdn_dec, self._gemm = \
-            norm, attention, conv, gdn, gdn_decode, gemm
+            norm, attn, conv, gdn, gdn_decode, gemm
+        self._rope, self._act, self._emb = rope, act, embedding
 
     # ---------------------------------------------------------------------------------------- checks
     def check_model(self, cfg) -> None:
@@ -168,7 +169,7 @@ class VkcBackend:
 
     # ---------------------------------------------------------------------------------------- ops
     def embedding(self, ids, table, out):
-        return self._norm.embedding(ids, table, out=out)
+        return self._emb.embedding(ids, table, out=out)
 
     def rmsnorm(self, x, w, eps, out):
         return self._norm.rmsnorm(x, w, eps, out=out)
@@ -180,13 +181,13 @@ class VkcBackend:
         return self._norm.gated_rmsnorm(x, z, w, eps, out=out)
 
     def silu_mul(self, x, out):
-        return self._norm.silu_mul(x, out=out)
+        return self._act.silu_mul(x, out=out)
 
     def linear(self, x, w, out):
         return self._gemm.linear(x, w, out)
 
     def qk_norm_rope(self, qg, k, positions, qw, kw, Hq, Hkv, D, eps, theta, q_out, k_out):
-        return self._norm.qk_norm_rope(qg, k, positions, qw, kw, Hq, Hkv, D, eps=eps, theta=theta, q_out=q_out,
+        return self._rope.qk_norm_rope(qg, k, positions, qw, kw, Hq, Hkv, D, eps=eps, theta=theta, q_out=q_out,
                                        k_out=k_out)
 
     def reshape_and_cache(self, k, v, k_cache, v_cache, slot_mapping):
