@@ -1,0 +1,134 @@
+"""Small-M GEMM ("GEMV") kernels for decode: y[M, N] = x[M, K] @ W[N, K]^T, bf16 in/out, fp32 accumulate.
+
+Each program owns BLOCK_N rows of W and ALL M (<= BLOCK_M) rows of x, so every weight byte is read from HBM
+exactly once; x (a few KB) is re-read from L2 by every program. The product is computed "swapped":
+acc[BLOCK_N, BLOCK_M] = W_tile[BLOCK_N, BLOCK_K] @ x_tile^T[BLOCK_K, BLOCK_M], so the large weight tile is the
+MMA's A operand and the small M is its N dimension (tl.dot needs every dimension >= 16; rows m >= M are masked to
+zero and never stored).
+
+Split-K (grid axis 1 = n_split programs per N block): program (i, s) covers K range [s * k_split,
+min(K, (s + 1) * k_split)) with k_split a multiple of BLOCK_K chosen by the host. With n_split == 1 the program
+stores bf16 y directly; otherwise it stores its fp32 partial to ws[s, m, n] (a [n_split, M, N] contiguous fp32
+workspace) and gemv_reduce_kernel sums the partials in the fixed order s = 0, 1, ... (deterministic: no
+atomics) and stores bf16 y. Both paths are compiled into one kernel (n_split is a runtime value).
+
+Tails: N and M are masked; K is masked against K (a split boundary is a multiple of BLOCK_K, so only the
+last tile of the last split can be partial). The runtime promises (div=16 hints) K % 16 == 0 (bf16), row
+strides % 16 elements and 16-byte aligned pointers, which keeps the masked loads vectorized.
+
+NVFP4 weights (gemv_w4a16_kernel; the layout the op documents):
+  w_packed [N, K/2] uint8: byte j of row n holds k = 2j in its LOW nibble and k = 2j + 1 in its high nibble;
+           a nibble is e2m1 (bit 3 sign, bits 2..1 exponent (bias 1), bit 0 mantissa): 0, .5, 1, 1.5, 2, 3, 4, 6.
+  scales   [N, K/16] uint8 bytes of float8 e4m3fn (bias 7, no inf): scales[n, g] scales k in [16g, 16g + 16).
+           Linear, row-major, not swizzled.
+  alpha    fp32: the one effective global multiplier.  W[n, k] = e2m1(nibble) * e4m3(scales[n, k // 16]) * alpha.
+Decoding without tables or branches: a 3-bit e2m1 magnitude shifted into an fp16 (bits << 9) is the value
+times 2^-14 (e = 0 lands on fp16 subnormals, exactly 0.5 * 2^-14 for the one subnormal); the 7 low bits of e4m3
+shifted into an fp16 (<< 7) are its value times 2^-8. Their fp32 product has at most 6 significant bits, so
+the bf16 weight fed to the MMA is exact; the factor 2^22 is folded into alpha after the dot.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split):
+    """acc [BLOCK_N, BLOCK_M] fp32 -> bf16 y[m, n] (n_split == 1) or fp32 ws[pid_k, m, n]."""
+    mask = (n < N)[:, None] & (m < M)[None, :]
+    if n_split == 1:
+        tl.store(out_ptr + m.to(tl.int64)[None, :] * stride_om + n[:, None], acc.to(tl.bfloat16), mask=mask)
+    else:
+        row = (pid_k * M + m).to(tl.int64) * N
+        tl.store(ws_ptr + row[None, :] + n[:, None], acc, mask=mask)
+
+
+@triton.jit
+def gemv_bf16_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_om, k_split,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x [M, K] bf16 (row stride stride_xm), W [N, K] bf16 (row stride stride_wn) -> y [M, N] bf16 (row stride
+    stride_om), or fp32 partials in ws (see the module doc). Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M;
+    k_split a positive multiple of BLOCK_K with n_split * k_split >= K."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    m_ok = m < M
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(K, k_lo + k_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        xt = tl.load(x_rows + k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+        acc = tl.dot(w, xt, acc)
+    _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
+
+
+@triton.jit
+def _e2m1_x2p14(code):
+    """int32 holding an e2m1 code in bits 3..0 -> its value * 2^-14 as fp32 (exact)."""
+    bits = ((code & 0x7) << 9) | ((code & 0x8) << 12)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
+                      stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y = x @ dequant(W)^T with NVFP4 weights (layout in the module doc): x [M, K] bf16, w_packed [N, K/2] uint8
+    (row stride stride_wn bytes), scales [N, K/16] uint8 (row stride stride_sn bytes), alpha fp32 -> y [M, N]
+    bf16, or fp32 partials (already times alpha) in ws. Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M; K % 16
+    == 0; k_split a positive multiple of BLOCK_K with n_split * k_split >= K."""
+    G: tl.constexpr = BLOCK_K // 16  # scale groups per tile
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    m_ok = m < M
+    g = tl.arange(0, G)
+    j = tl.arange(0, 8)
+    w_rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_wn
+    s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
+    x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(K, k_lo + k_split)
+    Kg = K // 16
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        g_abs = k0 // 16 + g  # scale group of each [g] slice; its 8 bytes are k = 16 g_abs .. 16 g_abs + 15
+        g_ok = g_abs < Kg
+        byte = (g_abs * 8)[None, :, None] + j[None, None, :]
+        b = tl.load(w_rows + byte, mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+        sc = tl.load(s_rows + g_abs[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
+        sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)
+        sf = sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)  # e4m3 value * 2^-8
+        b32 = b.to(tl.int32)
+        lo = _e2m1_x2p14(b32) * sf[:, :, None]  # k = 16 g + 2 j
+        hi = _e2m1_x2p14(b32 >> 4) * sf[:, :, None]  # k = 16 g + 2 j + 1
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
+        k = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_rows + k[:, None], mask=(k < K)[:, None] & m_ok[None, :], other=0.0)
+        acc = tl.dot(w, xt, acc)
+    acc = acc * (alpha * 4194304.0)  # 2^22 = 2^14 (e2m1) * 2^8 (e4m3)
+    _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
+
+
+@triton.jit
+def gemv_reduce_kernel(ws_ptr, out_ptr, M, N, stride_om, n_split, BLOCK: tl.constexpr):
+    """y[m, n] = bf16(sum_{s = 0 .. n_split-1} ws[s, m, n]) in that order. ws [n_split, M, N] fp32 contiguous.
+    Grid (cdiv(N, BLOCK), M)."""
+    m = tl.program_id(1)
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = n < N
+    plane = M.to(tl.int64) * N
+    p = ws_ptr + m.to(tl.int64) * N + n
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(n_split):
+        acc += tl.load(p + s * plane, mask=ok, other=0.0)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + n, acc.to(tl.bfloat16), mask=ok)
