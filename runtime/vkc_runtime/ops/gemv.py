@@ -26,8 +26,8 @@ Dispatch (:func:`plan`, a pure function of host ints, so graph-stable): M picks 
 (1..16, at least 4 K tiles per split) the rule estimates the time relative to streaming the weights at full
 bandwidth (:func:`_wave_cost`: full waves of resident programs saturate HBM; a last partial wave, or a launch
 smaller than the machine, of r programs runs at min(1, r / (0.3 * slots)) of it), times the L2 re-reads of x,
-plus the split-K partials' traffic and the reduce launch, and takes the cheapest (ties: wide, fewer splits). ``slots`` is the SM count
-times the kernel's occupancy (driver query). Split-K writes fp32 partials [s, M, N] to a workspace and a second
+plus the split-K partials' traffic and the reduce launch, and takes the cheapest (ties: wide, fewer splits).
+``slots`` is the SM count times the kernel's occupancy (driver query). Split-K writes fp32 partials [s, M, N] to a workspace and a second
 launch sums them in split order (deterministic, no atomics). The constants are first choices made without a
 device to time them (``vkc tune`` retunes the kernels' warps/stages; BENCHMARKS.md records measurements).
 
