@@ -22,10 +22,12 @@ NVFP4 weights (gemv_w4a16_kernel; the layout the op documents):
   scales   [N, K/16] uint8 bytes of float8 e4m3fn (bias 7, no inf): scales[n, g] scales k in [16g, 16g + 16).
            Linear, row-major, not swizzled.
   alpha    fp32: the one effective global multiplier.  W[n, k] = e2m1(nibble) * e4m3(scales[n, k // 16]) * alpha.
-Decoding without tables or branches: a 3-bit e2m1 magnitude shifted into an fp16 (bits << 9) is the value
-times 2^-14 (e = 0 lands on fp16 subnormals, exactly 0.5 * 2^-14 for the one subnormal); the 7 low bits of e4m3
-shifted into an fp16 (<< 7) are its value times 2^-8. Their fp32 product has at most 6 significant bits, so
-the bf16 weight fed to the MMA is exact; the factor 2^22 is folded into alpha after the dot.
+Decoding without tables or branches: the e4m3 scale's 7 low bits shifted into an fp16 (<< 7) are its value
+times 2^-8 (subnormals included); an e2m1 magnitude shifted into an fp16 (<< 9) is its value times 2^-14 (the
+one subnormal included). A weight times its scale has at most 6 significant bits, so the bf16 weight fed to
+the MMA is exact; alpha multiplies the fp32 accumulator after the dot. The decode is elementwise integer math
+(one register per byte), so this kernel is ALU-bound well below the HBM floor of its 4-bit weights: a packed
+(4 bytes per register) unpack is the next step.
 """
 import triton
 import triton.language as tl
@@ -70,10 +72,20 @@ def gemv_bf16_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_w
 
 
 @triton.jit
-def _e2m1_x2p14(code):
-    """int32 holding an e2m1 code in bits 3..0 -> its value * 2^-14 as fp32 (exact)."""
+def _e2m1_bits(code):
+    """int32 holding an e2m1 code in bits 3..0 -> its value as fp32 (exact: fp16 bits << 9 are value * 2^-14)."""
     bits = ((code & 0x7) << 9) | ((code & 0x8) << 12)
-    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def _dequant(b, sf):
+    """Packed bytes b [BN, G, 8] uint8 and their group scales sf [BN, G] fp32 (exact e4m3 values) -> the bf16
+    weights of the low and the high nibbles (k = 16 g + 2 j and 16 g + 2 j + 1), exact."""
+    b32 = b.to(tl.int32)
+    lo = (_e2m1_bits(b32) * sf[:, :, None]).to(tl.bfloat16)
+    hi = (_e2m1_bits(b32 >> 4) * sf[:, :, None]).to(tl.bfloat16)
+    return lo, hi
 
 
 @triton.jit
@@ -106,16 +118,14 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
         byte = (g_abs * 8)[None, :, None] + j[None, None, :]
         b = tl.load(w_rows + byte, mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
         sc = tl.load(s_rows + g_abs[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
-        sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)
-        sf = sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)  # e4m3 value * 2^-8
-        b32 = b.to(tl.int32)
-        lo = _e2m1_x2p14(b32) * sf[:, :, None]  # k = 16 g + 2 j
-        hi = _e2m1_x2p14(b32 >> 4) * sf[:, :, None]  # k = 16 g + 2 j + 1
-        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
+        sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
+        sf = sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+        lo, hi = _dequant(b, sf)
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
         k = k0 + tl.arange(0, BLOCK_K)
         xt = tl.load(x_rows + k[:, None], mask=(k < K)[:, None] & m_ok[None, :], other=0.0)
         acc = tl.dot(w, xt, acc)
-    acc = acc * (alpha * 4194304.0)  # 2^22 = 2^14 (e2m1) * 2^8 (e4m3)
+    acc = acc * alpha
     _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
 
 
