@@ -23,7 +23,7 @@ from tests.refs import rel_err  # noqa: E402
 DEV = device()
 SPECS = specs("gemv")
 BF16_SPECS = sorted(n for n in SPECS if n.startswith("bf16."))
-W4_SPECS = sorted(n for n in SPECS if n.startswith("w4a16."))
+W4_SPECS = sorted(n for n in SPECS if n.startswith("w4a16.") and n.endswith(".int"))  # .prmt: inline PTX
 
 
 def _seed():
@@ -186,7 +186,7 @@ def test_w4a16_every_spec_with_tails(name):
     assert torch.isnan(yb[:, N:].float()).all()
 
 
-@pytest.mark.parametrize("name,M,split_tiles", [("w4a16.m16.n16.k256", 3, 1), ("w4a16.m64.n64.k256", 33, 2)])
+@pytest.mark.parametrize("name,M,split_tiles", [("w4a16.m16.n16.k256.int", 3, 1), ("w4a16.m64.n64.k256.int", 33, 2)])
 def test_w4a16_split_k(name, M, split_tiles):
     bm, bn, bk = cfg(name)
     rng = np.random.default_rng(_seed())
@@ -203,7 +203,7 @@ def test_w4a16_split_k(name, M, split_tiles):
 def test_w4a16_all_codes_and_scales_exact():
     """x = identity rows: y[m, n] = W[n, k_m] exactly (the dequantized weight is exact in bf16 and alpha is a
     power of two): all 16 codes at even and odd k, scales spanning e4m3's range including subnormals."""
-    name = "w4a16.m16.n16.k256"
+    name = "w4a16.m16.n16.k256.int"
     rng = np.random.default_rng(_seed())
     N, K = 16, 256
     codes = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
@@ -227,7 +227,7 @@ def test_w4a16_all_codes_and_scales_exact():
 def test_w4a16_nibble_order_and_scale_index():
     """A weight whose low nibbles (even k) and high nibbles (odd k) differ, and whose 16-element groups have
     distinct scales: swapped nibbles or a scale index off by one group gives a different y."""
-    name = "w4a16.m16.n64.k256"
+    name = "w4a16.m16.n64.k256.int"
     N, K = 64, 512
     codes = np.zeros((N, K), dtype=np.uint8)
     codes[:, 0::2] = 2  # +1.0 at even k (low nibble)
@@ -255,3 +255,15 @@ def test_quantize_recipe_roundtrip():
     w = rng.standard_normal((8, 64))
     p, s, a = F.quantize(w)
     assert rel_err(F.dequant(p, s, a), w) < 0.15
+
+
+def test_prmt_specs_mirror_the_int_specs():
+    """The .prmt kernels (inline PTX: the interpreter cannot run them; tests/gpu compares them with .int bit for
+    bit) are the .int specs with the decoder switched, nothing else."""
+    prmt = sorted(n for n in SPECS if n.endswith(".prmt"))
+    assert [n[:-5] + ".int" for n in prmt] == W4_SPECS
+    for n in prmt:
+        a, b = SPECS[n], SPECS[n[:-5] + ".int"]
+        assert a.constexprs == {**b.constexprs, "PRMT": True} and b.constexprs["PRMT"] is False
+        assert (a.entry, a.args, a.num_warps, a.num_stages, a.overrides) == (b.entry, b.args, b.num_warps,
+                                                                              b.num_stages, b.overrides)

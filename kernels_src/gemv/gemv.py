@@ -25,9 +25,12 @@ NVFP4 weights (gemv_w4a16_kernel; the layout the op documents):
 Decoding without tables or branches: the e4m3 scale's 7 low bits shifted into an fp16 (<< 7) are its value
 times 2^-8 (subnormals included); an e2m1 magnitude shifted into an fp16 (<< 9) is its value times 2^-14 (the
 one subnormal included). A weight times its scale has at most 6 significant bits, so the bf16 weight fed to
-the MMA is exact; alpha multiplies the fp32 accumulator after the dot. The decode is elementwise integer math
-(one register per byte), so this kernel is ALU-bound well below the HBM floor of its 4-bit weights: a packed
-(4 bytes per register) unpack is the next step.
+the MMA is exact; alpha multiplies the fp32 accumulator after the dot. Two decoders give identical bits:
+  .int   elementwise integer math on bytes (one register per byte; ALU-bound well below the HBM floor of the
+         4-bit weights); the only one Triton's interpreter can run, so the CPU tests check its semantics.
+  .prmt  packed int32 words through _UNPACK8 (inline PTX, 8 weights per word: the 3-bit magnitudes index two
+         8-entry byte tables with prmt, the sign is ORed in, an exact bf16x2 fma applies the scale); about half
+         the instructions per byte of .int. Checked on the GPU against .int and float64 (tests/gpu).
 """
 import triton
 import triton.language as tl
@@ -88,13 +91,82 @@ def _dequant(b, sf):
     return lo, hi
 
 
+# One packed word (4 bytes = 8 e2m1 codes, k = 8 i .. 8 i + 7, low nibble first) and its group scale as a
+# bf16 pair ($9 = {s, s}) -> the 8 bf16 weights $0..$7 in k order (exact: <= 6 significant bits).
+_UNPACK8 = tl.constexpr("""
+{
+.reg .b32 x, y, sl, sh, t, ta, tb, la, lb, ha, hb, L, H, p0, p1, q0, q1, neg0;
+mov.b32 la, 0xC0800000;
+mov.b32 lb, 0xC0804000;
+mov.b32 ha, 0x3F3F3F00;
+mov.b32 hb, 0x40404040;
+mov.b32 neg0, 0x80008000;
+and.b32 x, $8, 0x07070707;
+shr.b32 t, x, 12;
+or.b32 sl, x, t;
+shr.b32 y, $8, 4;
+and.b32 y, y, 0x07070707;
+shr.b32 t, y, 12;
+or.b32 sh, y, t;
+prmt.b32 ta, $8, 0, 0x4140;
+prmt.b32 tb, $8, 0, 0x4342;
+prmt.b32 L, la, lb, sl;
+prmt.b32 H, ha, hb, sl;
+prmt.b32 p0, L, H, 0x6240;
+prmt.b32 p1, L, H, 0x7351;
+prmt.b32 L, la, lb, sh;
+prmt.b32 H, ha, hb, sh;
+prmt.b32 q0, L, H, 0x6240;
+prmt.b32 q1, L, H, 0x7351;
+shl.b32 t, ta, 12;
+and.b32 t, t, 0x80008000;
+or.b32 p0, p0, t;
+shl.b32 t, tb, 12;
+and.b32 t, t, 0x80008000;
+or.b32 p1, p1, t;
+shl.b32 t, ta, 8;
+and.b32 t, t, 0x80008000;
+or.b32 q0, q0, t;
+shl.b32 t, tb, 8;
+and.b32 t, t, 0x80008000;
+or.b32 q1, q1, t;
+fma.rn.bf16x2 p0, p0, $9, neg0;
+fma.rn.bf16x2 p1, p1, $9, neg0;
+fma.rn.bf16x2 q0, q0, $9, neg0;
+fma.rn.bf16x2 q1, q1, $9, neg0;
+mov.b32 {$0, $2}, p0;
+mov.b32 {$4, $6}, p1;
+mov.b32 {$1, $3}, q0;
+mov.b32 {$5, $7}, q1;
+}
+""")
+
+
+@triton.jit
+def _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The PRMT decoder: the tile's packed words [BN, G, 2] int32 (w_rows32: int32 row pointers) and group
+    scales sf [BN, G] -> W [BN, BK] bf16 (_UNPACK8 per word, the 8 results interleaved back into k order)."""
+    t = tl.arange(0, 2)
+    wd = tl.load(w_rows32 + (g_abs * 2)[None, :, None] + t[None, None, :],
+                 mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+    s16 = sf.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)
+    s2 = tl.broadcast_to((s16 | (s16 << 16))[:, :, None], wd.shape)
+    e0, e1, e2, e3, e4, e5, e6, e7 = tl.inline_asm_elementwise(
+        _UNPACK8, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [wd, s2], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    # join(A, B) appends a last dim of 2: the flattened index of w8[a, b, c] is 4 a + 2 b + c = k % 8
+    w8 = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+    return tl.reshape(w8, (BLOCK_N, BLOCK_K))
+
+
 @triton.jit
 def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
-                      stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PRMT: tl.constexpr):
     """y = x @ dequant(W)^T with NVFP4 weights (layout in the module doc): x [M, K] bf16, w_packed [N, K/2] uint8
     (row stride stride_wn bytes), scales [N, K/16] uint8 (row stride stride_sn bytes), alpha fp32 -> y [M, N]
     bf16, or fp32 partials (already times alpha) in ws. Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M; K % 16
-    == 0; k_split a positive multiple of BLOCK_K with n_split * k_split >= K."""
+    == 0; k_split a positive multiple of BLOCK_K with n_split * k_split >= K. PRMT: decode packed words with
+    _UNPACK8 (inline PTX; compiled kernels only), else bytes elementwise (_dequant; the interpreter's path)."""
     G: tl.constexpr = BLOCK_K // 16  # scale groups per tile
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -106,6 +178,10 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
     g = tl.arange(0, G)
     j = tl.arange(0, 8)
     w_rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_wn
+    if PRMT:
+        w_rows32 = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64)[:, None, None] * (stride_wn // 4)
+    else:
+        w_rows32 = w_rows  # unused
     s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
     x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
     k_lo = pid_k * k_split
@@ -115,13 +191,16 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
     for k0 in range(k_lo, k_hi, BLOCK_K):
         g_abs = k0 // 16 + g  # scale group of each [g] slice; its 8 bytes are k = 16 g_abs .. 16 g_abs + 15
         g_ok = g_abs < Kg
-        byte = (g_abs * 8)[None, :, None] + j[None, None, :]
-        b = tl.load(w_rows + byte, mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
         sc = tl.load(s_rows + g_abs[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
         sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
         sf = sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-        lo, hi = _dequant(b, sf)
-        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        if PRMT:
+            w = _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N, BLOCK_K)
+        else:
+            byte = (g_abs * 8)[None, :, None] + j[None, None, :]
+            b = tl.load(w_rows + byte, mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+            lo, hi = _dequant(b, sf)
+            w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
         k = k0 + tl.arange(0, BLOCK_K)
         xt = tl.load(x_rows + k[:, None], mask=(k < K)[:, None] & m_ok[None, :], other=0.0)
         acc = tl.dot(w, xt, acc)

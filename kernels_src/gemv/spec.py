@@ -3,9 +3,10 @@
 Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule):
   bf16.m{16,32,64}.n64.k128    BF16 weights, wide tile (N blocks of 64 rows)
   bf16.m{16,32,64}.n16.k256    BF16 weights, narrow tile (more programs for small N)
-  w4a16.m{16,32,64}.n64.k256   NVFP4 weights dequantized in the kernel, wide tile (8 warps: the dequantized
-                               tile is 64 values per thread)
-  w4a16.m{16,32,64}.n16.k256   NVFP4, narrow tile
+  w4a16.m{16,32,64}.n64.k256.{int,prmt}   NVFP4 weights dequantized in the kernel, wide tile (8 warps: the
+                                          dequantized tile is 64 values per thread); .int / .prmt: the
+                                          weight decoder (gemv.py)
+  w4a16.m{16,32,64}.n16.k256.{int,prmt}   NVFP4, narrow tile
   splitk_reduce                the fixed-order fp32 sum of split-K partials -> bf16
 
 Every pointer, K, each weight/x/scale row stride and k_split carry div=16 (checked by the runtime); M, N and y's
@@ -48,14 +49,17 @@ def _args(params):
     return [Arg(n, t, div=d) for n, t, d in params]
 
 
+# kind -> [(name suffix, extra constexprs)]: the NVFP4 kernels come with both weight decoders (gemv.py)
+_DECODERS = {"bf16": [("", {})], "w4a16": [(".int", {"PRMT": False}), (".prmt", {"PRMT": True})]}
+
 SPECS = []
 for _kind, _tiles in TILES.items():
     for _bm in M_BUCKETS:
-        for _bn, _bk, _warps in _tiles:
+        for (_bn, _bk, _warps), (_sfx, _dec) in ((t, d) for t in _tiles for d in _DECODERS[_kind]):
             SPECS.append(KernelSpec(
-                name=f"{_kind}.m{_bm}.n{_bn}.k{_bk}", source="gemv.py", entry=f"gemv_{_kind}_kernel",
+                name=f"{_kind}.m{_bm}.n{_bn}.k{_bk}{_sfx}", source="gemv.py", entry=f"gemv_{_kind}_kernel",
                 args=_args(_BF16 if _kind == "bf16" else _W4A16),
-                constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk},
+                constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, **_dec},
                 num_warps=_warps, num_stages=3,
                 # x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 stages in 99 KB
                 overrides={a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else {}))
@@ -63,4 +67,4 @@ for _kind, _tiles in TILES.items():
 SPECS.append(KernelSpec(name="splitk_reduce", source="gemv.py", entry="gemv_reduce_kernel", args=_args(_REDUCE),
                         constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
 
-del _kind, _tiles, _bm, _bn, _bk, _warps
+del _kind, _tiles, _bm, _bn, _bk, _warps, _sfx, _dec

@@ -50,7 +50,7 @@ from ..stream import is_capturing
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 
 __all__ = ["gemv", "gemv_w4a16", "max_m", "plan", "Plan", "workspace", "workspace_elems", "BASES", "M_BUCKETS",
-           "MAX_SPLIT"]
+           "MAX_SPLIT", "DECODERS", "DEFAULT_DECODER"]
 
 BF16 = "bfloat16"
 M_BUCKETS = (16, 32, 64)
@@ -64,16 +64,21 @@ L2_COST = 0.25  # an L2 byte (x re-read by every program) relative to an HBM byt
 SATURATE = 0.3  # the fraction of the resident slots that saturates HBM (a partial wave above it runs at full speed)
 
 
-def _base(kind: str, bm: int, bn: int, bk: int) -> str:
+DECODERS = ("int", "prmt")  # NVFP4 weight decoders (kernels_src/gemv/gemv.py): elementwise / packed inline PTX
+DEFAULT_DECODER = "int"
+
+
+def _base(kind: str, bm: int, bn: int, bk: int, decoder: str | None = None) -> str:
     """The kernel name (spelled once: the ops call this, BASES is built from it)."""
-    return f"gemv.{kind}.m{bm}.n{bn}.k{bk}"
+    return f"gemv.{kind}.m{bm}.n{bn}.k{bk}" + (f".{decoder}" if kind == "w4a16" else "")
 
 
 def _reduce_base() -> str:
     return "gemv.splitk_reduce"
 
 
-BASES = tuple(_base(k, bm, bn, bk) for k in TILES for bm in M_BUCKETS for bn, bk in TILES[k]) + (_reduce_base(),)
+BASES = tuple(_base(k, bm, bn, bk, d) for k in TILES for bm in M_BUCKETS for bn, bk in TILES[k]
+              for d in (DECODERS if k == "w4a16" else (None,))) + (_reduce_base(),)
 
 
 def max_m() -> int:
@@ -210,15 +215,16 @@ def _prepare(op, x, out, N, K, dev_refs):
     return xt, M, yt, res
 
 
-def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspace_arg, s, out, slots_in, forced):
+def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspace_arg, s, out, slots_in, forced,
+         decoder=None):
     dev = same_device(op, xt, yt, *wrefs)
     sms = _sm_count(dev if dev >= 0 else 0)
     bm = next(b for b in M_BUCKETS if M <= b)
-    kerns = [get_kernel(_base(kind, bm, bn, bk)) for bn, bk in TILES[kind]]
+    kerns = [get_kernel(_base(kind, bm, bn, bk, decoder)) for bn, bk in TILES[kind]]
     p = forced if forced is not None else plan(kind, M, N, K, sms, tuple(max(1, k.max_active_blocks()) for k in kerns))
     if forced is not None:
         _check_forced(op, kind, p, M, K)
-    k = kerns[TILES[kind].index((p.bn, p.bk))] if p.bm == bm else get_kernel(_base(kind, p.bm, p.bn, p.bk))
+    k = kerns[TILES[kind].index((p.bn, p.bk))] if p.bm == bm else get_kernel(_base(kind, p.bm, p.bn, p.bk, decoder))
     sy = row_stride(yt)
     sx = row_stride(xt) if M > 1 else 0
     _aligned(op, "x", xt, "x row stride", sx)
@@ -276,18 +282,22 @@ def gemv(x, weight, out=None, *, stream=None, workspace=None, _plan: Plan | None
 
 
 def gemv_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream=None, workspace=None,
-               _plan: Plan | None = None):
+               _plan: Plan | None = None, _decoder: str | None = None):
     """y [M, N] bf16 = x [M, K] @ W^T with NVFP4 weights W[n, k] = e2m1(weight_packed) * e4m3(weight_scale[n,
     k // 16]) * global_scale (dequantized in the kernel, exact in bf16 before the global scale), 1 <= M <= max_m().
     ``global_scale``: the effective multiplier (compressed-tensors: 1 / weight_global_scale; ModelOpt:
-    weight_scale_2). Layouts, dispatch and workspace in the module doc."""
+    weight_scale_2). Layouts, dispatch and workspace in the module doc. ``_decoder``: "int" (the default) or
+    "prmt", the kernels' weight decoder (identical results; benchmarks and tests)."""
     op = "gemv_w4a16"
     s = stream_of(stream)
+    dec = DEFAULT_DECODER if _decoder is None else _decoder
+    if dec not in DECODERS:
+        raise OpError(f"{op}: _decoder must be one of {DECODERS}, got {_decoder!r}")
     try:
         alpha = float(global_scale)
     except (TypeError, ValueError):
         raise OpError(f"{op}: global_scale must be a float, got {type(global_scale).__name__}") from None
-    key = (op, workspace is None, _plan)
+    key = (op, workspace is None, _plan, dec)
     tensors = (x, weight_packed, weight_scale, out) if workspace is None else \
         (x, weight_packed, weight_scale, out, workspace)
     if out is not None and _calls.run(key, tensors, (alpha,), s):
@@ -317,4 +327,4 @@ def gemv_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream
     _no_overlap(op, st, yt, "weight_scale", "out")
     fits_i32(op, stride_w=sw, stride_s=ss)
     return _run(op, key, "w4a16", xt, yt, res, M, N, K, (pt, st), (alpha,), ((pt, st), (alpha,), (sw, ss)),
-                workspace, s, out, (xt, pt, st, yt), _plan)
+                workspace, s, out, (xt, pt, st, yt), _plan, dec)
