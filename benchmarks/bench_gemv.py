@@ -8,7 +8,8 @@ buffers rotate over enough copies that all of them together exceed 2.5x the 60 M
 times cache hits. The W4A16 rows also time cuBLAS bf16 on the dequantized weights (the bytes NVFP4 saves).
 Every vkc case records its relative error against torch (a fast wrong kernel cannot pass unnoticed), the plan
 the dispatch rule picked, and, for weights up to SWEEP_MAX_BYTES, forced alternatives (each tile, split
-1/2/4/8) so the rule can be checked and retuned (``alternatives``, ``best_alternative``).
+1/2/4/8) so the rule can be checked and retuned (``alternatives``, ``best_alternative``). W4A16 rows time both
+weight decoders (``vkc_graph_us``: the default, ``vkc_<other>_graph_us``; the alternatives use the other one).
 Usage: python benchmarks/bench_gemv.py OUT.json [M,M,...]   (about 3-4 minutes: BENCH_TIMEOUT=600)
 """
 from __future__ import annotations
@@ -106,7 +107,7 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
     if kind == "bf16":
         ws_ = [(torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).to(torch.bfloat16) for _ in range(n_sets)]
 
-        def vkc(i, st, p=None):
+        def vkc(i, st, p=None, dec=None):
             G.gemv(xs[i], ws_[i], out=out, stream=st, workspace=ws, _plan=p)
         torch_w = ws_
         torch_sets = n_sets
@@ -114,8 +115,8 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
         qs = [nvfp4_weights(N, K, g) for _ in range(n_sets)]
         alpha = 0.0625
 
-        def vkc(i, st, p=None):
-            G.gemv_w4a16(xs[i], qs[i][0], qs[i][1], alpha, out=out, stream=st, workspace=ws, _plan=p)
+        def vkc(i, st, p=None, dec=None):
+            G.gemv_w4a16(xs[i], qs[i][0], qs[i][1], alpha, out=out, stream=st, workspace=ws, _plan=p, _decoder=dec)
         torch_sets = BC.n_sets_for(N * K * 2)
         torch_w = [dequant_bf16(qs[0][0], qs[0][1], alpha)]
         torch_w += [torch_w[0].clone() for _ in range(torch_sets - 1)]  # bytes matter, not values
@@ -131,6 +132,16 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
     row["vkc_graph_us"] = t * 1e3
     row["pct_floor"] = 100 * row["floor_us"] / row["vkc_graph_us"]
     row["pct_copy"] = 100 * row["floor_copy_us"] / row["vkc_graph_us"]
+    sweep_dec = None
+    if kind == "w4a16":  # the other decoder (gemv.py): same plan, and the one the alternatives use
+        sweep_dec = "prmt" if G.DEFAULT_DECODER != "prmt" else "int"
+        vkc(0, None, dec=sweep_dec)
+        torch.cuda.synchronize()
+        row[f"rel_err_{sweep_dec}_vs_torch"] = BC.rel_err(out, ref)
+        t2 = graph_ms(lambda i, st: vkc(i, st, dec=sweep_dec), vkc=True, n_sets=n_sets, inner=INNER, reps=REPS)
+        row[f"vkc_{sweep_dec}_graph_us"] = t2 * 1e3
+        row[f"{sweep_dec}_pct_floor"] = 100 * row["floor_us"] / row[f"vkc_{sweep_dec}_graph_us"]
+        row["default_decoder"] = G.DEFAULT_DECODER
     tt = graph_ms(lambda i, st: torch.matmul(xs[i % n_sets], torch_w[i % torch_sets].T, out=ref), vkc=False,
                   n_sets=max(n_sets, torch_sets), inner=INNER, reps=REPS)
     row["torch_graph_us"] = tt * 1e3
@@ -141,7 +152,7 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
         alts = {}
         for p in alternatives(kind, M, N, K):
             try:
-                alts[plan_name(p)] = graph_ms(lambda i, st, p=p: vkc(i, st, p), vkc=True, n_sets=n_sets,
+                alts[plan_name(p)] = graph_ms(lambda i, st, p=p: vkc(i, st, p, sweep_dec), vkc=True, n_sets=n_sets,
                                               inner=INNER, reps=10) * 1e3
             except Exception as e:  # noqa: BLE001 - recorded, never silently dropped
                 alts[plan_name(p)] = BC.err(e)
@@ -177,6 +188,10 @@ def main(out_path: str) -> None:
                 case = f"{kind} {model} {proj} M={M}"
                 cmp.add("gemv", case, "device", "op", r.get("vkc_graph_us"), "torch_matmul_bf16",
                         r.get("torch_graph_us"), unit="us", pct_limit=r.get("pct_floor"), limit=lim)
+                for dec in ("int", "prmt"):
+                    if f"vkc_{dec}_graph_us" in r:
+                        cmp.add("gemv", case, "device", f"op_{dec}", r[f"vkc_{dec}_graph_us"], "torch_matmul_bf16",
+                                r.get("torch_graph_us"), unit="us", pct_limit=r.get(f"{dec}_pct_floor"), limit=lim)
                 BC.write(out_path, BC.result("gemv", method=method(graph_defaults={"inner": INNER, "reps": REPS}),
                                              limits=BC.hbm_limits(copy_tbs), rows=rows, comparisons=cmp))
                 torch.cuda.empty_cache()

@@ -13,7 +13,8 @@ from vkc_runtime.ops import MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((REPO / "manifests").glob("sm_*.json"))
-FAMILY = {"norm": "norm", "attention": "attn", "conv": "conv", "gdn": "gdn", "gdn_decode": "gdn_decode"}
+FAMILY = {"norm": "norm", "attention": "attn", "conv": "conv", "gdn": "gdn", "gdn_decode": "gdn_decode",
+          "gemv": "gemv"}
 
 
 def _kernels(path: Path) -> set[str]:
@@ -75,6 +76,10 @@ def test_naming_functions_produce_only_declared_names():
             attn |= {A._prefill_base(d, g), A._prefill_base(d, g, tma=True)}
             attn |= {A._decode_base(k, d, g) for k in ("direct", "fused", "combine")}
     assert attn == set(A.BASES) | set(A.OPTIONAL_BASES)
+    from vkc_runtime.ops import gemv as GV
+    gv = {GV._reduce_base()} | {GV._base(k, bm, bn, bk, d) for k in GV.TILES for bm in GV.M_BUCKETS
+                                for bn, bk in GV.TILES[k] for d in GV.DECODERS}
+    assert gv == set(GV.BASES)
 
 
 def test_every_kernel_with_global_scratch_gets_it_from_a_workspace():

@@ -135,9 +135,11 @@ def test_larger_m_buckets(G, kind, M):
     check(y, ref, f"{kind} M={M}")
 
 
-@pytest.mark.parametrize("kind", ["bf16", "w4a16"])
+@pytest.mark.parametrize("kind", ["bf16", "w4a16.int", "w4a16.prmt"])
 def test_every_kernel_and_split_through_forced_plans(G, kind):
-    """Each compiled (M bucket, tile) kernel, with 1 and several splits, at a real shape with an N tail."""
+    """Each compiled (M bucket, tile[, decoder]) kernel, with 1 and several splits, at a real shape with an N
+    tail."""
+    kind, _, dec = kind.partition(".")
     N, K = 2048 + 40, 4096
     ws = torch.full((G.workspace_elems(64, N),), float("nan"), device="cuda", dtype=torch.float32)
     packed, scale = nvfp4_weights(N, K)
@@ -155,9 +157,41 @@ def test_every_kernel_and_split_through_forced_plans(G, kind):
                 if kind == "bf16":
                     G.gemv(x, w, out=y, workspace=ws, _plan=p)
                 else:
-                    G.gemv_w4a16(x, packed, scale, 0.25, out=y, workspace=ws, _plan=p)
+                    G.gemv_w4a16(x, packed, scale, 0.25, out=y, workspace=ws, _plan=p, _decoder=dec)
                 torch.cuda.synchronize()
                 check(y, ref, f"{kind} {p}")
+
+
+@pytest.mark.parametrize("decoder", ["int", "prmt"])
+def test_w4a16_decoders_exact(G, decoder):
+    """One-hot rows of x pick single weight columns: y[m, n] == W[n, k_m] exactly (the dequantized weight is
+    exact in bf16 and alpha a power of two) for every k % 16 position of a scale group (every nibble of both
+    packed words), groups at the start, middle and end of K, every code and scales over e4m3's range."""
+    N, K = 512, 4096
+    g = gen(fresh_seed())
+    packed = torch.randint(0, 256, (N, K // 2), device="cuda", dtype=torch.uint8, generator=g)
+    scale = torch.randint(0x01, 0x7F, (N, K // 16), device="cuda", dtype=torch.uint8, generator=g)
+    W = dequant64(packed, scale, 0.5)
+    ks = list(range(16)) + [16 * 77 + j for j in range(16)] + [K - 16 + j for j in range(16)] + [8, 2047, 2048, 3001]
+    for lo in range(0, len(ks), 16):
+        part = ks[lo:lo + 16]
+        x = torch.zeros(len(part), K, device="cuda", dtype=torch.bfloat16)
+        x[torch.arange(len(part)), torch.tensor(part)] = 1.0
+        y = poison(len(part), N)
+        G.gemv_w4a16(x, packed, scale, 0.5, out=y, _decoder=decoder)
+        torch.cuda.synchronize()
+        for m, k in enumerate(part):
+            assert torch.equal(y[m].double(), W[:, k]), (decoder, k)
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_w4a16_prmt_decoder_real_shapes(G, N, K):
+    packed, scale = nvfp4_weights(N, K)
+    x = torch.randn(7, K, device="cuda", generator=gen(fresh_seed())).to(torch.bfloat16)
+    y = poison(7, N)
+    G.gemv_w4a16(x, packed, scale, 0.75, out=y, _decoder="prmt")
+    torch.cuda.synchronize()
+    check(y, ref_w4(x, packed, scale, 0.75), f"w4a16 prmt N={N} K={K}")
 
 
 def test_strided_x_and_out(G):

@@ -27,9 +27,12 @@ Dispatch (:func:`plan`, a pure function of host ints, so graph-stable): M picks 
 bandwidth (:func:`_wave_cost`: full waves of resident programs saturate HBM; a last partial wave, or a launch
 smaller than the machine, of r programs runs at min(1, r / (0.3 * slots)) of it), times the L2 re-reads of x,
 plus the split-K partials' traffic and the reduce launch, and takes the cheapest (ties: wide, fewer splits).
-``slots`` is the SM count times the kernel's occupancy (driver query). Split-K writes fp32 partials [s, M, N] to a workspace and a second
-launch sums them in split order (deterministic, no atomics). The constants are first choices made without a
-device to time them (``vkc tune`` retunes the kernels' warps/stages; BENCHMARKS.md records measurements).
+``slots`` is the SM count times the kernel's occupancy (driver query). Split-K writes fp32 partials [s, M, N]
+to a workspace and a second launch sums them in split order (deterministic, no atomics). The constants are
+first choices made without a device to time them (benchmarks/bench_gemv.py times forced alternatives next to
+the rule's pick; ``vkc tune`` retunes the kernels' warps/stages; BENCHMARKS.md records measurements). NVFP4
+kernels come with two weight decoders giving identical results (kernels_src/gemv/gemv.py): ``int`` (the
+default) and ``prmt`` (packed inline PTX, fewer instructions per weight byte); ``_decoder=`` picks one.
 
 Workspace and graphs: split-K needs ``s * M * N`` fp32 elements. Pass ``workspace=`` (a contiguous 1-D float32
 tensor of at least :func:`workspace_elems` elements, e.g. from :func:`workspace`) allocated before graph capture;
