@@ -171,7 +171,7 @@ def main(out_path: str) -> None:
     if len(sys.argv) > 2:
         ms = tuple(int(v) for v in sys.argv[2].split(","))
     copy_tbs = BC.measured_copy_tbs()
-    ws = torch.empty(G.workspace_elems(max(ms), 34816), device="cuda", dtype=torch.float32)
+    ws = torch.empty(G.workspace_elems(max(ms), max(n for _, _, n, _ in SHAPES)), device="cuda", dtype=torch.float32)
     rows, cmp = [], BC.Comparisons()
     lim = f"HBM floor (weights + x + y) at {BC.HBM_NOMINAL_TBS} TB/s nominal"
     for kind in ("bf16", "w4a16"):
