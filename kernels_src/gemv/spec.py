@@ -61,8 +61,11 @@ for _kind, _tiles in TILES.items():
                 args=_args(_BF16 if _kind == "bf16" else _W4A16),
                 constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, **_dec},
                 num_warps=_warps, num_stages=3,
-                # x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 stages in 99 KB
-                overrides={a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else {}))
+                # x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 stages in 99 KB; the
+                # wide NVFP4 kernels at M 16 (.int spills 16 B on sm_120a/sm_121a with 3 stages, ptxas 13.4)
+                overrides=({a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else
+                           {a: {"num_stages": 2} for a in ("sm_120a", "sm_121a")}
+                           if (_kind, _bm, _bn) == ("w4a16", 16, 64) else {})))
 
 SPECS.append(KernelSpec(name="splitk_reduce", source="gemv.py", entry="gemv_reduce_kernel", args=_args(_REDUCE),
                         constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
