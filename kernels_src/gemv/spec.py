@@ -61,8 +61,8 @@ for _kind, _tiles in TILES.items():
                 args=_args(_BF16 if _kind == "bf16" else _W4A16),
                 constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, **_dec},
                 num_warps=_warps, num_stages=3,
-                # x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 stages in 99 KB; the
-                # wide NVFP4 kernels at M 16 (.int spills 16 B on sm_120a/sm_121a with 3 stages, ptxas 13.4)
+                # 2 stages: x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 in 99 KB; the wide
+                # NVFP4 kernels at M 16 on sm_120a/sm_121a (.int spills 16 B there with 3 stages, ptxas 13.4)
                 overrides=({a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else
                            {a: {"num_stages": 2} for a in ("sm_120a", "sm_121a")}
                            if (_kind, _bm, _bn) == ("w4a16", 16, 64) else {})))
