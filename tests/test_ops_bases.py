@@ -86,6 +86,10 @@ def test_naming_functions_produce_only_declared_names():
         for g in (True, False):
             attn |= {A.prefill_base(d, g), A.prefill_base(d, g, tma=True)}
     assert attn == set(A_BASES) | set(A_OPTIONAL)
+    from vkc_runtime.ops import gemv as GV
+    gv = {GV._reduce_base()} | {GV._base(k, bm, bn, bk, d) for k in GV.TILES for bm in GV.M_BUCKETS
+                                for bn, bk in GV.TILES[k] for d in GV.DECODERS}
+    assert gv == set(GV.BASES)
 
 
 def test_every_kernel_with_global_scratch_gets_it_from_a_workspace():

@@ -1,0 +1,201 @@
+"""Small-M GEMM ("GEMV", decode) on the H200: vkc's gemv / gemv_w4a16 vs torch.matmul (cuBLAS bf16), graph vs
+graph in the same process, microseconds, % of the HBM floor.
+
+y[M, N] = x[M, K] @ W[N, K]^T over the Qwen3.5/3.6 27B and 35B-A3B projection shapes, M in MS. Floor = the
+compulsory bytes (weights, x read, y written; NVFP4 weights: K/2 packed bytes + K/16 scale bytes per row) at
+the nominal 4.8 TB/s (pct_floor) and at the copy bandwidth measured in this process (pct_copy). Weight
+buffers rotate over enough copies that all of them together exceed 2.5x the 60 MB L2 (n_sets), so no case
+times cache hits. The W4A16 rows also time cuBLAS bf16 on the dequantized weights (the bytes NVFP4 saves).
+Every vkc case records its relative error against torch (a fast wrong kernel cannot pass unnoticed), the plan
+the dispatch rule picked, and, for weights up to SWEEP_MAX_BYTES, forced alternatives (each tile, split
+1/2/4/8) so the rule can be checked and retuned (``alternatives``, ``best_alternative``). W4A16 rows time both
+weight decoders (``vkc_graph_us``: the default, ``vkc_<other>_graph_us``; the alternatives use the other one).
+Usage: python benchmarks/bench_gemv.py OUT.json [M,M,...]   (about 3-4 minutes: BENCH_TIMEOUT=600)
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import torch
+
+from vkc_runtime.ops import gemv as G
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as BC  # noqa: E402
+from timing import graph_ms, method  # noqa: E402
+
+SHAPES = [  # (model, projection, N, K)
+    ("27B", "gdn_in_fused", 10240 + 6144 + 48 + 48, 5120),
+    ("27B", "gdn_qkv", 10240, 5120),
+    ("27B", "gdn_z", 6144, 5120),
+    ("27B", "gdn_out", 5120, 6144),
+    ("27B", "attn_qkv", 12288 + 1024 + 1024, 5120),
+    ("27B", "attn_out", 5120, 6144),
+    ("27B", "mlp_gate_up", 34816, 5120),
+    ("27B", "mlp_down", 5120, 17408),
+    ("27B", "lm_head", 248320, 5120),
+    ("35B-A3B", "gdn_in_fused", 8192 + 4096 + 32 + 32, 2048),
+    ("35B-A3B", "gdn_out", 2048, 4096),
+    ("35B-A3B", "attn_qkv", 8192 + 512 + 512, 2048),
+    ("35B-A3B", "lm_head", 248320, 2048),
+]
+MS = (1, 7, 16, 64)
+SWEEP_MAX_BYTES = 400e6
+INNER, REPS = 20, 20
+
+
+def weight_bytes(kind, N, K):
+    return N * K * 2 if kind == "bf16" else N * K // 2 + N * K // 16
+
+
+def floor_bytes(kind, M, N, K):
+    return weight_bytes(kind, N, K) + M * K * 2 + M * N * 2
+
+
+def nvfp4_weights(N, K, g):
+    packed = torch.randint(0, 256, (N, K // 2), device="cuda", dtype=torch.uint8, generator=g)
+    # e4m3 scales in [2^-4, 2^3] (positive, finite): bytes 0x18..0x57
+    scale = torch.randint(0x18, 0x58, (N, K // 16), device="cuda", dtype=torch.uint8, generator=g)
+    return packed, scale
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def dequant_bf16(packed, scale, alpha, rows=16384):
+    """bf16 W [N, K] from NVFP4 (chunks of rows; exact before the bf16 rounding of alpha's product)."""
+    N = packed.shape[0]
+    lut = torch.tensor(E2M1, device="cuda", dtype=torch.float32)
+    out = torch.empty(N, packed.shape[1] * 2, device="cuda", dtype=torch.bfloat16)
+    for lo in range(0, N, rows):
+        p = packed[lo:lo + rows].long()
+        codes = torch.stack([p & 15, p >> 4], -1).reshape(p.shape[0], -1)
+        s = scale[lo:lo + rows].view(torch.float8_e4m3fn).float().repeat_interleave(16, 1)
+        out[lo:lo + rows] = (lut[codes] * s * alpha).to(torch.bfloat16)
+    return out
+
+
+def alternatives(kind, M, N, K):
+    bm = next(b for b in G.M_BUCKETS if M <= b)
+    alts = []
+    for bn, bk in G.TILES[kind]:
+        kt = -(-K // bk)
+        for s in (1, 2, 4, 8):
+            tiles = -(-kt // s)
+            if -(-kt // tiles) == s:
+                alts.append(G.Plan(bm, bn, bk, s, tiles * bk))
+    return alts
+
+
+def plan_name(p):
+    return f"m{p.bm}.n{p.bn}.k{p.bk}.s{p.split}"
+
+
+def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
+    wb = weight_bytes(kind, N, K)
+    n_sets = BC.n_sets_for(wb)
+    g = torch.Generator(device="cuda").manual_seed(N * 7 + K + M)
+    xs = [torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16) for _ in range(n_sets)]
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    ref = torch.empty_like(out)
+    fb = floor_bytes(kind, M, N, K)
+    row = {"kind": kind, "model": model, "proj": proj, "M": M, "N": N, "K": K, "weight_bytes": wb,
+           "floor_bytes": fb, "floor_us": BC.floor_ms(fb, BC.HBM_NOMINAL_TBS) * 1e3,
+           "floor_copy_us": BC.floor_ms(fb, copy_tbs) * 1e3, "n_sets": n_sets}
+    if kind == "bf16":
+        ws_ = [(torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).to(torch.bfloat16) for _ in range(n_sets)]
+
+        def vkc(i, st, p=None, dec=None):
+            G.gemv(xs[i], ws_[i], out=out, stream=st, workspace=ws, _plan=p)
+        torch_w = ws_
+        torch_sets = n_sets
+    else:
+        qs = [nvfp4_weights(N, K, g) for _ in range(n_sets)]
+        alpha = 0.0625
+
+        def vkc(i, st, p=None, dec=None):
+            G.gemv_w4a16(xs[i], qs[i][0], qs[i][1], alpha, out=out, stream=st, workspace=ws, _plan=p, _decoder=dec)
+        torch_sets = BC.n_sets_for(N * K * 2)
+        torch_w = [dequant_bf16(qs[0][0], qs[0][1], alpha)]
+        torch_w += [torch_w[0].clone() for _ in range(torch_sets - 1)]  # bytes matter, not values
+    chosen = G.plan(kind, M, N, K, torch.cuda.get_device_properties(0).multi_processor_count,
+                    tuple(max(1, G.get_kernel(G._base(kind, next(b for b in G.M_BUCKETS if M <= b), bn, bk, G.DEFAULT_DECODER))
+                              .max_active_blocks()) for bn, bk in G.TILES[kind]))
+    row["plan"] = plan_name(chosen)
+    vkc(0, None)
+    torch.matmul(xs[0], torch_w[0].T, out=ref)
+    torch.cuda.synchronize()
+    row["rel_err_vs_torch"] = BC.rel_err(out, ref)
+    t = graph_ms(vkc, vkc=True, n_sets=n_sets, inner=INNER, reps=REPS)
+    row["vkc_graph_us"] = t * 1e3
+    row["pct_floor"] = 100 * row["floor_us"] / row["vkc_graph_us"]
+    row["pct_copy"] = 100 * row["floor_copy_us"] / row["vkc_graph_us"]
+    sweep_dec = None
+    if kind == "w4a16":  # the other decoder (gemv.py): same plan, and the one the alternatives use
+        sweep_dec = "prmt" if G.DEFAULT_DECODER != "prmt" else "int"
+        vkc(0, None, dec=sweep_dec)
+        torch.cuda.synchronize()
+        row[f"rel_err_{sweep_dec}_vs_torch"] = BC.rel_err(out, ref)
+        t2 = graph_ms(lambda i, st: vkc(i, st, dec=sweep_dec), vkc=True, n_sets=n_sets, inner=INNER, reps=REPS)
+        row[f"vkc_{sweep_dec}_graph_us"] = t2 * 1e3
+        row[f"{sweep_dec}_pct_floor"] = 100 * row["floor_us"] / row[f"vkc_{sweep_dec}_graph_us"]
+        row["default_decoder"] = G.DEFAULT_DECODER
+    tt = graph_ms(lambda i, st: torch.matmul(xs[i % n_sets], torch_w[i % torch_sets].T, out=ref), vkc=False,
+                  n_sets=max(n_sets, torch_sets), inner=INNER, reps=REPS)
+    row["torch_graph_us"] = tt * 1e3
+    tfb = floor_bytes("bf16", M, N, K)
+    row["torch_pct_bf16_floor"] = 100 * BC.floor_ms(tfb, BC.HBM_NOMINAL_TBS) / tt
+    row["ratio_vs_torch"] = tt / t
+    if wb <= SWEEP_MAX_BYTES:
+        alts = {}
+        for p in alternatives(kind, M, N, K):
+            try:
+                alts[plan_name(p)] = graph_ms(lambda i, st, p=p: vkc(i, st, p, sweep_dec), vkc=True, n_sets=n_sets,
+                                              inner=INNER, reps=10) * 1e3
+            except Exception as e:  # noqa: BLE001 - recorded, never silently dropped
+                alts[plan_name(p)] = BC.err(e)
+        row["alternatives"] = alts
+        timed = {k: v for k, v in alts.items() if isinstance(v, float)}
+        if timed:
+            best = min(timed, key=timed.get)
+            row["best_alternative"] = best
+            row["best_alternative_pct_floor"] = 100 * row["floor_us"] / timed[best]
+    del xs
+    return row
+
+
+def main(out_path: str) -> None:
+    ms = MS
+    if len(sys.argv) > 2:
+        ms = tuple(int(v) for v in sys.argv[2].split(","))
+    copy_tbs = BC.measured_copy_tbs()
+    ws = torch.empty(G.workspace_elems(max(ms), max(n for _, _, n, _ in SHAPES)), device="cuda", dtype=torch.float32)
+    rows, cmp = [], BC.Comparisons()
+    lim = f"HBM floor (weights + x + y) at {BC.HBM_NOMINAL_TBS} TB/s nominal"
+    for kind in ("bf16", "w4a16"):
+        for model, proj, N, K in SHAPES:
+            for M in ms:
+                try:
+                    r = bench_case(kind, model, proj, N, K, M, copy_tbs, ws)
+                except Exception as e:  # noqa: BLE001
+                    traceback.print_exc()
+                    r = {"kind": kind, "model": model, "proj": proj, "M": M, "N": N, "K": K, "error": BC.err(e)}
+                rows.append(r)
+                print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if k != "alternatives"},
+                      flush=True)
+                case = f"{kind} {model} {proj} M={M}"
+                cmp.add("gemv", case, "device", "op", r.get("vkc_graph_us"), "torch_matmul_bf16",
+                        r.get("torch_graph_us"), unit="us", pct_limit=r.get("pct_floor"), limit=lim)
+                for dec in ("int", "prmt"):
+                    if f"vkc_{dec}_graph_us" in r:
+                        cmp.add("gemv", case, "device", f"op_{dec}", r[f"vkc_{dec}_graph_us"], "torch_matmul_bf16",
+                                r.get("torch_graph_us"), unit="us", pct_limit=r.get(f"{dec}_pct_floor"), limit=lim)
+                BC.write(out_path, BC.result("gemv", method=method(graph_defaults={"inner": INNER, "reps": REPS}),
+                                             limits=BC.hbm_limits(copy_tbs), rows=rows, comparisons=cmp))
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

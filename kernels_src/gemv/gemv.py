@@ -1,0 +1,223 @@
+"""Small-M GEMM ("GEMV") kernels for decode: y[M, N] = x[M, K] @ W[N, K]^T, bf16 in/out, fp32 accumulate.
+
+Each program owns BLOCK_N rows of W and ALL M (<= BLOCK_M) rows of x, so every weight byte is read from HBM
+exactly once; x (a few KB) is re-read from L2 by every program. The product is computed "swapped":
+acc[BLOCK_N, BLOCK_M] = W_tile[BLOCK_N, BLOCK_K] @ x_tile^T[BLOCK_K, BLOCK_M], so the large weight tile is the
+MMA's A operand and the small M is its N dimension (tl.dot needs every dimension >= 16; rows m >= M are masked to
+zero and never stored).
+
+Split-K (grid axis 1 = n_split programs per N block): program (i, s) covers K range [s * k_split,
+min(K, (s + 1) * k_split)) with k_split a multiple of BLOCK_K chosen by the host. With n_split == 1 the program
+stores bf16 y directly; otherwise it stores its fp32 partial to ws[s, m, n] (a [n_split, M, N] contiguous fp32
+workspace) and gemv_reduce_kernel sums the partials in the fixed order s = 0, 1, ... (deterministic: no
+atomics) and stores bf16 y. Both paths are compiled into one kernel (n_split is a runtime value).
+
+Tails: N and M are masked; K is masked against K (a split boundary is a multiple of BLOCK_K, so only the
+last tile of the last split can be partial). The runtime promises (div=16 hints) K % 16 == 0 (bf16), row
+strides % 16 elements and 16-byte aligned pointers, which keeps the masked loads vectorized.
+
+NVFP4 weights (gemv_w4a16_kernel; the layout the op documents):
+  w_packed [N, K/2] uint8: byte j of row n holds k = 2j in its LOW nibble and k = 2j + 1 in its high nibble;
+           a nibble is e2m1 (bit 3 sign, bits 2..1 exponent (bias 1), bit 0 mantissa): 0, .5, 1, 1.5, 2, 3, 4, 6.
+  scales   [N, K/16] uint8 bytes of float8 e4m3fn (bias 7, no inf): scales[n, g] scales k in [16g, 16g + 16).
+           Linear, row-major, not swizzled.
+  alpha    fp32: the one effective global multiplier.  W[n, k] = e2m1(nibble) * e4m3(scales[n, k // 16]) * alpha.
+Decoding without tables or branches: the e4m3 scale's 7 low bits shifted into an fp16 (<< 7) are its value
+times 2^-8 (subnormals included); an e2m1 magnitude shifted into an fp16 (<< 9) is its value times 2^-14 (the
+one subnormal included). A weight times its scale has at most 6 significant bits, so the bf16 weight fed to
+the MMA is exact; alpha multiplies the fp32 accumulator after the dot. Two decoders give identical bits:
+  .int   elementwise integer math on bytes (one register per byte; ALU-bound well below the HBM floor of the
+         4-bit weights); the only one Triton's interpreter can run, so the CPU tests check its semantics.
+  .prmt  packed int32 words through _UNPACK8 (inline PTX, 8 weights per word: the 3-bit magnitudes index two
+         8-entry byte tables with prmt, the sign is ORed in, an exact bf16x2 fma applies the scale); about half
+         the instructions per byte of .int. Checked on the GPU against .int and float64 (tests/gpu).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split):
+    """acc [BLOCK_N, BLOCK_M] fp32 -> bf16 y[m, n] (n_split == 1) or fp32 ws[pid_k, m, n]."""
+    mask = (n < N)[:, None] & (m < M)[None, :]
+    if n_split == 1:
+        tl.store(out_ptr + m.to(tl.int64)[None, :] * stride_om + n[:, None], acc.to(tl.bfloat16), mask=mask)
+    else:
+        row = (pid_k * M + m).to(tl.int64) * N
+        tl.store(ws_ptr + row[None, :] + n[:, None], acc, mask=mask)
+
+
+@triton.jit
+def gemv_bf16_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_om, k_split,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x [M, K] bf16 (row stride stride_xm), W [N, K] bf16 (row stride stride_wn) -> y [M, N] bf16 (row stride
+    stride_om), or fp32 partials in ws (see the module doc). Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M;
+    k_split a positive multiple of BLOCK_K with n_split * k_split >= K."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    m_ok = m < M
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(K, k_lo + k_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        xt = tl.load(x_rows + k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+        acc = tl.dot(w, xt, acc)
+    _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
+
+
+@triton.jit
+def _e2m1_bits(code):
+    """int32 holding an e2m1 code in bits 3..0 -> its value as fp32 (exact: fp16 bits << 9 are value * 2^-14)."""
+    bits = ((code & 0x7) << 9) | ((code & 0x8) << 12)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def _dequant(b, sf):
+    """Packed bytes b [BN, G, 8] uint8 and their group scales sf [BN, G] fp32 (exact e4m3 values) -> the bf16
+    weights of the low and the high nibbles (k = 16 g + 2 j and 16 g + 2 j + 1), exact."""
+    b32 = b.to(tl.int32)
+    lo = (_e2m1_bits(b32) * sf[:, :, None]).to(tl.bfloat16)
+    hi = (_e2m1_bits(b32 >> 4) * sf[:, :, None]).to(tl.bfloat16)
+    return lo, hi
+
+
+# One packed word (4 bytes = 8 e2m1 codes, k = 8 i .. 8 i + 7, low nibble first) and its group scale as a
+# bf16 pair ($9 = {s, s}) -> the 8 bf16 weights $0..$7 in k order (exact: <= 6 significant bits).
+_UNPACK8 = tl.constexpr("""
+{
+.reg .b32 x, y, sl, sh, t, ta, tb, la, lb, ha, hb, L, H, p0, p1, q0, q1, neg0;
+mov.b32 la, 0xC0800000;
+mov.b32 lb, 0xC0804000;
+mov.b32 ha, 0x3F3F3F00;
+mov.b32 hb, 0x40404040;
+mov.b32 neg0, 0x80008000;
+and.b32 x, $8, 0x07070707;
+shr.b32 t, x, 12;
+or.b32 sl, x, t;
+shr.b32 y, $8, 4;
+and.b32 y, y, 0x07070707;
+shr.b32 t, y, 12;
+or.b32 sh, y, t;
+prmt.b32 ta, $8, 0, 0x4140;
+prmt.b32 tb, $8, 0, 0x4342;
+prmt.b32 L, la, lb, sl;
+prmt.b32 H, ha, hb, sl;
+prmt.b32 p0, L, H, 0x6240;
+prmt.b32 p1, L, H, 0x7351;
+prmt.b32 L, la, lb, sh;
+prmt.b32 H, ha, hb, sh;
+prmt.b32 q0, L, H, 0x6240;
+prmt.b32 q1, L, H, 0x7351;
+shl.b32 t, ta, 12;
+and.b32 t, t, 0x80008000;
+or.b32 p0, p0, t;
+shl.b32 t, tb, 12;
+and.b32 t, t, 0x80008000;
+or.b32 p1, p1, t;
+shl.b32 t, ta, 8;
+and.b32 t, t, 0x80008000;
+or.b32 q0, q0, t;
+shl.b32 t, tb, 8;
+and.b32 t, t, 0x80008000;
+or.b32 q1, q1, t;
+fma.rn.bf16x2 p0, p0, $9, neg0;
+fma.rn.bf16x2 p1, p1, $9, neg0;
+fma.rn.bf16x2 q0, q0, $9, neg0;
+fma.rn.bf16x2 q1, q1, $9, neg0;
+mov.b32 {$0, $2}, p0;
+mov.b32 {$4, $6}, p1;
+mov.b32 {$1, $3}, q0;
+mov.b32 {$5, $7}, q1;
+}
+""")
+
+
+@triton.jit
+def _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The PRMT decoder: the tile's packed words [BN, G, 2] int32 (w_rows32: int32 row pointers) and group
+    scales sf [BN, G] -> W [BN, BK] bf16 (_UNPACK8 per word, the 8 results interleaved back into k order)."""
+    t = tl.arange(0, 2)
+    wd = tl.load(w_rows32 + (g_abs * 2)[None, :, None] + t[None, None, :],
+                 mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+    s16 = sf.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)
+    s2 = tl.broadcast_to((s16 | (s16 << 16))[:, :, None], wd.shape)
+    e0, e1, e2, e3, e4, e5, e6, e7 = tl.inline_asm_elementwise(
+        _UNPACK8, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [wd, s2], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    # join(A, B) appends a last dim of 2: the flattened index of w8[a, b, c] is 4 a + 2 b + c = k % 8
+    w8 = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+    return tl.reshape(w8, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
+                      stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PRMT: tl.constexpr):
+    """y = x @ dequant(W)^T with NVFP4 weights (layout in the module doc): x [M, K] bf16, w_packed [N, K/2] uint8
+    (row stride stride_wn bytes), scales [N, K/16] uint8 (row stride stride_sn bytes), alpha fp32 -> y [M, N]
+    bf16, or fp32 partials (already times alpha) in ws. Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M; K % 16
+    == 0; k_split a positive multiple of BLOCK_K with n_split * k_split >= K. PRMT: decode packed words with
+    _UNPACK8 (inline PTX; compiled kernels only), else bytes elementwise (_dequant; the interpreter's path)."""
+    G: tl.constexpr = BLOCK_K // 16  # scale groups per tile
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    m_ok = m < M
+    g = tl.arange(0, G)
+    j = tl.arange(0, 8)
+    w_rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_wn
+    if PRMT:
+        w_rows32 = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64)[:, None, None] * (stride_wn // 4)
+    else:
+        w_rows32 = w_rows  # unused
+    s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
+    x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(K, k_lo + k_split)
+    Kg = K // 16
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        g_abs = k0 // 16 + g  # scale group of each [g] slice; its 8 bytes are k = 16 g_abs .. 16 g_abs + 15
+        g_ok = g_abs < Kg
+        sc = tl.load(s_rows + g_abs[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
+        sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
+        sf = sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+        if PRMT:
+            w = _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N, BLOCK_K)
+        else:
+            byte = (g_abs * 8)[None, :, None] + j[None, None, :]
+            b = tl.load(w_rows + byte, mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+            lo, hi = _dequant(b, sf)
+            w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        k = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_rows + k[:, None], mask=(k < K)[:, None] & m_ok[None, :], other=0.0)
+        acc = tl.dot(w, xt, acc)
+    acc = acc * alpha
+    _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
+
+
+@triton.jit
+def gemv_reduce_kernel(ws_ptr, out_ptr, M, N, stride_om, n_split, BLOCK: tl.constexpr):
+    """y[m, n] = bf16(sum_{s = 0 .. n_split-1} ws[s, m, n]) in that order. ws [n_split, M, N] fp32 contiguous.
+    Grid (cdiv(N, BLOCK), M)."""
+    m = tl.program_id(1)
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = n < N
+    plane = M.to(tl.int64) * N
+    p = ws_ptr + m.to(tl.int64) * N + n
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(n_split):
+        acc += tl.load(p + s * plane, mask=ok, other=0.0)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + n, acc.to(tl.bfloat16), mask=ok)

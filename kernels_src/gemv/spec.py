@@ -1,0 +1,73 @@
+"""AOT specs of the small-M GEMM ("GEMV") family for decode (kernels and layouts in gemv.py).
+
+Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule):
+  bf16.m{16,32,64}.n64.k128    BF16 weights, wide tile (N blocks of 64 rows)
+  bf16.m{16,32,64}.n16.k256    BF16 weights, narrow tile (more programs for small N)
+  w4a16.m{16,32,64}.n64.k256.{int,prmt}   NVFP4 weights dequantized in the kernel, wide tile (8 warps: the
+                                          dequantized tile is 64 values per thread); .int / .prmt: the
+                                          weight decoder (gemv.py)
+  w4a16.m{16,32,64}.n16.k256.{int,prmt}   NVFP4, narrow tile
+  splitk_reduce                the fixed-order fp32 sum of split-K partials -> bf16
+
+Every pointer, K, each weight/x/scale row stride and k_split carry div=16 (checked by the runtime); M, N and y's
+row stride carry none. num_warps / num_stages are first choices made without a device to time them: retune with
+``vkc tune`` (benchmarks/bench_gemv.py measures the cases).
+
+Grids (axis 0 first):
+  bf16.*, w4a16.*   (cdiv(N, BLOCK_N), n_split)
+  splitk_reduce     (cdiv(N, BLOCK), M)
+"""
+from vkc.spec import Arg, KernelSpec
+
+_BF16 = [
+    ("x_ptr", "*bf16", 16), ("w_ptr", "*bf16", 16), ("out_ptr", "*bf16", 16), ("ws_ptr", "*fp32", 16),
+    ("M", "i32", None), ("N", "i32", None), ("K", "i32", 16),
+    ("stride_xm", "i32", 16), ("stride_wn", "i32", 16), ("stride_om", "i32", None), ("k_split", "i32", 16),
+]
+_W4A16 = [
+    ("x_ptr", "*bf16", 16), ("w_ptr", "*u8", 16), ("s_ptr", "*u8", 16), ("out_ptr", "*bf16", 16),
+    ("ws_ptr", "*fp32", 16), ("alpha", "fp32", None),
+    ("M", "i32", None), ("N", "i32", None), ("K", "i32", 16),
+    ("stride_xm", "i32", 16), ("stride_wn", "i32", 16), ("stride_sn", "i32", 16), ("stride_om", "i32", None),
+    ("k_split", "i32", 16),
+]
+_REDUCE = [
+    ("ws_ptr", "*fp32", 16), ("out_ptr", "*bf16", 16), ("M", "i32", None), ("N", "i32", None),
+    ("stride_om", "i32", None), ("n_split", "i32", None),
+]
+
+M_BUCKETS = (16, 32, 64)
+# kind -> (BLOCK_N, BLOCK_K, num_warps) per tile
+TILES = {
+    "bf16": ((64, 128, 4), (16, 256, 4)),
+    "w4a16": ((64, 256, 8), (16, 256, 4)),
+}
+_SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
+
+
+def _args(params):
+    return [Arg(n, t, div=d) for n, t, d in params]
+
+
+# kind -> [(name suffix, extra constexprs)]: the NVFP4 kernels come with both weight decoders (gemv.py)
+_DECODERS = {"bf16": [("", {})], "w4a16": [(".int", {"PRMT": False}), (".prmt", {"PRMT": True})]}
+
+SPECS = []
+for _kind, _tiles in TILES.items():
+    for _bm in M_BUCKETS:
+        for (_bn, _bk, _warps), (_sfx, _dec) in ((t, d) for t in _tiles for d in _DECODERS[_kind]):
+            SPECS.append(KernelSpec(
+                name=f"{_kind}.m{_bm}.n{_bn}.k{_bk}{_sfx}", source="gemv.py", entry=f"gemv_{_kind}_kernel",
+                args=_args(_BF16 if _kind == "bf16" else _W4A16),
+                constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, **_dec},
+                num_warps=_warps, num_stages=3,
+                # 2 stages: x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 in 99 KB; the wide
+                # NVFP4 kernels at M 16 on sm_120a/sm_121a (.int spills 16 B there with 3 stages, ptxas 13.4)
+                overrides=({a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else
+                           {a: {"num_stages": 2} for a in ("sm_120a", "sm_121a")}
+                           if (_kind, _bm, _bn) == ("w4a16", 16, 64) else {})))
+
+SPECS.append(KernelSpec(name="splitk_reduce", source="gemv.py", entry="gemv_reduce_kernel", args=_args(_REDUCE),
+                        constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
+
+del _kind, _tiles, _bm, _bn, _bk, _warps, _sfx, _dec

@@ -1,0 +1,162 @@
+"""The gemv ops refuse bad input before any launch, pick kernels by the documented rule, and pass exactly the
+argument list each compiled kernel declares (checked against the committed sm_90a manifest); the dispatch rule
+itself as a pure function."""
+from __future__ import annotations
+
+import pytest
+
+from tests.ops_fakes import Dev, Recorder, declared_bases
+from vkc_runtime.ops import gemv as G
+from vkc_runtime.ops._check import OpError
+
+U8, F32 = "|u1", "<f4"
+
+
+@pytest.fixture()
+def rec(monkeypatch):
+    r = Recorder(occupancy=2, declared=declared_bases(G))
+    monkeypatch.setattr(G, "get_kernel", r)
+    monkeypatch.setattr(G, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(G, "is_capturing", lambda s: False)
+    return r
+
+
+def ws(n=1 << 22):
+    return Dev((n,), F32)
+
+
+def test_bf16_direct_launch_args(rec):
+    M, N, K = 7, 16480, 5120
+    G.gemv(Dev((M, K)), Dev((N, K)), out=Dev((M, N)), workspace=ws())
+    p = G.plan("bf16", M, N, K, 132, (2, 2))
+    assert p.split == 1
+    (base, grid, args), = rec.calls
+    assert base == G._base("bf16", 16, p.bn, p.bk)
+    assert grid == (-(-N // p.bn), 1, 1)
+    assert args[4:] == (M, N, K, K, K, N, p.k_split)
+
+
+def test_bf16_split_k_launches_reduce(rec):
+    M, N, K = 16, 2048, 4096
+    p = G.plan("bf16", M, N, K, 132, (2, 2))
+    assert p.split > 1
+    w = ws()
+    G.gemv(Dev((M, K)), Dev((N, K)), out=Dev((M, N)), workspace=w)
+    (b0, g0, a0), (b1, g1, a1) = rec.calls
+    assert b0 == G._base("bf16", 16, p.bn, p.bk) and g0 == (-(-N // p.bn), p.split, 1)
+    ws_ptr = w.__cuda_array_interface__["data"][0]
+    assert a0[3] == ws_ptr and a1[0] == ws_ptr  # partials go through the workspace
+    assert b1 == "gemv.splitk_reduce" and g1 == (-(-N // 1024), M, 1) and a1[2:] == (M, N, N, p.split)
+
+
+def test_m_bucket_and_x_stride_for_one_row(rec):
+    # (fake allocations are 256 MB apart: weights kept below that)
+    G.gemv(Dev((1, 2048)), Dev((20480, 2048)), out=Dev((1, 20480)), workspace=ws())
+    G.gemv(Dev((33, 2048)), Dev((20480, 2048)), out=Dev((33, 20480)), workspace=ws(1 << 24))
+    main = [c for c in rec.calls if c[0] != "gemv.splitk_reduce"]
+    assert main[0][0].startswith("gemv.bf16.m16.") and main[0][2][7] == 0
+    assert main[1][0].startswith("gemv.bf16.m64.")
+
+
+def test_w4a16_args_alpha_and_fp8_scales(rec):
+    M, N, K = 4, 5120, 6144
+    G.gemv_w4a16(Dev((M, K)), Dev((N, K // 2), U8), Dev((N, K // 16), U8), 0.25, out=Dev((M, N)), workspace=ws())
+    base, grid, args = rec.calls[0]
+    assert base.startswith("gemv.w4a16.m16.")
+    assert args[5] == 0.25 and args[6:13] == (M, N, K, K, K // 2, K // 16, N)
+
+
+def test_forced_plan(rec):
+    p = G.Plan(32, 16, 256, 4, 1280)
+    G.gemv(Dev((5, 5120)), Dev((64, 5120)), out=Dev((5, 64)), workspace=ws(), _plan=p)
+    assert rec.calls[0][0] == "gemv.bf16.m32.n16.k256" and rec.calls[0][1] == (4, 4, 1)
+    with pytest.raises(OpError, match="split == cdiv"):
+        G.gemv(Dev((5, 5120)), Dev((64, 5120)), out=Dev((5, 64)), workspace=ws(), _plan=G.Plan(32, 16, 256, 3, 1280))
+    with pytest.raises(OpError, match="names no compiled kernel"):
+        G.gemv(Dev((50, 5120)), Dev((64, 5120)), out=Dev((50, 64)), workspace=ws(), _plan=p)
+
+
+@pytest.mark.parametrize("call, msg", [
+    (lambda: G.gemv(Dev((4, 64), F32), Dev((8, 64)), out=Dev((4, 8))), "x must be bfloat16"),
+    (lambda: G.gemv(Dev((4, 64)), Dev((8, 48)), out=Dev((4, 8))), "x has K=64, the weights have K=48"),
+    (lambda: G.gemv(Dev((4, 40)), Dev((8, 40)), out=Dev((4, 8))), "K=40 must be a positive multiple of 16"),
+    (lambda: G.gemv(Dev((65, 64)), Dev((8, 64)), out=Dev((65, 8))), "M=65 exceeds max_m"),
+    (lambda: G.gemv(Dev((4, 64)), Dev((8, 64)), out=Dev((4, 9))), "out has shape"),
+    (lambda: G.gemv(Dev((4, 64)), Dev((8, 64), offset=4), out=Dev((4, 8))), "weight must be 16-byte aligned"),
+    (lambda: G.gemv(Dev((4, 64)), Dev((8, 64), strides=(72, 1)), out=Dev((4, 8))),
+     "weight row stride \\(72\\) must be a multiple of 16"),
+    (lambda: G.gemv(Dev((4, 64), strides=(72, 1)), Dev((8, 64)), out=Dev((4, 8))), "x row stride"),
+    (lambda: G.gemv(Dev((4, 64)), Dev((8, 64)), out=Dev((4, 8), offset=1)), "out must be 16-byte aligned"),
+    (lambda: G.gemv(Dev((4, 64), strides=(2, 1)), Dev((8, 64)), out=Dev((4, 8))), "x row stride"),
+    (lambda: G.gemv(Dev((4, 64)), Dev((8, 64)), out=Dev((4, 8), strides=(8, 2))), "contiguous in its last dim"),
+    (lambda: G.gemv(Dev((16, 4096)), Dev((64, 4096)), out=Dev((16, 64)), workspace=Dev((100,), F32)),
+     "workspace has 100 float32 elements"),
+    (lambda: G.gemv(Dev((16, 4096)), Dev((64, 4096)), out=Dev((16, 64)), workspace=Dev((1 << 20,))),
+     "workspace must be float32"),
+    (lambda: G.gemv_w4a16(Dev((4, 64)), Dev((8, 32), U8), Dev((8, 4), U8), float("nan"), out=Dev((4, 8))),
+     "global_scale must be finite"),
+    (lambda: G.gemv_w4a16(Dev((4, 64)), Dev((8, 32), U8), Dev((8, 4), U8), "x", out=Dev((4, 8))),
+     "global_scale must be a float"),
+    (lambda: G.gemv_w4a16(Dev((4, 64)), Dev((8, 32)), Dev((8, 4), U8), 1.0, out=Dev((4, 8))),
+     "weight_packed must be uint8"),
+    (lambda: G.gemv_w4a16(Dev((4, 64)), Dev((8, 32), U8), Dev((8, 2), U8), 1.0, out=Dev((4, 8))),
+     "weight_scale has shape"),
+    (lambda: G.gemv_w4a16(Dev((4, 64)), Dev((8, 32), U8), Dev((8, 4), F32), 1.0, out=Dev((4, 8))),
+     "weight_scale must be uint8"),
+    (lambda: G.gemv_w4a16(Dev((4, 64)), Dev((8, 32), U8), Dev((8, 4), U8), 1.0, out=Dev((4, 8))),
+     "weight_scale row stride \\(4\\)"),
+    (lambda: G.gemv_w4a16(Dev((4, 48)), Dev((8, 24), U8), Dev((8, 3), U8, strides=(16, 1)), 1.0, out=Dev((4, 8))),
+     "weight_packed row stride \\(24\\)"),
+    (lambda: G.gemv_w4a16(Dev((4, 40)), Dev((8, 20), U8), Dev((8, 2), U8), 1.0, out=Dev((4, 8))),
+     "K = 2 \\* weight_packed.shape\\[1\\] = 40"),
+])
+def test_bad_inputs_refused_before_launch(rec, call, msg):
+    with pytest.raises(OpError, match=msg):
+        call()
+    assert rec.calls == []
+
+
+def test_out_overlapping_inputs_refused(rec):
+    buf = 1 << 40
+    x = Dev((4, 64), device_ptr=buf)
+    with pytest.raises(OpError, match="out must not overlap x"):
+        G.gemv(x, Dev((8, 64)), out=Dev((4, 8), device_ptr=buf + 64))
+    w = Dev((8, 64), device_ptr=buf + (1 << 20))
+    with pytest.raises(OpError, match="out must not overlap weight"):
+        G.gemv(Dev((4, 64)), w, out=Dev((4, 8), device_ptr=buf + (1 << 20) + 256))
+    assert rec.calls == []
+
+
+def test_split_without_workspace_refused_inside_capture(rec, monkeypatch):
+    monkeypatch.setattr(G, "is_capturing", lambda s: True)
+    monkeypatch.setattr(G, "_default_ws", {})
+    with pytest.raises(OpError, match="inside graph capture"):
+        G.gemv(Dev((16, 4096)), Dev((2048, 4096)), out=Dev((16, 2048)))
+    assert rec.calls == []
+
+
+# ------------------------------------------------------------------------------------------ the rule
+
+def test_plan_rule_properties():
+    for kind in G.TILES:
+        for N, K in [(16480, 5120), (5120, 17408), (248320, 2048), (2048, 4096), (48, 5120), (9216, 2048)]:
+            for M in (1, 7, 16, 17, 33, 64):
+                p = G.plan(kind, M, N, K, 132, (2, 4))
+                assert M <= p.bm and (p.bm == 16 or p.bm // 2 < M)  # the smallest bucket that holds M
+                assert (p.bn, p.bk) in G.TILES[kind]
+                assert p.k_split % p.bk == 0 and p.split == -(-K // p.k_split) <= G.MAX_SPLIT
+                assert p.split * M * N <= G.workspace_elems(M, N)
+    # few N blocks for the machine: split K; many: never
+    assert G.plan("bf16", 1, 2048, 4096, 132, (2, 4)).split > 1
+    assert G.plan("bf16", 1, 48, 5120, 132, (2, 4)).split > 1
+    assert G.plan("bf16", 16, 248320, 5120, 132, (2, 4)).split == 1
+    with pytest.raises(OpError, match="outside 1..64"):
+        G.plan("bf16", 65, 10, 16, 132)
+    assert G.max_m() == 64
+
+
+def test_wave_cost():
+    assert G._wave_cost(264, 264) == 1.0
+    assert G._wave_cost(528, 264) == 1.0
+    assert G._wave_cost(10, 264) == pytest.approx(0.3 * 264 / 10)  # far too few programs: bandwidth-starved
+    assert G._wave_cost(265, 264) > 1.0
