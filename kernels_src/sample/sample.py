@@ -151,7 +151,7 @@ def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_
         filt_k = (top_k > 0) & (top_k < V)
         filt_p = top_p < 1.0
         filt_m = min_p > 0.0
-        lminp = tl.where(filt_m, m + tl.log(tl.minimum(min_p, 1.0)), float("-inf"))
+        lminp = tl.where(filt_m, m + tl.log(tl.minimum(tl.maximum(min_p, 1e-30), 1.0)), float("-inf"))
         filt = filt_k | filt_p | filt_m
         pivot = float("-inf")
         zr = z

@@ -9,8 +9,8 @@ Invalid inputs raise :class:`OpError` before any launch.
 """
 from ._check import OpError
 
-MODULES = ("norm", "attention", "conv", "gdn", "gdn_decode")  # the ops modules the registry reads
+MODULES = ("norm", "attention", "conv", "gdn", "gdn_decode", "sample")  # the ops modules the registry reads
 
-from . import attention, conv, gdn, gdn_decode, norm  # noqa: E402,F401
+from . import attention, conv, gdn, gdn_decode, norm, sample  # noqa: E402,F401
 
 __all__ = ["OpError", "MODULES", *MODULES]
