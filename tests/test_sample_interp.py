@@ -207,7 +207,7 @@ def test_distribution_chi_square(K, case):
     if case == "top_p":
         temp, k, p, mp = 0.5, 0, 0.9, 0.0
     else:
-        temp, k, p, mp = 0.6, 6, 1.0, 0.2
+        temp, k, p, mp = 0.4, 6, 1.0, 0.1
     fp, ip = params(N, temperature=temp, top_k=k, top_p=p, min_p=mp, seed=np.arange(N) + 1000, step=0)
     tok, _, _, _ = run(K, x, fp, ip, BLOCK=16)
     pl = R.processed(x[:1].numpy(), fp[:1], ip[:1])[0]

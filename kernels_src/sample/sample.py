@@ -57,17 +57,32 @@ BIG = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
-def _processed(lrow, crow, offs, V, has_pen, rep, pres, freq, scale_div):
-    """The processed logits of one block of a row (-inf past V)."""
+def _raw(lrow, crow, offs, V, has_pen):
+    """One block of a row's logits (as stored) and counts (0 without penalties); nothing is read past V."""
     inb = offs < V
-    x = tl.load(lrow + offs, mask=inb, other=0.0).to(tl.float32)
+    x = tl.load(lrow + offs, mask=inb, other=0.0)
+    c = tl.zeros_like(offs)
     if has_pen:
         c = tl.load(crow + offs, mask=inb, other=0)
+    return x, c
+
+
+@triton.jit
+def _apply(x, c, offs, V, has_pen, rep, pres, freq, scale_div):
+    """The processed logits of a block from _raw (fp32, -inf past V)."""
+    x = x.to(tl.float32)
+    if has_pen:
         n = (c & COUNT_MASK).to(tl.float32)
         x = tl.where(c != 0, tl.where(x > 0, x / rep, x * rep), x)
         x = x - freq * n - tl.where(n > 0, pres, 0.0)
     x = x / scale_div
-    return tl.where(inb, x, float("-inf"))
+    return tl.where(offs < V, x, float("-inf"))
+
+
+@triton.jit
+def _processed(lrow, crow, offs, V, has_pen, rep, pres, freq, scale_div):
+    x, c = _raw(lrow, crow, offs, V, has_pen)
+    return _apply(x, c, offs, V, has_pen, rep, pres, freq, scale_div)
 
 
 @triton.jit
@@ -106,9 +121,11 @@ def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_
     tv = tl.full((NTOP,), float("-inf"), tl.float32)
     ti = -1 - slots_t  # distinct placeholder ids (the highest is replaced first)
     worst = tl.min(tl.where(active, tv, float("inf")), 0)
+    xn, cn = _raw(lrow, crow, ar, V, has_pen)
     for start in range(0, V, BLOCK):
         offs = start + ar
-        x = _processed(lrow, crow, offs, V, has_pen, rep, pres, freq, scale_div)
+        x = _apply(xn, cn, offs, V, has_pen, rep, pres, freq, scale_div)
+        xn, cn = _raw(lrow, crow, offs + BLOCK, V, has_pen)  # prefetch (masked off past V)
         bm = tl.max(x, 0)
         bi = tl.min(tl.where((x == bm) & (offs < V), offs, BIG), 0)
         am = tl.where(bm > m, bi, am)
@@ -187,9 +204,11 @@ def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_
                 if filt:
                     cnt = 0
                     mass = 0.0
+                    xn, cn = _raw(lrow, crow, ar, V, has_pen)
                     for start in range(0, V, BLOCK):
                         offs = start + ar
-                        x = _processed(lrow, crow, offs, V, has_pen, rep, pres, freq, scale_div)
+                        x = _apply(xn, cn, offs, V, has_pen, rep, pres, freq, scale_div)
+                        xn, cn = _raw(lrow, crow, offs + BLOCK, V, has_pen)
                         gt = x > sv
                         cnt = cnt + tl.sum(gt.to(tl.int32), 0)
                         mass = mass + tl.sum(tl.where(gt, tl.exp(x - ms), 0.0), 0)
