@@ -151,7 +151,7 @@ FILTERS = [  # (temperature, top_k, top_p, min_p)
 @pytest.mark.parametrize("f", FILTERS, ids=lambda f: "T%s_k%s_p%s_minp%s" % f)
 def test_sampled_tokens_inside_the_allowed_set(K, f):
     temp, k, p, mp = f
-    B, V = 48, 160
+    B, V = 32, 160
     x = logits_rows(int(temp * 10) + k, B, V, scale=2.0)
     fp, ip = params(B, temperature=temp, top_k=k, top_p=p, min_p=mp, seed=np.arange(B) * 7919 + 13, step=5)
     tok, lp, _, _ = run(K, x, fp, ip, BLOCK=64)
@@ -189,11 +189,11 @@ def test_same_seed_same_token_whatever_the_batch(K):
     assert np.array_equal(t2[[1, 2, 5, 6]], t1[perm])
     # the step and the seed matter
     outs = set()
-    for step in range(12):
+    for step in range(6):
         ip3 = ip.copy()
         ip3[:, 2] = step
         outs.add(tuple(run(K, x, fp, ip3, BLOCK=64)[0].tolist()))
-    assert len(outs) > 6
+    assert len(outs) > 3
 
 
 @pytest.mark.parametrize("case", ["top_p", "top_k_min_p"])

@@ -139,8 +139,8 @@ def sample(logits, fparams, iparams, *, counts=None, out=None, logprobs=None, to
         return out
     lt = _logits(op, logits)
     B, V = lt.shape
-    if V < 1:
-        raise OpError(f"{op}: logits must have V >= 1 columns")
+    if not 1 <= V <= 2**30:
+        raise OpError(f"{op}: logits must have 1 <= V <= 2**30 columns, got {V}")
     ft, it = _params(op, fparams, iparams, B)
     res = out if out is not None else memory.DeviceArray.empty((B,), "int32", device=lt.device)
     ot = _vec(op, "out", res, "int32", B)
