@@ -32,6 +32,12 @@ log-softmax of the processed logits: penalized, tempered, before the filters; gr
 ``top_logprobs`` float32 [B, n] + ``top_ids`` int32 [B, n] (n <= 20: the n most likely tokens, ties lower id
 first; id -1 / -inf where the row has fewer finite logits).
 
+Cost (one program per row, each pass reads the row's logits once, plus its counts row when it has penalties):
+greedy 1 pass; plain temperature 1 pass + a scan that stops at the drawn token (~1.5 passes); with filters each
+draw adds a scan and a check pass (a top-p row needs about 1/top_p draws; flat distributions with a small top-k
+need more, at most 32 before the argmax fallback). At small B a pass is bound by one SM's latency, not HBM: the
+graph-vs-graph figures against torch are in BENCHMARKS.md once measured (benchmarks/bench_sample.py).
+
 Logits: float32 or bfloat16 [B, V], row stride free, contiguous rows. No workspace: the ops allocate only
 outputs that are not passed (pass ``out=`` and the optional outputs inside a graph capture). With ``out=`` and
 torch tensors, a call with the layout of a recent one is a bound call (vkc_runtime.bound).
