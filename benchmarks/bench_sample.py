@@ -63,8 +63,8 @@ def bench_case(B, mode, copy_tbs):
     row["vkc_pct_floor"] = BC.pct(row["floor_us"], row["vkc_graph_us"])
     row["vkc_tbs"] = nbytes / (row["vkc_graph_us"] * 1e-6) / 1e12
     peers = {"greedy": {"torch_argmax": lambda x: torch.argmax(x, dim=-1)},
-             "top_p": {"torch_multinomial": lambda x: torch_top_p(x, "multinomial"),
-                       "torch_exponential": lambda x: torch_top_p(x, "exponential")}}.get(mode, {})
+             "top_p": {"torch_exponential": lambda x: torch_top_p(x, "exponential"),   # multinomial last: a
+                       "torch_multinomial": lambda x: torch_top_p(x, "multinomial")}}.get(mode, {})  # failed capture
     for name, fn in peers.items():
         out = torch.empty(B, dtype=torch.int64, device="cuda")
 
