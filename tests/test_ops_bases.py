@@ -13,7 +13,8 @@ from vkc_runtime.ops import MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((REPO / "manifests").glob("sm_*.json"))
-FAMILY = {"norm": "norm", "attention": "attn", "conv": "conv", "gdn": "gdn", "gdn_decode": "gdn_decode", "sample": "sample"}
+FAMILY = {"norm": "norm", "attention": "attn", "conv": "conv", "gdn": "gdn", "gdn_decode": "gdn_decode",
+          "sample": "sample"}
 
 
 def _kernels(path: Path) -> set[str]:
