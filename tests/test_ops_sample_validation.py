@@ -30,7 +30,7 @@ def test_picks_dtype_and_alignment(rec):
     S.sample(*args(4, 1000), out=out)                                  # V % 16 != 0 -> .any
     S.sample(*args(4, 248320, offset=1), out=out)                      # misaligned logits -> .any
     S.sample(*args(4, 248320), counts=Dev((9, 248320), I32), out=out)
-    S.sample(*args(4, 248320), counts=Dev((9, 248328), I32, strides=(248328, 1)), out=out)  # counts stride
+    S.sample(*args(4, 248320), counts=Dev((9, 248320), I32, strides=(248328, 1)), out=out)  # counts stride
     assert [c[0] for c in rec.calls] == ["sample.row.f32.a16", "sample.row.bf16.a16", "sample.row.f32.any",
                                          "sample.row.f32.any", "sample.row.f32.a16", "sample.row.f32.any"]
     assert all(c[1] == (4, 1, 1) for c in rec.calls)

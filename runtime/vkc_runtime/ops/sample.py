@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import memory
-from ..bound import CallCache
+from ..bound import CallCache, run_launches
 from ..kernels import get_kernel
 from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_of, tensor
 
@@ -214,7 +214,7 @@ def reset_counts(counts, slots, *, stream=None):
     if gy > 65535:
         raise OpError(f"{op}: V={V} needs {gy} programs on grid axis y (limit 65535)")
     fits_i32(op, n=n, V=V, stride_counts=sc, num_slots=S)
-    k.launch((n, gy, 1), (ct, sl, V, sc, S), s)
+    run_launches([(k, (n, gy, 1), (ct, sl, V, sc, S))], s)
 
 
 def _len(op, obj) -> int:
@@ -237,8 +237,8 @@ def _add(op, counts, tokens, slot_ref, slot_off, slot_stride, prompt, s):
     sc = row_stride(ct)
     fits_i32(op, n=n, V=V, stride_counts=sc, num_slots=S)
     k = get_kernel(_base("counts"))
-    k.launch((_cdiv(n, k.constexprs["BLOCK"]), 1, 1), (ct, tokens, slot_ref, n, V, sc, S, slot_off, slot_stride,
-                                                       int(prompt)), s)
+    run_launches([(k, (_cdiv(n, k.constexprs["BLOCK"]), 1, 1),
+                   (ct, tokens, slot_ref, n, V, sc, S, slot_off, slot_stride, int(prompt)))], s)
 
 
 def add_prompt_tokens(counts, tokens, slots, *, stream=None):
