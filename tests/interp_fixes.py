@@ -1,9 +1,11 @@
-"""Two Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session
+"""Three Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session
 (kernels are unchanged; only `triton.runtime.interpreter` is touched, and only under TRITON_INTERPRET=1):
 
 1. bf16 tensors are kept as raw uint16 bits and `tl.dot` multiplies those bits as integers. Widen bf16
    operands to fp32 (exact) first: bf16 products with fp32 accumulation, as the tensor cores compute.
 2. fp32 -> bf16 casts truncate; the GPU (`cvt.rn.bf16.f32`) rounds to nearest even.
+3. `block_mask & scalar_bool` (a 0-d int1) is an int1 block whose handle holds int32 data, which masked
+   loads and stores refuse ("mask has unsupported dtype"); such masks are read as the booleans they stand for.
 """
 from __future__ import annotations
 
@@ -37,6 +39,22 @@ def apply() -> None:
             return I.TensorHandle(bits, tl.bfloat16)
         return orig_cast(self, src, dst_type)
 
+    def boolean(mask):
+        if np.asarray(mask.data).dtype != np.bool_:
+            return I.TensorHandle(np.asarray(mask.data) != 0, tl.int1)
+        return mask
+
+    orig_load = I.InterpreterBuilder.create_masked_load
+    orig_store = I.InterpreterBuilder.create_masked_store
+
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return orig_load(self, ptrs, boolean(mask), other, cache_policy, is_volatile)
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        return orig_store(self, ptrs, value, boolean(mask), cache_policy)
+
     create_dot._vkc_fixed = True
+    I.InterpreterBuilder.create_masked_load = create_masked_load
+    I.InterpreterBuilder.create_masked_store = create_masked_store
     I.InterpreterBuilder.create_dot = create_dot
     I.InterpreterBuilder.cast_impl = cast_impl
