@@ -23,7 +23,6 @@ __all__ = ["VkcBackend", "BackendError"]
 
 BF16, F32, I32 = "bfloat16", "float32", "int32"
 _DT = {"bf16": BF16, "f32": F32, "i32": I32}
-GEMV_MAX_M = 16  # rows up to which linear() takes the GEMV (the bench_gemv/bench_gemm crossover on the H200)
 
 
 class BackendError(RuntimeError):
@@ -50,7 +49,6 @@ class VkcBackend:
         self._gdn_ws = self._pws = self._dws = None
 
     def _bind_modules(self, gemm=None) -> None:
-        gemm_is_real = gemm is None
         """The vkc_runtime modules this backend calls (``gemm`` injectable for driver-free tests)."""
         from vkc_runtime import driver, memory  # noqa: PLC0415
         from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope  # noqa: PLC0415
@@ -64,9 +62,6 @@ class VkcBackend:
         self._norm, self._attn, self._conv, self._gdn, self._gdn_dec, self._gemm = \
             norm, attn, conv, gdn, gdn_decode, gemm
         self._rope, self._act, self._emb = rope, act, embedding
-        from vkc_runtime.ops import OpError, gemv  # noqa: PLC0415
-        self._gemv = gemv if gemm_is_real else None
-        self._OpError = OpError
 
     # ---------------------------------------------------------------------------------------- checks
     def check_model(self, cfg) -> None:
@@ -189,14 +184,6 @@ class VkcBackend:
         return self._act.silu_mul(x, out=out)
 
     def linear(self, x, w, out):
-        """x @ w.T: the Triton GEMV for decode-sized M (it measured 0.85-1.10x cuBLAS at M <= 16 where the CuTe
-        GEMM is 0.37-0.6x; BENCHMARKS.md, 2026-12-01 merged run), the CuTe GEMM otherwise or where the GEMV's
-        layout rules (K and row strides multiples of 16) refuse the call -- it raises before any launch."""
-        if x.shape[0] <= GEMV_MAX_M and self._gemv is not None:
-            try:
-                return self._gemv.gemv(x, w, out)
-            except self._OpError:
-                pass
         return self._gemm.linear(x, w, out)
 
     def qk_norm_rope(self, qg, k, positions, qw, kw, Hq, Hkv, D, eps, theta, q_out, k_out):
