@@ -1,5 +1,14 @@
 """Input validation shared by the typed ops: every bad input is refused before any launch, with the op
-name, the argument and what was expected."""
+name, the argument and what was expected.
+
+Row-op conventions (ops.norm, ops.rope, ops.act, ops.embedding):
+All tensors are bf16 on one CUDA device (torch/cupy tensors, DLPack producers or vkc DeviceArrays); math
+is fp32 inside the kernels. Rows may be strided; the last dimension must be contiguous. When every
+pointer is 16-byte aligned and every row stride is a multiple of 16 elements the vectorized `.a16`
+specialization runs, otherwise the `.any` one. Pass ``out=`` (and never allocate) inside graph capture.
+With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call of the same op is a bound
+call (vkc_runtime.bound): no revalidation, the recorded launch with the new pointers.
+"""
 from __future__ import annotations
 
 from typing import Any, Sequence

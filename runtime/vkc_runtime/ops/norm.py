@@ -1,12 +1,7 @@
 """Typed ops of the norm family (kernels_src/norm; Qwen3.5/3.6 semantics): RMSNorm, RMSNorm fused with the
 residual add, the GDN output's gated RMSNorm.
 
-All tensors are bf16 on one CUDA device (torch/cupy tensors, DLPack producers or vkc DeviceArrays); math
-is fp32 inside the kernels. Rows may be strided; the last dimension must be contiguous. When every
-pointer is 16-byte aligned and every row stride is a multiple of 16 elements the vectorized `.a16`
-specialization runs, otherwise the `.any` one. Pass ``out=`` (and never allocate) inside graph capture.
-With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call of the same op is a bound
-call (vkc_runtime.bound): no revalidation, the recorded launch with the new pointers.
+Tensors, layouts, the `.a16`/`.any` choice and bound calls: the row-op conventions in :mod:`vkc_runtime.ops._check`.
 """
 from __future__ import annotations
 
