@@ -50,7 +50,7 @@ class _Rec(Recorder):
 @pytest.fixture()
 def fake_vkc(monkeypatch):
     from vkc_runtime import memory
-    from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope
+    from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope, sample
     nxt = [1 << 36]
 
     def fake_alloc(cls, shape, dtype="float32", *, device=None, stream=None):
@@ -61,7 +61,7 @@ def fake_vkc(monkeypatch):
     monkeypatch.setattr(memory.DeviceArray, "empty", classmethod(fake_alloc))
     monkeypatch.setattr(memory.DeviceArray, "zeros", classmethod(fake_alloc))
     recs = {}
-    for m in (act, attn, conv, embedding, gdn, gdn_decode, norm, rope):
+    for m in (act, attn, conv, embedding, gdn, gdn_decode, norm, rope, sample):
         recs[m.__name__.split(".")[-1]] = r = _Rec(declared=declared_bases(m))
         patch_ops(monkeypatch, m, "get_kernel", r)
     patch_ops(monkeypatch, attn, "has_kernel", lambda base, device=None: recs["attn"].has(base))
@@ -90,7 +90,7 @@ class FakeDeviceBackend(VkcBackend):
 
     def upload_into(self, dst, host):
         host = np.ascontiguousarray(host)
-        assert host.dtype == np.int32 and host.size <= dst.size
+        assert host.dtype in (np.int32, np.int64, np.float32) and host.size <= dst.size
         self.uploads.append(host.copy())
         return self.rows(dst, host.size).reshape(*host.shape)
 
@@ -122,6 +122,7 @@ def test_every_op_call_passes_the_real_validation(fake_vkc, ckpt):
     assert {n.split(".")[1] for n in names["conv"]} == {"prefill", "update"}
     assert {n.split(".")[1] for n in names["gdn"]} == {"chunk_index", "prep", "kkt_wy", "delta_h", "chunk_o"}
     assert names["gdn_decode"]
+    assert {n.split(".")[1] for n in names["sample"]} == {"row"}  # the device sampler, every step
     assert {n.split(".")[1] for n in names["norm"]} == {"rmsnorm", "add_rmsnorm", "gated_rmsnorm"}
     assert {n.split(".")[1] for n in names["embedding"]} == {"embedding"}
     assert {n.split(".")[1] for n in names["rope"]} == {"qk_norm_rope"}

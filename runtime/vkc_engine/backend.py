@@ -62,6 +62,8 @@ class VkcBackend:
         self._norm, self._attn, self._conv, self._gdn, self._gdn_dec, self._gemm = \
             norm, attn, conv, gdn, gdn_decode, gemm
         self._rope, self._act, self._emb = rope, act, embedding
+        from vkc_runtime.ops import sample  # noqa: PLC0415
+        self._sample, self._samp = sample, None
 
     # ---------------------------------------------------------------------------------------- checks
     def check_model(self, cfg) -> None:
@@ -219,7 +221,21 @@ class VkcBackend:
         return self.to_host(logits)
 
     def sample(self, logits, params: list, generators: list) -> np.ndarray:
-        """One token per row of logits [B, V] under per-row SamplingParams; int32 [B] on the host. Today the
-        host sampler (vkc_engine.sampler); the device sampling kernels plug in here."""
-        from .sampler import sample_host  # noqa: PLC0415
-        return sample_host(self.logits_to_host(logits), params, generators)
+        """One token per row of logits [B, V] under per-row SamplingParams; int32 [B] on the host, drawn on the
+        device by ``ops.sample`` (only the B tokens cross to the host). Each sampled row takes a fresh 62-bit
+        seed from its request's generator (seeded requests repeat; ``step`` stays 0). Filters follow the
+        kernel's joint top-k/top-p/min-p rule (ops.sample); the host sampler stays the tests' reference."""
+        sp = self._sample
+        B = len(params)
+        if self._samp is None or self._samp[0] < B:
+            cap = max(B, 8)
+            self._samp = (cap, self.empty((cap * sp.NF,), "f32"), self._mem.DeviceArray.empty(
+                (cap * sp.NI,), "int64", device=self.device), self.empty((cap,), "i32"))
+        _, fbuf, ibuf, obuf = self._samp
+        seeds = [0 if p.greedy else int(g.integers(0, 1 << 62)) for p, g in zip(params, generators)]
+        fp, ip = sp.host_params(B, temperature=[p.temperature for p in params],
+                                top_k=[max(p.top_k, 0) for p in params], top_p=[p.top_p for p in params],
+                                min_p=[p.min_p for p in params], seed=seeds)
+        fv, iv, ov = self.upload_into(fbuf, fp), self.upload_into(ibuf, ip), self.rows(obuf, B)
+        sp.sample(logits, fv, iv, out=ov)
+        return self.to_host(ov).astype(np.int32)
