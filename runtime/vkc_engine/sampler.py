@@ -1,9 +1,10 @@
 """Sampling parameters and the host sampler (numpy): greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
-The device sampling kernels replace :func:`sample_host` behind ``backend.sample``; this is also their
-reference. Order per row: temperature 0 -> argmax; else logits / T, top-k, then softmax, top-p (smallest
-prefix of the sorted probabilities whose mass reaches p; the top token always stays), min-p (drop tokens below
-min_p x the top probability), renormalise, draw one token with the request's generator.
+``VkcBackend.sample`` draws on the device (``vkc_runtime.ops.sample``); :func:`sample_host` is the numpy
+backend's sampler and the CPU tests' reference. Order per row: temperature 0 -> argmax; else logits / T,
+top-k, then softmax, top-p (smallest prefix of the sorted probabilities whose mass reaches p; the top token
+always stays), min-p (drop tokens below min_p x the top probability), renormalise, draw one token with the
+request's generator.
 """
 from __future__ import annotations
 
