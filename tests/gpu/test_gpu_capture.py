@@ -56,6 +56,29 @@ def _on_side_stream(fn):
 def _same_bytes(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
+def _replays_equal_eager(api, call, shape, poison=None):
+    """Capture ``call(out, stream)`` into a NaN-filled bf16 output, replay it twice (output re-poisoned, and
+    ``poison()`` run, before each), run it eagerly into a fresh NaN buffer and assert every replay equals the
+    finite eager result bytewise. Returns the eager output."""
+    graph_out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    replay, _keep = _capture(api, lambda s: call(graph_out, s))  # _keep: the graph lives until we return
+    replays = []
+    for _ in range(2):
+        graph_out.fill_(float("nan"))
+        if poison is not None:
+            poison()
+        torch.cuda.synchronize()
+        replay()
+        replays.append(graph_out.clone())
+    eager = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    call(eager, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert torch.isfinite(eager.float()).all()
+    for r in replays:
+        assert _same_bytes(r, eager), "graph replay != eager"
+    return eager
+
+
 
 # ------------------------------------------------------------------------------------------------- GDN prefill
 def _gdn_inputs(lens, hk, hv, seed):
@@ -178,22 +201,8 @@ def test_tma_prefill_capture_on_any_stream(api, mode):
     warm = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     if "warmup" in mode:
         _on_side_stream(lambda s: call(warm, s))
-    graph_out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    replay, keep = _capture(api, lambda s: call(graph_out, s))
-    replays = []
-    for _ in range(2):
-        graph_out.fill_(float("nan"))
-        if ws is not None:
-            ws.scratch.buffer.fill_bytes(0xFF)
-        torch.cuda.synchronize()
-        replay()
-        replays.append(graph_out.clone())
-    eager = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    call(eager, torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
-    assert torch.isfinite(eager.float()).all()
-    for r in replays:
-        assert _same_bytes(r, eager), "graph replay != eager"
+    poison = (lambda: ws.scratch.buffer.fill_bytes(0xFF)) if ws is not None else None
+    eager = _replays_equal_eager(api, call, shape, poison)
     if "warmup" in mode:
         assert _same_bytes(warm, eager)
 
@@ -260,17 +269,4 @@ def test_decode_capture_without_warmup(api, how, splits, fused):
             A.decode(q, kc, vc, bt, sl, scale, gate=gt, out=o, workspace=ws, max_seq_len=max_len, num_splits=splits,
                      fused=fused, stream=stream)
     shape = (B, Hq, D)
-    graph_out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    replay, keep = _capture(api, lambda s: call(graph_out, s))
-    replays = []
-    for _ in range(2):
-        graph_out.fill_(float("nan"))
-        torch.cuda.synchronize()
-        replay()
-        replays.append(graph_out.clone())
-    eager = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    call(eager, torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
-    assert torch.isfinite(eager.float()).all()
-    for r in replays:
-        assert _same_bytes(r, eager), "graph replay != eager"
+    _replays_equal_eager(api, call, shape)
