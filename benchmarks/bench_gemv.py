@@ -78,7 +78,7 @@ def dequant_bf16(packed, scale, alpha, rows=16384):
 
 
 def alternatives(kind, M, N, K):
-    bm = next(b for b in G.M_BUCKETS if M <= b)
+    bm = G.bucket(kind, M)
     alts = []
     for bn, bk in G.TILES[kind]:
         kt = -(-K // bk)
@@ -121,7 +121,7 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
         torch_w = [dequant_bf16(qs[0][0], qs[0][1], alpha)]
         torch_w += [torch_w[0].clone() for _ in range(torch_sets - 1)]  # bytes matter, not values
     chosen = G.plan(kind, M, N, K, torch.cuda.get_device_properties(0).multi_processor_count,
-                    tuple(max(1, G.get_kernel(G._base(kind, next(b for b in G.M_BUCKETS if M <= b), bn, bk, G.DEFAULT_DECODER))
+                    tuple(max(1, G.get_kernel(G._base(kind, G.bucket(kind, M), bn, bk, G.DEFAULT_DECODER))
                               .max_active_blocks()) for bn, bk in G.TILES[kind]))
     row["plan"] = plan_name(chosen)
     vkc(0, None)

@@ -186,7 +186,8 @@ def test_w4a16_every_spec_with_tails(name):
     assert torch.isnan(yb[:, N:].float()).all()
 
 
-@pytest.mark.parametrize("name,M,split_tiles", [("w4a16.m16.n16.k256.int", 3, 1), ("w4a16.m64.n64.k256.int", 33, 2)])
+@pytest.mark.parametrize("name,M,split_tiles", [("w4a16.m16.n16.k256.int", 3, 1), ("w4a16.m64.n64.k256.int", 33, 2),
+                                                ("w4a16.m1.n64.k256.int", 1, 2)])
 def test_w4a16_split_k(name, M, split_tiles):
     bm, bn, bk = cfg(name)
     rng = np.random.default_rng(_seed())
@@ -200,10 +201,12 @@ def test_w4a16_split_k(name, M, split_tiles):
     assert torch.isnan(yb[:, N:].float()).all()
 
 
-def test_w4a16_all_codes_and_scales_exact():
+@pytest.mark.parametrize("name", ["w4a16.m16.n16.k256.int", "w4a16.m1.n16.k256.int"])
+def test_w4a16_all_codes_and_scales_exact(name):
     """x = identity rows: y[m, n] = W[n, k_m] exactly (the dequantized weight is exact in bf16 and alpha is a
-    power of two): all 16 codes at even and odd k, scales spanning e4m3's range including subnormals."""
-    name = "w4a16.m16.n16.k256.int"
+    power of two): all 16 codes at even and odd k, scales spanning e4m3's range including subnormals. The M = 1
+    kernel runs one identity row per launch."""
+    bm = cfg(name)[0]
     rng = np.random.default_rng(_seed())
     N, K = 16, 256
     codes = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
@@ -218,16 +221,18 @@ def test_w4a16_all_codes_and_scales_exact():
         for m, k in enumerate(part):
             x[m, k] = 1.0
         y = torch.full((len(part), N), float("nan"), dtype=torch.bfloat16)
-        run_w4(name, x, to_dev(packed), to_dev(sbytes), 0.5, y)
+        for r0 in range(0, len(part), bm):
+            run_w4(name, x[r0:r0 + bm], to_dev(packed), to_dev(sbytes), 0.5, y[r0:r0 + bm])
         W = F.dequant(packed, sbytes, 0.5)
         for m, k in enumerate(part):
             assert np.array_equal(np64(y[m]), W[:, k]), (k, np64(y[m])[:4], W[:4, k])
 
 
-def test_w4a16_nibble_order_and_scale_index():
+@pytest.mark.parametrize("name", ["w4a16.m16.n64.k256.int", "w4a16.m1.n64.k256.int"])
+def test_w4a16_nibble_order_and_scale_index(name):
     """A weight whose low nibbles (even k) and high nibbles (odd k) differ, and whose 16-element groups have
     distinct scales: swapped nibbles or a scale index off by one group gives a different y."""
-    name = "w4a16.m16.n64.k256.int"
+    M = min(3, cfg(name)[0])
     N, K = 64, 512
     codes = np.zeros((N, K), dtype=np.uint8)
     codes[:, 0::2] = 2  # +1.0 at even k (low nibble)
@@ -238,8 +243,8 @@ def test_w4a16_nibble_order_and_scale_index():
     s = F.e4m3_encode(sv)
     packed = F.pack(codes)
     g = torch.Generator().manual_seed(_seed())
-    x = rnd(g, 3, K)
-    y = torch.full((3, N), float("nan"), dtype=torch.bfloat16)
+    x = rnd(g, M, K)
+    y = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     run_w4(name, x, to_dev(packed), to_dev(s), 1.0, y)
     ref = np64(x) @ F.dequant(packed, s, 1.0).T
     check(y, ref, tol=5e-3)

@@ -3,10 +3,11 @@
 Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule):
   bf16.m{16,32,64}.n64.k128    BF16 weights, wide tile (N blocks of 64 rows)
   bf16.m{16,32,64}.n16.k256    BF16 weights, narrow tile (more programs for small N)
-  w4a16.m{16,32,64}.n64.k256.{int,prmt}   NVFP4 weights dequantized in the kernel, wide tile (8 warps: the
-                                          dequantized tile is 64 values per thread); .int / .prmt: the
-                                          weight decoder (gemv.py)
+  w4a16.m{16,32,64}.n64.k256.{int,prmt}   NVFP4 weights dequantized in the kernel, wide tile (4 warps: 64x256
+                                          measured fastest of 32/64/128 rows x 256/512 k, 4/8 warps);
+                                          .int / .prmt: the weight decoder (gemv.py)
   w4a16.m{16,32,64}.n16.k256.{int,prmt}   NVFP4, narrow tile
+  w4a16.m1.n{64,16}.k256.{int,prmt}       NVFP4 at M = 1: the CUDA-core kernel (gemv_w4a16_m1_kernel)
   splitk_reduce                the fixed-order fp32 sum of split-K partials -> bf16
 
 Every pointer, K, each weight/x/scale row stride and k_split carry div=16 (checked by the runtime); M, N and y's
@@ -17,7 +18,7 @@ Grids (axis 0 first):
   bf16.*, w4a16.*   (cdiv(N, BLOCK_N), n_split)
   splitk_reduce     (cdiv(N, BLOCK), M)
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import ALL_ARCHS, Arg, KernelSpec
 
 _BF16 = [
     ("x_ptr", "*bf16", 16), ("w_ptr", "*bf16", 16), ("out_ptr", "*bf16", 16), ("ws_ptr", "*fp32", 16),
@@ -37,10 +38,12 @@ _REDUCE = [
 ]
 
 M_BUCKETS = (16, 32, 64)
+# kind -> its M buckets (BLOCK_M); NVFP4 has a CUDA-core kernel for M = 1 (the MMA kernels pad M to 16)
+BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS}
 # kind -> (BLOCK_N, BLOCK_K, num_warps) per tile
 TILES = {
     "bf16": ((64, 128, 4), (16, 256, 4)),
-    "w4a16": ((64, 256, 8), (16, 256, 4)),
+    "w4a16": ((64, 256, 4), (16, 256, 4)),
 }
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
 
@@ -54,18 +57,22 @@ _DECODERS = {"bf16": [("", {})], "w4a16": [(".int", {"PRMT": False}), (".prmt", 
 
 SPECS = []
 for _kind, _tiles in TILES.items():
-    for _bm in M_BUCKETS:
+    for _bm in BUCKETS[_kind]:
         for (_bn, _bk, _warps), (_sfx, _dec) in ((t, d) for t in _tiles for d in _DECODERS[_kind]):
             SPECS.append(KernelSpec(
-                name=f"{_kind}.m{_bm}.n{_bn}.k{_bk}{_sfx}", source="gemv.py", entry=f"gemv_{_kind}_kernel",
+                name=f"{_kind}.m{_bm}.n{_bn}.k{_bk}{_sfx}", source="gemv.py",
+                entry=f"gemv_{_kind}_m1_kernel" if _bm == 1 else f"gemv_{_kind}_kernel",
                 args=_args(_BF16 if _kind == "bf16" else _W4A16),
                 constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, **_dec},
                 num_warps=_warps, num_stages=3,
                 # 2 stages: x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 in 99 KB; the wide
                 # NVFP4 kernels at M 16 on sm_120a/sm_121a (.int spills 16 B there with 3 stages, ptxas 13.4)
+                # the narrow NVFP4 kernel at M 32 (.prmt spills 8 B on sm_90a with 3 stages, Triton 3.9.0)
                 overrides=({a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else
                            {a: {"num_stages": 2} for a in ("sm_120a", "sm_121a")}
-                           if (_kind, _bm, _bn) == ("w4a16", 16, 64) else {})))
+                           if (_kind, _bm, _bn) == ("w4a16", 16, 64) else
+                           {a: {"num_stages": 2} for a in ALL_ARCHS}
+                           if (_kind, _bm, _bn) == ("w4a16", 32, 16) else {})))
 
 SPECS.append(KernelSpec(name="splitk_reduce", source="gemv.py", entry="gemv_reduce_kernel", args=_args(_REDUCE),
                         constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))

@@ -22,7 +22,7 @@ Layouts and requirements (checked before any launch, :class:`OpError` otherwise)
                 (low nibble first, [N, K/16] e4m3), unless a loader swizzled them.
 
 Dispatch (:func:`plan`, a pure function of host ints, so graph-stable): M picks the smallest M bucket of
-(16, 32, 64) that holds it; for each tile (wide: 64 weight rows per program, narrow: 16) and each split count s
+(16, 32, 64) that holds it (NVFP4: of (1, 16, 32, 64); M = 1 runs a CUDA-core kernel, no MMA padding); for each tile (wide: 64 weight rows per program, narrow: 16) and each split count s
 (1..16, at least 4 K tiles per split) the rule estimates the time relative to streaming the weights at full
 bandwidth (:func:`_wave_cost`: full waves of resident programs saturate HBM; a last partial wave, or a launch
 smaller than the machine, of r programs runs at min(1, r / (0.3 * slots)) of it), times the L2 re-reads of x,
@@ -53,10 +53,13 @@ from ..stream import is_capturing
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 
 __all__ = ["gemv", "gemv_w4a16", "max_m", "plan", "Plan", "workspace", "workspace_elems", "BASES", "M_BUCKETS",
+           "BUCKETS", "bucket",
            "MAX_SPLIT", "DECODERS", "DEFAULT_DECODER"]
 
 BF16 = "bfloat16"
 M_BUCKETS = (16, 32, 64)
+# kind -> its M buckets (kernels_src/gemv/spec.py compiles the same); NVFP4 at M = 1 runs a CUDA-core kernel
+BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS}
 MAX_SPLIT = 16
 MIN_K_TILES_PER_SPLIT = 4
 # kind -> (BLOCK_N, BLOCK_K) per tile, wide first (kernels_src/gemv/spec.py compiles the same list)
@@ -80,13 +83,18 @@ def _reduce_base() -> str:
     return "gemv.splitk_reduce"
 
 
-BASES = tuple(_base(k, bm, bn, bk, d) for k in TILES for bm in M_BUCKETS for bn, bk in TILES[k]
+BASES = tuple(_base(k, bm, bn, bk, d) for k in TILES for bm in BUCKETS[k] for bn, bk in TILES[k]
               for d in (DECODERS if k == "w4a16" else (None,))) + (_reduce_base(),)
 
 
 def max_m() -> int:
     """The largest M these ops take (a GEMM dispatcher sends M <= max_m() here)."""
     return M_BUCKETS[-1]
+
+
+def bucket(kind: str, M: int) -> int:
+    """The smallest compiled M bucket of ``kind`` that holds M rows."""
+    return next(b for b in BUCKETS[kind] if M <= b)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -118,7 +126,7 @@ def plan(kind: str, M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[int
         raise OpError(f"gemv: unknown kind {kind!r}")
     if not 1 <= M <= max_m():
         raise OpError(f"gemv: M={M} is outside 1..{max_m()} (larger M belongs to the GEMM)")
-    bm = next(b for b in M_BUCKETS if M <= b)
+    bm = bucket(kind, M)
     wb = _WEIGHT_BYTES_PER_ELEM[kind]
     best = None
     for t, (bn, bk) in enumerate(TILES[kind]):
@@ -222,7 +230,7 @@ def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspac
          decoder=None):
     dev = same_device(op, xt, yt, *wrefs)
     sms = _sm_count(dev if dev >= 0 else 0)
-    bm = next(b for b in M_BUCKETS if M <= b)
+    bm = bucket(kind, M)
     kerns = [get_kernel(_base(kind, bm, bn, bk, decoder)) for bn, bk in TILES[kind]]
     p = forced if forced is not None else plan(kind, M, N, K, sms, tuple(max(1, k.max_active_blocks()) for k in kerns))
     if forced is not None:
@@ -252,7 +260,7 @@ def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspac
 
 
 def _check_forced(op, kind, p, M, K):
-    if not isinstance(p, Plan) or (p.bn, p.bk) not in TILES[kind] or p.bm not in M_BUCKETS or M > p.bm:
+    if not isinstance(p, Plan) or (p.bn, p.bk) not in TILES[kind] or p.bm not in BUCKETS[kind] or M > p.bm:
         raise OpError(f"{op}: _plan {p!r} names no compiled kernel for M={M}")
     if p.k_split < p.bk or p.k_split % p.bk or p.split != _cdiv(K, p.k_split) or not 1 <= p.split <= MAX_SPLIT:
         raise OpError(f"{op}: _plan {p!r}: k_split must be a multiple of {p.bk} and split == cdiv(K, k_split)")
