@@ -142,3 +142,63 @@ def test_eager_steps_keep_the_gemm(launches, ckpt):
     llm.generate([[7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert not [b for b, _ in launches if b.startswith("gemv.")]
     assert launches and {s for _, s in launches} == {STREAM} and set(be.gemm.streams) == {STREAM}
+
+
+class _StubDriver:
+    """The four driver calls of the upload path, on real host memory: pinned allocations are ctypes buffers, a
+    copy reads its source bytes when it is queued and completes at the next stream synchronisation."""
+
+    class cu:
+        cuMemHostAlloc, cuMemFreeHost, cuStreamSynchronize, cuMemcpyHtoDAsync = "alloc", "free", "sync", "copy"
+
+    def __init__(self):
+        self.bufs, self.log, self.pending = {}, [], []
+
+    def call(self, fn, *args, detail=""):
+        import ctypes
+        self.log.append((fn,) + args)
+        if fn == "alloc":
+            b = ctypes.create_string_buffer(args[0])
+            self.bufs[ctypes.addressof(b)] = b
+            return ctypes.addressof(b)
+        if fn == "free":
+            assert not self.pending, "pinned memory freed under a queued copy"
+            del self.bufs[args[0]]
+        elif fn == "copy":
+            dst, src, n, stream = args
+            assert stream == STREAM
+            assert any(a <= src and src + n <= a + len(b) for a, b in self.bufs.items()), "source not pinned"
+            self.pending.append((src, n, ctypes.string_at(src, n)))
+        elif fn == "sync":
+            assert args == (STREAM,)
+            for src, n, data in self.pending:  # the copies run now: their sources must still hold their bytes
+                assert ctypes.string_at(src, n) == data, "a staging region was rewritten before its copy ran"
+            self.pending.clear()
+
+
+def test_uploads_use_a_pinned_ring_on_the_stream(monkeypatch):
+    import numpy as np
+
+    import vkc_engine.backend as B
+    from vkc_runtime.memory import DeviceArray
+    monkeypatch.setattr(B, "STAGING_BYTES", 4096)
+    be = B.VkcBackend.__new__(B.VkcBackend)
+    from vkc_runtime import memory
+    from vkc_runtime.tensor import TensorRef
+    be._drv, be._mem, be._Ref, be._s = _StubDriver(), memory, TensorRef, STREAM
+    dst = DeviceArray((4096,), "int32", ptr=1 << 40, device=0)
+    rng = np.random.default_rng(0)
+    for i in range(40):  # 40 uploads of ~1 KiB through a 4 KiB ring: it wraps, synchronising first
+        host = rng.integers(-9, 9, int(rng.integers(1, 300))).astype(np.int32)
+        view = be.upload_into(dst, host)
+        assert view.ptr == dst.ptr and view.shape == host.shape
+    log = be._drv.log
+    assert [c[0] for c in log].count("alloc") == 1 and log[0][1] == 4096
+    assert 5 <= [c[0] for c in log].count("sync") < 40  # once per wrap, not per upload
+    big = np.arange(3000, dtype=np.int32)  # 12 KB: more than half the ring, which grows (the old one freed safely)
+    be.upload_into(dst, big)
+    allocs = [c for c in log if c[0] == "alloc"]
+    assert len(allocs) == 2 and allocs[1][1] >= 4 * big.nbytes and [c[0] for c in log].count("free") == 1
+    be.upload_into(dst, np.ones(7, np.int64))
+    be.synchronize()
+    assert not be._drv.pending

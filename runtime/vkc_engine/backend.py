@@ -21,8 +21,8 @@ default stream. CUDA graphs (vkc_engine.graphs): :meth:`VkcBackend.capture` / :m
 Small-M linear rule (only for the captured decode steps, where host cost is gone): M <= GEMV_MAX_M (16) rows
 -> ``ops.gemv`` (bf16 gemv measured 0.85-1.10x cuBLAS at M <= 16, the CuTe GEMM 0.37-0.82x at M <= 64: the
 figures are in BENCHMARKS.md), with a split-K workspace owned here; larger M, K not a multiple of 16, or a
-split the workspace cannot hold -> the CuTe GEMM. Eager steps keep the CuTe GEMM for every M (gemv validates
-on every call, so it costs more host time per call).
+split the workspace cannot hold -> the CuTe GEMM. Eager steps keep the CuTe GEMM for every M: an eager engine
+run with gemv at M <= 16 measured slower, being host-bound (BENCHMARKS.md, the engine notes).
 """
 from __future__ import annotations
 
