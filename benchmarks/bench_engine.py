@@ -3,11 +3,12 @@ disk): load time, prefill of one long prompt, and decode ms/step at several batc
 replay CUDA graphs unless ``--graphs off``). Dense shapes only (the MoE block is not built yet).
 
     python benchmarks/bench_engine.py [--shape 27b] [--batches 1,16,64] [--prefill 2048] [--long-prefill 8192]
-                                      [--steps 16] [--graphs on|off] [--breakdown] [--out F]
+                                      [--steps 16] [--graphs on|off] [--gemv-max-m 16] [--breakdown] [--out F]
 
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
-[{batch, ms_per_step, tok_s, breakdown?}]}. ``--breakdown`` adds per decode batch where a step's time goes, per
+[{batch, ms_per_step, tok_s, breakdown?}], "gemv_max_m"}. ``--gemv-max-m``: the captured steps' small-M linear
+rule (vkc_engine.backend.GEMV_MAX_M: ops.gemv for M <= this, 0 = the CuTe GEMM always). ``--breakdown`` adds per decode batch where a step's time goes, per
 kernel family (backend.FAMILIES): ``eager`` -- ms per step between the CUDA events recorded before each op of
 eager steps (graphs off for them), so host gaps are charged to the op they delay; ``graph`` -- the step's graph
 captured with an event node before each op and replayed once: device time only (the events add a little). Each
@@ -130,14 +131,21 @@ def main(argv=None) -> int:
     ap.add_argument("--long-prefill", type=int, default=8192, help="one prompt of this many tokens (0: skip)")
     ap.add_argument("--graphs", choices=("on", "off"), default="on", help="CUDA graphs for decode steps")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel-family time of a decode step")
+    ap.add_argument("--gemv-max-m", type=int, default=None, choices=range(0, 65), metavar="0..64",
+                    help="ops.gemv for M <= this in captured steps (default: the backend's rule)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.gemv_max_m is not None:
+        import vkc_engine.backend as B
+        B.GEMV_MAX_M = a.gemv_max_m
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "config.json").write_text(json.dumps(SHAPES[a.shape]))
         res = run(d, batches=tuple(int(b) for b in a.batches.split(",")), prefill=a.prefill, steps=a.steps,
                   long_prefill=a.long_prefill, graphs=a.graphs == "on", breakdown=a.breakdown)
     res["shape"] = a.shape
+    import vkc_engine.backend as B
+    res["gemv_max_m"] = B.GEMV_MAX_M
     txt = json.dumps(res, indent=1)
     print(txt)
     if a.out:

@@ -357,7 +357,7 @@ class VkcBackend:
 
         @contextlib.contextmanager
         def ctx():
-            old, self._small_m = self._small_m, GEMV_MAX_M
+            old, self._small_m = self._small_m, min(GEMV_MAX_M, self._gemv.max_m())
             try:
                 yield self
             finally:
@@ -367,7 +367,8 @@ class VkcBackend:
     def capture(self, fn):
         """Capture ``fn()`` (op calls of this backend) on the backend's stream into an instantiated CUDA graph
         (vkc_runtime.Graph; thread-local capture mode: an unsafe call from this thread -- a synchronisation, an
-        allocation, a legacy-stream copy -- fails the capture). Run the same calls eagerly once first."""
+        allocation, a legacy-stream copy -- fails the capture). Run the same calls eagerly once first. The graph
+        is uploaded to the device here (cuGraphUpload), so its first replay allocates nothing."""
         g = self._streams.Graph()
         self.synchronize()
         self._capturing = True
@@ -376,6 +377,7 @@ class VkcBackend:
                 fn()
         finally:
             self._capturing = False
+        self._drv.call(self._drv.cu.cuGraphUpload, g.exec, self._s)
         return g
 
     def replay(self, graph) -> None:
