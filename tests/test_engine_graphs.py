@@ -16,7 +16,7 @@ from tests.engine_numpy_backend import NumpyBackend
 pytest.importorskip("transformers")
 
 from vkc_engine import LLM, SamplingParams  # noqa: E402
-from vkc_engine.graphs import bucket_for, bucket_sizes, pad_decode  # noqa: E402
+from vkc_engine.graphs import FIELDS, DecodeLayout, bucket_for, bucket_sizes  # noqa: E402
 from vkc_engine.model import host_step_arrays  # noqa: E402
 
 
@@ -42,6 +42,9 @@ class NumpyGraphBackend(NumpyBackend):
 
     def synchronize(self):
         pass
+
+    def segment(self, x, start, n):
+        return x[start:start + n]
 
     def capture(self, fn):
         assert self.in_graph_ops, "captured outside graph_ops(): the warm-up and the capture would differ"
@@ -108,17 +111,21 @@ def test_bucket_for():
 
 
 # ------------------------------------------------------------------------------------------ padding rows
-def test_pad_decode_rows_touch_nothing():
+def test_decode_layout_fill_rows_touch_nothing():
     bs, mb = 16, 5
     chunks = [([11], 20, [3, 4], 2, "last"), ([12], 0, [7], 0, "last"), ([13], 33, [1, 2, 9], 5, "last")]
-    host = host_step_arrays(chunks, bs, mb)
-    p = pad_decode(host, 8)
-    assert set(p) == {"ids", "positions", "slot_mapping", "cu_seqlens", "seq_lens", "block_tables", "gdn_slots",
-                      "logit_rows"}
-    assert all(v.dtype == np.int32 for v in p.values())
-    for k in ("ids", "positions", "slot_mapping", "seq_lens", "gdn_slots"):  # real rows first, unchanged
-        assert p[k].shape == (8,) and (p[k][:3] == host[k]).all(), k
-    assert (p["block_tables"][:3] == host["block_tables"]).all() and p["block_tables"].shape == (8, mb)
+    lay = DecodeLayout(8, mb)
+    assert all(off % 16 == 0 for off in lay.offsets.values()) and set(lay.offsets) == set(FIELDS)
+    spans = sorted((lay.offsets[f], lay.offsets[f] + lay.sizes[f]) for f in FIELDS)
+    assert all(a1 <= b0 for (_, a1), (b0, _) in zip(spans, spans[1:])) and spans[-1][1] <= lay.size  # disjoint
+    arr = lay.host()
+    arr[[lay.offsets[f] for f in FIELDS[:6]]] = 99  # stale values of an earlier step must be overwritten
+    lay.fill(arr, chunks, bs)
+    p = lay.views(arr)
+    ref = host_step_arrays(chunks, bs, mb)  # the eager step builder: the real rows must be the same
+    for k in ("ids", "positions", "slot_mapping", "seq_lens", "gdn_slots"):
+        assert p[k].shape == (8,) and (p[k][:3] == ref[k]).all(), k
+    assert (p["block_tables"][:3] == ref["block_tables"]).all() and p["block_tables"].shape == (8, mb)
     assert p["ids"].tolist() == [11, 12, 13, 0, 0, 0, 0, 0]
     assert p["slot_mapping"].tolist() == [4 * bs + 4, 7 * bs, 9 * bs + 1] + [-1] * 5
     assert p["seq_lens"].tolist() == [21, 1, 34, 0, 0, 0, 0, 0]
@@ -126,11 +133,17 @@ def test_pad_decode_rows_touch_nothing():
     assert (p["block_tables"][3:] == -1).all()
     assert p["positions"][3:].tolist() == [0] * 5
     assert p["logit_rows"].tolist() == list(range(8)) and p["cu_seqlens"].tolist() == list(range(9))
-    assert pad_decode(host, 3)["ids"].tolist() == [11, 12, 13]  # an exact bucket: nothing added
+    lay.fill(arr, chunks[:1], bs)  # fewer rows next time: the rows of the earlier step become padding
+    assert p["gdn_slots"].tolist() == [2] + [-1] * 7 and (p["block_tables"][1:] == -1).all()
+    assert p["slot_mapping"].tolist() == [4 * bs + 4] + [-1] * 7
+    lay3 = DecodeLayout(3, mb)
+    a3 = lay3.host()
+    lay3.fill(a3, chunks, bs)  # an exact bucket: nothing added
+    assert lay3.views(a3)["ids"].tolist() == [11, 12, 13]
     with pytest.raises(ValueError):
-        pad_decode(host, 2)
+        DecodeLayout(2, mb).fill(DecodeLayout(2, mb).host(), chunks, bs)
     with pytest.raises(ValueError):  # not a decode step
-        pad_decode(host_step_arrays([([1, 2], 0, [0], 0, "last")], bs, mb), 4)
+        lay.fill(arr, [([1, 2], 0, [0], 0, "last")], bs)
 
 
 # ------------------------------------------------------------------------------------------ the engine

@@ -225,6 +225,13 @@ class VkcBackend:
                                          ctx=x.ctx)
         return self._Ref(x.ptr, (n,) + tuple(x.shape[1:]), tuple(x.strides), x.dtype, x.device, x)
 
+    def segment(self, x, start: int, n: int):
+        """Elements [start, start + n) of a flat contiguous array (a view)."""
+        if not 0 <= start <= start + n <= x.shape[0] or len(x.shape) != 1:
+            raise BackendError(f"segment [{start}, {start + n}) of an array of shape {x.shape}")
+        return self._mem.DeviceArray((n,), x.dtype_name, ptr=x.ptr + start * x.itemsize, base=x, device=x.device,
+                                     ctx=x.ctx)
+
     def _ref(self, x):
         return self._mem.as_tensor(x)
 

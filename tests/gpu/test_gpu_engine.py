@@ -220,10 +220,8 @@ def _logits_rows(llm, n):
 
 def _eager_padded(llm, chunks, B):
     """The step the bucket's graph runs, run eagerly with the graph's op choices."""
-    from vkc_engine.graphs import pad_decode
-    from vkc_engine.model import host_step_arrays
     g, be = llm.graphs, llm.backend
-    g._write(pad_decode(host_step_arrays(chunks, llm.plan.block_size, llm.max_blocks), B))
+    g.write(chunks, B)
     with be.graph_ops():
         llm.model.forward(llm.cache, g._step(B))
     return _logits_rows(llm, len(chunks))
