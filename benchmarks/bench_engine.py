@@ -8,12 +8,13 @@ replay CUDA graphs unless ``--graphs off``). Dense shapes only (the MoE block is
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
 [{batch, ms_per_step, tok_s, breakdown?}], "gemv_max_m"}. ``--gemv-max-m``: the captured steps' small-M linear
-rule (vkc_engine.backend.GEMV_MAX_M: ops.gemv for M <= this, 0 = the CuTe GEMM always). ``--breakdown`` adds per decode batch where a step's time goes, per
-kernel family (backend.FAMILIES): ``eager`` -- ms per step between the CUDA events recorded before each op of
-eager steps (graphs off for them), so host gaps are charged to the op they delay; ``graph`` -- the step's graph
-captured with an event node before each op and replayed once: device time only (the events add a little). Each
-lists {family: [ms, calls]} and ``total``. ``run(model_dir, ..., backend=...)`` is the same measurement on any
-backend (the CPU test drives it on the numpy backend at a tiny shape).
+rule (vkc_engine.backend.GEMV_MAX_M: ops.gemv for M <= this, 0 = the CuTe GEMM always). ``--breakdown`` adds per
+decode batch where a step's time goes, per kernel family (backend.FAMILIES): ``eager`` -- ms per step between the
+CUDA events recorded before each op of eager steps (graphs off for them), so host gaps are charged to the op they
+delay; ``graph`` -- the step's graph captured with an event node before each op and replayed once: device time
+only (the events add a little). Each lists {family: [ms, calls]} and ``total``. ``run(model_dir, ...,
+backend=...)`` is the same measurement on any backend (the CPU test drives it on the numpy backend at a tiny
+shape).
 """
 from __future__ import annotations
 

@@ -12,13 +12,13 @@ ops' documented rules for out-of-range device indices (ARCHITECTURE.md section 7
 vkc_runtime.ops.attn, .conv and .gdn_decode).
 
 What a graph holds: the model forward from its bucket's metadata buffer (ids, positions, slot_mapping, seq_lens,
-gdn_slots, block_tables, logit_rows, cu_seqlens in one int32 array, :class:`DecodeLayout`: one upload per
-replay, written by a host builder made for decode rows) to the logits buffer, with the backend's captured-decode op choices
-(``backend.graph_ops()``: small-M linear on ops.gemv). Sampling stays an eager launch after the replay (the
-backend's ``sample``: per-request parameters, and whatever per-request state the sampler grows, stay in one
-place). Each bucket is first run eagerly once on all-padding rows (loads every kernel module, sizes the gemv
-workspace), then every bucket is captured; mixed and prefill steps, and decode steps of more rows than the last
-bucket, run eagerly. ``LLM(..., enforce_eager=True)`` captures nothing.
+gdn_slots, block_tables, logit_rows, cu_seqlens in one int32 array, :class:`DecodeLayout`: one upload per replay,
+written by a host builder made for decode rows) to the logits buffer, with the backend's op choices for captured
+decode steps (``backend.graph_ops()``: small-M linear on ops.gemv). Sampling stays an eager launch after the
+replay (the backend's ``sample``: per-request parameters, and whatever per-request state the sampler grows, stay
+in one place; its host work runs while the graph runs, so capturing it would not shorten the device timeline). Each bucket is first run eagerly once on all-padding rows (loads every kernel module, sizes the
+gemv workspace), then every bucket is captured; mixed and prefill steps, and decode steps of more rows than the
+last bucket, run eagerly. ``LLM(..., enforce_eager=True)`` captures nothing.
 """
 from __future__ import annotations
 
