@@ -1,12 +1,20 @@
 """The engine end to end at a real model shape with random weights (``load_format="dummy"``, no checkpoint on
-disk): load time, prefill of one long prompt, and decode ms/step at several batch sizes (eager: no CUDA graphs
-yet, so host time per op is included). Dense shapes only (the MoE block is not built yet).
+disk): load time, prefill of one long prompt, and decode ms/step at several batch sizes (pure-decode steps
+replay CUDA graphs unless ``--graphs off``). Dense shapes only (the MoE block is not built yet).
 
-    python benchmarks/bench_engine.py [--shape 27b] [--batches 1,16,64] [--prefill 2048] [--steps 16] [--out F]
+    python benchmarks/bench_engine.py [--shape 27b] [--batches 1,16,64] [--prefill 2048] [--long-prefill 8192]
+                                      [--steps 16] [--graphs on|off] [--gemv-max-m 16] [--breakdown] [--out F]
 
-Prints one JSON object (and writes it to --out): {"shape", "load_s", "prefill": {tokens, ms, tok_s},
-"decode": [{batch, ms_per_step, tok_s}]}. ``run(model_dir, ..., backend=...)`` is the same measurement on any
-backend (the CPU test drives it on the numpy backend at a tiny shape).
+Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
+"prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
+[{batch, ms_per_step, tok_s, breakdown?}], "gemv_max_m"}. ``--gemv-max-m``: the captured steps' small-M linear
+rule (vkc_engine.backend.GEMV_MAX_M: ops.gemv for M <= this, 0 = the CuTe GEMM always). ``--breakdown`` adds per
+decode batch where a step's time goes, per kernel family (backend.FAMILIES): ``eager`` -- ms per step between the
+CUDA events recorded before each op of eager steps (graphs off for them), so host gaps are charged to the op they
+delay; ``graph`` -- the step's graph captured with an event node before each op and replayed once: device time
+only (the events add a little). Each lists {family: [ms, calls]} and ``total``. ``run(model_dir, ...,
+backend=...)`` is the same measurement on any backend (the CPU test drives it on the numpy backend at a tiny
+shape).
 """
 from __future__ import annotations
 
@@ -32,26 +40,72 @@ def _sync(llm):
     llm.backend.to_host(llm.backend.rows(llm.model.bufs["logits"], 1))
 
 
-def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, load_format="dummy") -> dict:
-    from vkc_engine import LLM, SamplingParams
-    Bm = max(batches)
-    t0 = time.perf_counter()
-    llm = LLM(model_dir, backend=backend, load_format=load_format, max_num_seqs=Bm,
-              max_num_batched_tokens=max(prefill, Bm), max_model_len=prefill + steps + 8,
-              memory_fraction=0.5)
-    res = {"load_s": time.perf_counter() - t0, "cache": llm.plan.describe(), "decode": []}
+def _decode_chunks(llm):
+    """The next pure-decode step's chunks of the running sequences (their blocks grown to hold the token)."""
+    out = []
+    for s in llm.scheduler.running:
+        llm.scheduler.blocks.grow(s.block_table, s.num_computed + 1)
+        out.append((s.tokens[s.num_computed:s.num_computed + 1], s.num_computed, s.block_table, s.slot, "last"))
+    return out
+
+
+def _per_step(fams: dict, steps: int) -> dict:
+    out = {f: [ms / steps, n // steps] for f, (ms, n) in sorted(fams.items(), key=lambda kv: -kv[1][0])}
+    out["total"] = sum(v[0] for v in out.values())
+    return out
+
+
+def _breakdown(llm, steps: int) -> dict:
+    """Where a decode step's time goes, per kernel family (module docstring)."""
+    be = llm.backend
+    res = {}
+    graphs, llm.graphs = llm.graphs, None  # eager steps
+    try:
+        be.profile_start()
+        for _ in range(steps):
+            llm.step()
+        res["eager"] = _per_step(be.profile_stop(), steps)
+    finally:
+        llm.graphs = graphs
+    if graphs is not None:
+        try:
+            res["graph"] = _per_step(graphs.profile(_decode_chunks(llm)), 1)
+        except Exception as e:  # noqa: BLE001 - report it next to the figures that worked
+            res["graph_error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
+def _prefill(llm, n, sp):
     V = llm.cfg.vocab_size
-    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    ids = [int(i) % V for i in range(1, prefill + 1)]
-    llm.generate(ids[:64], sp)  # warm-up: kernel loads
+    ids = [int(i) % V for i in range(1, n + 1)]
     _sync(llm)
     t = time.perf_counter()
     llm.generate(ids, sp)  # one prefill step (the whole prompt fits the token budget) + sampling
     _sync(llm)
     ms = (time.perf_counter() - t) * 1e3
-    res["prefill"] = {"tokens": prefill, "ms": ms, "tok_s": prefill / ms * 1e3}
+    return {"tokens": n, "ms": ms, "tok_s": n / ms * 1e3}
+
+
+def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, load_format="dummy",
+        long_prefill=0, graphs=True, breakdown=False) -> dict:
+    from vkc_engine import LLM, SamplingParams
+    Bm = max(batches)
+    t0 = time.perf_counter()
+    longest = max(prefill, long_prefill)
+    llm = LLM(model_dir, backend=backend, load_format=load_format, max_num_seqs=Bm,
+              max_num_batched_tokens=max(longest, Bm), max_model_len=longest + steps + 8,
+              memory_fraction=0.5, enforce_eager=not graphs)
+    res = {"load_s": time.perf_counter() - t0, "cache": llm.plan.describe(), "decode": [],
+           "graphs": llm.graphs is not None}
+    V = llm.cfg.vocab_size
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    llm.generate([int(i) % V for i in range(1, min(prefill, 64) + 1)], sp)  # warm-up: kernel loads
+    res["prefill"] = _prefill(llm, prefill, sp)
+    if long_prefill:
+        res["prefill_long"] = _prefill(llm, long_prefill, sp)
     for B in batches:
-        dp = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+        dp = SamplingParams(temperature=0, max_tokens=steps + 2 + (min(steps, 4) + 1 if breakdown else 0),
+                            ignore_eos=True)
         for b in range(B):
             llm.add_request([(7 * b + j) % V for j in range(16)], dp)
         llm.step()  # the prefill of all B prompts
@@ -63,6 +117,8 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
         _sync(llm)
         ms = (time.perf_counter() - t) * 1e3 / steps
         res["decode"].append({"batch": B, "ms_per_step": ms, "tok_s": B / ms * 1e3})
+        if breakdown:
+            res["decode"][-1]["breakdown"] = _breakdown(llm, max(1, min(steps, 4)))
         while llm.has_unfinished():
             llm.step()
     return res
@@ -73,13 +129,24 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="27b")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prefill", type=int, default=2048)
+    ap.add_argument("--long-prefill", type=int, default=8192, help="one prompt of this many tokens (0: skip)")
+    ap.add_argument("--graphs", choices=("on", "off"), default="on", help="CUDA graphs for decode steps")
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel-family time of a decode step")
+    ap.add_argument("--gemv-max-m", type=int, default=None, choices=range(0, 65), metavar="0..64",
+                    help="ops.gemv for M <= this in captured steps (default: the backend's rule)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.gemv_max_m is not None:
+        import vkc_engine.backend as B
+        B.GEMV_MAX_M = a.gemv_max_m
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "config.json").write_text(json.dumps(SHAPES[a.shape]))
-        res = run(d, batches=tuple(int(b) for b in a.batches.split(",")), prefill=a.prefill, steps=a.steps)
+        res = run(d, batches=tuple(int(b) for b in a.batches.split(",")), prefill=a.prefill, steps=a.steps,
+                  long_prefill=a.long_prefill, graphs=a.graphs == "on", breakdown=a.breakdown)
     res["shape"] = a.shape
+    import vkc_engine.backend as B
+    res["gemv_max_m"] = B.GEMV_MAX_M
     txt = json.dumps(res, indent=1)
     print(txt)
     if a.out:

@@ -184,6 +184,9 @@ class NumpyBackend:
     def attn_decode(self, q, kc, vc, block_tables, seq_lens, scale, gate, out):
         self._log("attn_decode")
         for i in range(q.shape[0]):
+            if int(seq_lens[i]) <= 0:  # the kernels' rule: a row that sees no key yields zeros
+                out[i] = 0
+                continue
             out[i:i + 1] = self._attend(q[i:i + 1], kc, vc, block_tables[i], int(seq_lens[i]), scale) * \
                 _sigmoid(gate[i:i + 1].astype(np.float64))
         return out

@@ -71,6 +71,7 @@ def fake_vkc(monkeypatch):
 
 class FakeDeviceBackend(VkcBackend):
     """VkcBackend with host<->device copies skipped (fake memory): every op call is the real one."""
+    supports_graphs = False  # eager steps here (tests/test_engine_graphs_fake.py drives the graph path)
 
     def __init__(self):
         self.gemm = _FakeGemm()

@@ -386,8 +386,10 @@ def doctor(as_json: bool, deep: bool) -> None:
               help="share of the free device memory (after weights) for the KV cache and GDN states")
 @click.option("--load-format", type=click.Choice(["safetensors", "dummy"]), default="safetensors", show_default=True,
               help="dummy: random weights of config.json's shapes (speed runs without a checkpoint)")
+@click.option("--enforce-eager", is_flag=True, help="no CUDA graphs: every step runs op by op")
 def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, seed, stop, ignore_eos,
-             max_model_len, max_num_seqs, max_num_batched_tokens, memory_fraction, load_format) -> None:
+             max_model_len, max_num_seqs, max_num_batched_tokens, memory_fraction, load_format,
+             enforce_eager) -> None:
     """Generate text with the vkc engine (needs a GPU). One prompt streams to the terminal; several print in
     order once done."""
     from vkc_engine import LLM, SamplingParams  # noqa: PLC0415
@@ -406,7 +408,7 @@ def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, s
     try:
         llm = LLM(model_dir, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, memory_fraction=memory_fraction,
-                  load_format=load_format, progress=progress,
+                  load_format=load_format, progress=progress, enforce_eager=enforce_eager,
                   log=lambda m: click.echo(m, err=True))
     finally:
         if "bar" in bar:

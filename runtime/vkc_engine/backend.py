@@ -12,6 +12,17 @@ attention gate). Layout conventions the model relies on (all row-major, rows = t
   qk_norm_rope(qg [T, Hq*2*D] (per head query|gate), k [T, Hkv*D], positions) -> q [T, Hq, D], k [T, Hkv, D]
   attention caches [num_blocks, block_size, Hkv, D]; GDN state [slots, Hv, 128, 128] fp32; conv state
   [slots, 3, C] bf16 (C = the GDN conv channels)
+
+Streams: :class:`VkcBackend` owns one non-blocking CUDA stream and passes it to every op; uploads are async
+copies on it from a pinned staging ring, downloads wait for that stream only, and nothing uses the legacy
+default stream. CUDA graphs (vkc_engine.graphs): :meth:`VkcBackend.capture` / :meth:`replay`; inside
+:meth:`VkcBackend.graph_ops` the small-M linear rule below applies.
+
+Small-M linear rule (only for the captured decode steps, where host cost is gone): M <= GEMV_MAX_M (16) rows
+-> ``ops.gemv`` (bf16 gemv measured 0.85-1.10x cuBLAS at M <= 16, the CuTe GEMM 0.37-0.82x at M <= 64: the
+figures are in BENCHMARKS.md), with a split-K workspace owned here; larger M, K not a multiple of 16, or a
+split the workspace cannot hold -> the CuTe GEMM. Eager steps keep the CuTe GEMM for every M: an eager engine
+run with gemv at M <= 16 measured slower, being host-bound (BENCHMARKS.md, the engine notes).
 """
 from __future__ import annotations
 
@@ -19,10 +30,24 @@ import numpy as np
 
 from .loader import RawTensor, to_bf16_bits, to_float32
 
-__all__ = ["VkcBackend", "BackendError"]
+__all__ = ["VkcBackend", "BackendError", "GEMV_MAX_M", "FAMILIES"]
 
 BF16, F32, I32 = "bfloat16", "float32", "int32"
 _DT = {"bf16": BF16, "f32": F32, "i32": I32}
+GEMV_MAX_M = 16  # the small-M linear rule (module docstring)
+STAGING_BYTES = 4 << 20  # initial pinned upload ring (grows when one upload needs more than half of it)
+# op method -> kernel family, for the per-family step breakdown (profile_start / profile_stop)
+FAMILIES = {"embedding": "embedding", "rmsnorm": "norm", "add_rmsnorm": "norm", "gated_rmsnorm": "norm",
+            "silu_mul": "act", "linear": "linear", "qk_norm_rope": "rope", "reshape_and_cache": "attn_cache",
+            "attn_prefill": "attn_prefill", "attn_decode": "attn_decode", "conv_prefill": "conv",
+            "conv_decode": "conv", "gdn_prefill": "gdn_prefill", "gdn_decode": "gdn_decode", "sample": "sample"}
+
+
+def _free_host(drv, ptr: int) -> None:
+    try:
+        drv.call(drv.cu.cuMemFreeHost, ptr)
+    except Exception:  # interpreter shutdown, context gone: nothing sensible left to do
+        pass
 
 
 class BackendError(RuntimeError):
@@ -30,8 +55,8 @@ class BackendError(RuntimeError):
 
 
 class VkcBackend:
-    """vkc_runtime's kernels on one CUDA device (the default stream). Op calls, in the order the model uses
-    them (the names the lead wires at merge live only in this class):
+    """vkc_runtime's kernels on one CUDA device, on the backend's own stream. Op calls, in the order the model
+    uses them (the names the lead wires at merge live only in this class):
 
     embedding.embedding, norm.rmsnorm, norm.add_rmsnorm, gemm.linear, rope.qk_norm_rope,
     attn.reshape_and_cache, attn.prefill (+ prefill_workspace), attn.decode (+ decode_workspace),
@@ -40,17 +65,29 @@ class VkcBackend:
     """
 
     name = "vkc"
-    supports_graphs = False  # decode capture is a later step; every decode buffer is already preallocated
+    supports_graphs = True  # pure-decode steps replay CUDA graphs (vkc_engine.graphs)
+    # per-instance state, set by __init__ / prepare (class defaults keep driver-free test subclasses working)
+    _s = 0             # the stream handle every op gets (__init__: the backend's own non-blocking stream)
+    _small_m = 0       # > 0 inside graph_ops(): linear takes ops.gemv for M <= this
+    _gemv_ws = None    # gemv split-K workspace (grown on eager calls inside graph_ops, never during capture)
+    _gemv_need = None  # (M, N, K) -> split-K elements (-1: not a gemv shape)
+    _capturing = False
+    _staging = None    # pinned upload ring: [ptr, nbytes, offset, numpy view]
+    _prof = None       # list of (family, event) while profiling
 
     def __init__(self, device: int | None = None):
         self._bind_modules()
         self._drv.ensure_context(device)
         self.device = self._drv.context_device()
         self._gdn_ws = self._pws = self._dws = None
+        self.stream = self._streams.Stream(device=self.device)
+        self._s = self.stream.handle
+        self._events: list = []
 
     def _bind_modules(self, gemm=None) -> None:
         """The vkc_runtime modules this backend calls (``gemm`` injectable for driver-free tests)."""
         from vkc_runtime import driver, memory  # noqa: PLC0415
+        from vkc_runtime import stream as streams  # noqa: PLC0415
         from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope  # noqa: PLC0415
         from vkc_runtime.tensor import TensorRef  # noqa: PLC0415
         if gemm is None:
@@ -58,12 +95,12 @@ class VkcBackend:
                 from vkc_runtime.ops import gemm  # noqa: PLC0415
             except ImportError as e:
                 raise BackendError(f"vkc_runtime.ops.gemm (the BF16 linear op) is not available: {e}") from None
-        self._drv, self._mem, self._Ref = driver, memory, TensorRef
+        self._drv, self._mem, self._Ref, self._streams = driver, memory, TensorRef, streams
         self._norm, self._attn, self._conv, self._gdn, self._gdn_dec, self._gemm = \
             norm, attn, conv, gdn, gdn_decode, gemm
         self._rope, self._act, self._emb = rope, act, embedding
-        from vkc_runtime.ops import sample  # noqa: PLC0415
-        self._sample, self._samp = sample, None
+        from vkc_runtime.ops import gemv, sample  # noqa: PLC0415
+        self._sample, self._samp, self._gemv = sample, None, gemv
 
     # ---------------------------------------------------------------------------------------- checks
     def check_model(self, cfg) -> None:
@@ -98,7 +135,7 @@ class VkcBackend:
         return self._mem.DeviceArray.empty(tuple(shape), _DT[dtype], device=self.device)
 
     def zeros(self, shape, dtype: str):
-        return self._mem.DeviceArray.zeros(tuple(shape), _DT[dtype], device=self.device)
+        return self._mem.DeviceArray.zeros(tuple(shape), _DT[dtype], device=self.device, stream=self._s)
 
     def weight(self, parts: list[RawTensor], dtype: str, shape=None):
         """Upload tensors stacked along dim 0 (a fused projection when several) as one contiguous array of
@@ -110,31 +147,75 @@ class VkcBackend:
         for p in parts:
             host = to_bf16_bits(p) if dtype == "bf16" else to_float32(p)
             host = np.ascontiguousarray(host)
-            if host.nbytes:
-                self._drv.call(self._drv.cu.cuMemcpyHtoD, out.ptr + off, host.ctypes.data, host.nbytes)
+            if host.nbytes:  # from pageable memory, then waited for: the host array may go right after
+                self._drv.call(self._drv.cu.cuMemcpyHtoDAsync, out.ptr + off, host.ctypes.data, host.nbytes,
+                               self._s)
+                self.synchronize()
             off += host.nbytes
         return out if shape is None else out.reshape(*shape)
 
     def upload_into(self, dst, host: np.ndarray):
-        """Copy a host array into the front of a preallocated flat device buffer of its dtype; returns that
-        prefix, shaped like ``host``."""
+        """Copy a host array into the front of a preallocated flat device buffer of its dtype (an async copy on
+        the backend's stream from the pinned staging ring); returns that prefix, shaped like ``host``."""
         host = np.ascontiguousarray(host)
         view = self.rows(dst, host.size).reshape(*host.shape)
-        if host.nbytes:
-            self._drv.call(self._drv.cu.cuMemcpyHtoD, view.ptr, host.ctypes.data, host.nbytes)
+        n = host.nbytes
+        if n:
+            src = self._stage(host)
+            self._drv.call(self._drv.cu.cuMemcpyHtoDAsync, view.ptr, src, n, self._s)
         return view
 
+    # -- pinned staging: a ring of page-locked host memory (cuMemHostAlloc, allocated on the first upload). Each
+    # upload takes the next 256-byte-aligned region; when the ring is full the stream is synchronised (every
+    # copy queued from it has then completed) and it starts over. One upload over half the ring grows it.
+    def _staging_alloc(self, nbytes: int) -> None:
+        import ctypes  # noqa: PLC0415
+        import weakref  # noqa: PLC0415
+        self._staging_free()
+        cu = self._drv.cu
+        ptr = int(self._drv.call(cu.cuMemHostAlloc, int(nbytes), 0, detail=f"pinning {nbytes} host bytes"))
+        view = np.ctypeslib.as_array((ctypes.c_uint8 * int(nbytes)).from_address(ptr))
+        fin = weakref.finalize(self, _free_host, self._drv, ptr)
+        fin.atexit = False
+        self._staging = [ptr, int(nbytes), 0, view, fin]
+
+    def _staging_free(self) -> None:
+        st, self._staging = self._staging, None
+        if st is not None:
+            self.synchronize()  # copies queued from it must have run
+            st[4].detach()
+            _free_host(self._drv, st[0])
+
+    def _stage(self, host: np.ndarray) -> int:
+        """The pinned address of a copy of ``host`` (contiguous), valid until the stream has run its copy."""
+        n = host.nbytes
+        st = self._staging
+        if st is None or 2 * n > st[1]:
+            self._staging_alloc(max(STAGING_BYTES, 4 * n, 2 * st[1] if st is not None else 0))
+            st = self._staging
+        off = st[2]
+        if off + n > st[1]:
+            self.synchronize()
+            off = 0
+        st[3][off:off + n] = host.reshape(-1).view(np.uint8)
+        st[2] = off + (n + 255) // 256 * 256
+        return st[0] + off
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the backend's stream."""
+        self._drv.call(self._drv.cu.cuStreamSynchronize, self._s)
+
     def to_host(self, x) -> np.ndarray:
-        """float32 (bf16 exact) / int32 host copy; synchronous."""
+        """float32 (bf16 exact) / int32 host copy; waits for the backend's stream only."""
         if isinstance(x, self._mem.DeviceArray):
-            return x.to_numpy()
+            return x.to_numpy(stream=self._s)
         raise BackendError("to_host needs a contiguous DeviceArray")
 
     def zero_slots(self, pool, slots) -> None:
-        """Zero pool[s] (a [slots, ...] state pool) for each slot index s."""
+        """Zero pool[s] (a [slots, ...] state pool) for each slot index s (async, on the backend's stream)."""
         per = pool.nbytes // pool.shape[0]
         for s in slots:
-            self._drv.call(self._drv.cu.cuMemsetD8, pool.ptr + int(s) * per, 0, per)
+            self._drv.call(self._drv.cu.cuMemsetD8Async, pool.ptr + int(s) * per, 0, per, self._s)
 
     # ---------------------------------------------------------------------------------------- views
     def rows(self, x, n: int):
@@ -143,6 +224,13 @@ class VkcBackend:
             return self._mem.DeviceArray((n,) + x.shape[1:], x.dtype_name, ptr=x.ptr, base=x, device=x.device,
                                          ctx=x.ctx)
         return self._Ref(x.ptr, (n,) + tuple(x.shape[1:]), tuple(x.strides), x.dtype, x.device, x)
+
+    def segment(self, x, start: int, n: int):
+        """Elements [start, start + n) of a flat contiguous array (a view)."""
+        if not 0 <= start <= start + n <= x.shape[0] or len(x.shape) != 1:
+            raise BackendError(f"segment [{start}, {start + n}) of an array of shape {x.shape}")
+        return self._mem.DeviceArray((n,), x.dtype_name, ptr=x.ptr + start * x.itemsize, base=x, device=x.device,
+                                     ctx=x.ctx)
 
     def _ref(self, x):
         return self._mem.as_tensor(x)
@@ -171,50 +259,55 @@ class VkcBackend:
 
     # ---------------------------------------------------------------------------------------- ops
     def embedding(self, ids, table, out):
-        return self._emb.embedding(ids, table, out=out)
+        return self._emb.embedding(ids, table, out=out, stream=self._s)
 
     def rmsnorm(self, x, w, eps, out):
-        return self._norm.rmsnorm(x, w, eps, out=out)
+        return self._norm.rmsnorm(x, w, eps, out=out, stream=self._s)
 
     def add_rmsnorm(self, x, residual, w, eps, out):
-        return self._norm.add_rmsnorm(x, residual, w, eps, out=out)
+        return self._norm.add_rmsnorm(x, residual, w, eps, out=out, stream=self._s)
 
     def gated_rmsnorm(self, x, z, w, eps, out):
-        return self._norm.gated_rmsnorm(x, z, w, eps, out=out)
+        return self._norm.gated_rmsnorm(x, z, w, eps, out=out, stream=self._s)
 
     def silu_mul(self, x, out):
-        return self._act.silu_mul(x, out=out)
+        return self._act.silu_mul(x, out=out, stream=self._s)
 
     def linear(self, x, w, out):
-        return self._gemm.linear(x, w, out)
+        m = self._small_m
+        if m and x.shape[0] <= m and self._gemv_ok(x.shape[0], w.shape[0], w.shape[1]):
+            return self._gemv.gemv(x, w, out, stream=self._s, workspace=self._gemv_ws)
+        return self._gemm.linear(x, w, out, stream=self._s)
 
     def qk_norm_rope(self, qg, k, positions, qw, kw, Hq, Hkv, D, eps, theta, q_out, k_out):
         return self._rope.qk_norm_rope(qg, k, positions, qw, kw, Hq, Hkv, D, eps=eps, theta=theta, q_out=q_out,
-                                       k_out=k_out)
+                                       k_out=k_out, stream=self._s)
 
     def reshape_and_cache(self, k, v, k_cache, v_cache, slot_mapping):
-        self._attn.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+        self._attn.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, stream=self._s)
 
     def attn_prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale, gate, out):
         return self._attn.prefill(q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale, gate=gate, out=out,
-                                  workspace=self._pws)
+                                  workspace=self._pws, stream=self._s)
 
     def attn_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, gate, out):
         return self._attn.decode(q, k_cache, v_cache, block_tables, seq_lens, scale, gate=gate, out=out,
-                                 workspace=self._dws)
+                                 workspace=self._dws, stream=self._s)
 
     def conv_prefill(self, x, w, cu_seqlens, conv_state, slots, out):
-        return self._conv.causal_conv1d(x, w, cu_seqlens, conv_state=conv_state, slot_idx=slots, out=out)
+        return self._conv.causal_conv1d(x, w, cu_seqlens, conv_state=conv_state, slot_idx=slots, out=out,
+                                        stream=self._s)
 
     def conv_decode(self, x, w, conv_state, slots, out):
-        return self._conv.causal_conv1d_update(x, w, conv_state, slots, out=out)
+        return self._conv.causal_conv1d_update(x, w, conv_state, slots, out=out, stream=self._s)
 
     def gdn_prefill(self, qkv, a, b, A_log, dt_bias, cu_seqlens, Hk, Hv, state, slots, out):
         return self._gdn.chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, Hk, Hv, state=state,
-                                                slot_idx=slots, out=out, workspace=self._gdn_ws)
+                                                slot_idx=slots, out=out, workspace=self._gdn_ws, stream=self._s)
 
     def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out):
-        return self._gdn_dec.recurrent_decode(qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out=out)
+        return self._gdn_dec.recurrent_decode(qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out=out,
+                                              stream=self._s)
 
     def logits_to_host(self, logits) -> np.ndarray:
         """[B, V] float32 on the host (bf16 logits widened exactly)."""
@@ -237,5 +330,123 @@ class VkcBackend:
                                 top_k=[max(p.top_k, 0) for p in params], top_p=[p.top_p for p in params],
                                 min_p=[p.min_p for p in params], seed=seeds)
         fv, iv, ov = self.upload_into(fbuf, fp), self.upload_into(ibuf, ip), self.rows(obuf, B)
-        sp.sample(logits, fv, iv, out=ov)
+        sp.sample(logits, fv, iv, out=ov, stream=self._s)
         return self.to_host(ov).astype(np.int32)
+
+    # ---------------------------------------------------------------------------------------- graphs
+    def _gemv_ok(self, M: int, N: int, K: int) -> bool:
+        """Whether ops.gemv takes this call (the small-M rule): K % 16 == 0 and its split-K fits the workspace,
+        which grows here on eager calls (the graph runner warms every bucket up before the first capture)."""
+        key = (M, N, K)
+        if self._gemv_need is None:
+            self._gemv_need = {}
+        need = self._gemv_need.get(key)
+        if need is None:
+            if K % 16 or N < 1:
+                need = -1
+            else:
+                need = self._gemv.split_workspace_elems(M, N, K, device=self.device)
+            self._gemv_need[key] = need
+        if need < 0:
+            return False
+        have = 0 if self._gemv_ws is None else self._gemv_ws.size
+        if need > have:
+            if self._capturing:
+                return False  # not seen by the warm-up: the GEMM, which needs no workspace
+            self.synchronize()  # a launch queued on the old workspace must finish before it is freed
+            self._gemv_ws = self._mem.DeviceArray.empty((max(need, 2 * have),), F32, device=self.device)
+        return True
+
+    def graph_ops(self):
+        """Context manager: the op choices of captured decode steps (the small-M linear rule). Use it around
+        the eager warm-up and the capture of a graph alike, so both launch the same kernels."""
+        import contextlib  # noqa: PLC0415
+
+        @contextlib.contextmanager
+        def ctx():
+            old, self._small_m = self._small_m, min(GEMV_MAX_M, self._gemv.max_m())
+            try:
+                yield self
+            finally:
+                self._small_m = old
+        return ctx()
+
+    def capture(self, fn):
+        """Capture ``fn()`` (op calls of this backend) on the backend's stream into an instantiated CUDA graph
+        (vkc_runtime.Graph; thread-local capture mode: an unsafe call from this thread -- a synchronisation, an
+        allocation, a legacy-stream copy -- fails the capture). Run the same calls eagerly once first. The graph
+        is uploaded to the device here (cuGraphUpload), so its first replay allocates nothing."""
+        g = self._streams.Graph()
+        self.synchronize()
+        self._capturing = True
+        try:
+            with g.capture(self._s, mode="thread_local"):
+                fn()
+        finally:
+            self._capturing = False
+        self._drv.call(self._drv.cu.cuGraphUpload, g.exec, self._s)
+        return g
+
+    def replay(self, graph) -> None:
+        """Launch a captured graph on the backend's stream (returns at once; downloads wait for it)."""
+        graph.replay(self._s)
+
+    def release_graph(self, graph) -> None:
+        graph.reset()
+
+    # ---------------------------------------------------------------------------------------- profiling
+    def profile_start(self) -> None:
+        """Record a CUDA event on the stream before every op call (and one at profile_stop), so the time from
+        one op's event to the next is charged to the op's kernel family (FAMILIES). Eager steps: device time
+        between op starts, host gaps included when the step is host-bound. Inside :meth:`capture` the events
+        become graph nodes (CU_EVENT_RECORD_EXTERNAL), so a replay measures device time only."""
+        self._prof = []
+        for name, fam in FAMILIES.items():
+            setattr(self, name, self._timed(fam, getattr(type(self), name).__get__(self)))
+
+    def _event(self):
+        cu = self._drv.cu
+        i = len(self._prof)
+        if i >= len(self._events):
+            self._events.append(self._drv.call(cu.cuEventCreate, int(cu.CUevent_flags.CU_EVENT_DEFAULT)))
+        ev = self._events[i]
+        if self._capturing:
+            self._drv.call(cu.cuEventRecordWithFlags, ev, self._s,
+                           int(cu.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL))
+        else:
+            self._drv.call(cu.cuEventRecord, ev, self._s)
+        return ev
+
+    def _timed(self, family: str, fn):
+        def call(*args, **kw):
+            self._prof.append((family, self._event()))
+            return fn(*args, **kw)
+        return call
+
+    def profile_mark(self) -> None:
+        """Close the op list of a profile (the event after the last op), e.g. at the end of a capture."""
+        self._prof.append(("end", self._event()))
+
+    def profile_stop(self, replay=None) -> dict:
+        """Stop profiling; returns {family: [ms, calls]} summed over the recorded ops. ``replay``: a callable run
+        first (e.g. a graph replay whose event nodes write the timestamps)."""
+        prof, self._prof = self._prof, None
+        for name in FAMILIES:
+            self.__dict__.pop(name, None)
+        if prof is None:
+            return {}
+        if replay is not None:
+            replay()
+        elif not prof or prof[-1][0] != "end":
+            self._prof = prof
+            self.profile_mark()
+            prof, self._prof = self._prof, None
+        self.synchronize()
+        out: dict = {}
+        cu = self._drv.cu
+        for (fam, e0), (_, e1) in zip(prof, prof[1:]):
+            ms = float(self._drv.call(cu.cuEventElapsedTime, e0, e1))
+            acc = out.setdefault(fam, [0.0, 0])
+            acc[0] += ms
+            acc[1] += 1
+        return out

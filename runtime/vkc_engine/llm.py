@@ -56,12 +56,15 @@ class LLM:
     budget (chunked prefill); ``max_model_len``: longest prompt + output; ``block_size``: KV block tokens;
     ``memory_fraction``: share of the device's free memory (after weights) for the caches, or ``num_blocks``
     exactly. ``load_format="dummy"``: random weights of the config's shapes instead of the safetensors (speed
-    runs; vkc_engine.dummy). ``progress(done, total)`` is called while weights load.
+    runs; vkc_engine.dummy). ``progress(done, total)`` is called while weights load. ``enforce_eager``: no CUDA
+    graphs (otherwise, on a backend that supports them, pure-decode steps replay graphs captured here:
+    vkc_engine.graphs).
     """
 
     def __init__(self, model_dir, *, backend=None, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, block_size: int = 64, memory_fraction: float = 0.85,
-                 num_blocks: int | None = None, load_format: str = "safetensors", progress=None, log=None):
+                 num_blocks: int | None = None, load_format: str = "safetensors", progress=None, log=None,
+                 enforce_eager: bool = False):
         t0 = time.perf_counter()
         self.model_dir = Path(model_dir)
         self.cfg = load_config(self.model_dir)
@@ -106,7 +109,17 @@ class LLM:
         self.chat_template = load_chat_template(self.model_dir)
         self.eos_ids = set(self.cfg.eos_token_ids)
         self._requests: dict[str, Sequence] = {}
+        self.graphs = None
+        if not enforce_eager and getattr(be, "supports_graphs", False):
+            from .graphs import DecodeGraphs  # noqa: PLC0415
+            self.graphs = DecodeGraphs(self, log=self.log)
         self.load_seconds = time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Release the CUDA graphs (the engine keeps running eagerly if used afterwards)."""
+        g, self.graphs = self.graphs, None
+        if g is not None:
+            g.close()
 
     # ------------------------------------------------------------------------------------------ requests
     def encode(self, prompt: str) -> list[int]:
@@ -173,7 +186,8 @@ class LLM:
             chunks.append((seq.tokens[start:start + n], start, seq.block_table, seq.slot, "last" if last else None))
             if last:
                 sampled.append(seq)
-        logits = self._run(chunks)
+        bucket = None if self.graphs is None else self.graphs.bucket(chunks)
+        logits = self._run(chunks) if bucket is None else self.graphs.run(chunks, bucket)
         for seq, n in sched:
             seq.num_computed += n
         if not sampled:

@@ -153,3 +153,258 @@ def test_preemption_recompute_same_tokens(setup):
         alone = llm.generate(p, sp)[0].token_ids
         _check_greedy(f"{name} preempted prompt {i}", outs[i].token_ids, alone,
                       lambda j: _margin(llm.prompt_logits(p + alone[:j])[-1]), noise)
+
+
+# ------------------------------------------------------------------------------------------ CUDA graphs
+# The fixture's engine captures decode graphs for buckets 1, 2, 4, 8, 16, 24, 32 (vkc_engine.graphs). A replay
+# must give the bytes the same padded step gives when run eagerly with the same op choices (graph_ops: small-M
+# linear on ops.gemv), touch no cache state of the padding rows, read new metadata on every replay, and allocate
+# nothing; the plain eager path (CuTe GEMM for every M) agrees within bf16 noise.
+
+def _decode_batch(llm, n, seed):
+    """n sequences prefilled eagerly on their own blocks and slots; returns their decode chunks (one new
+    token each) and a release()."""
+    sched, V = llm.scheduler, llm.cfg.vocab_size
+    rng = np.random.default_rng(seed)
+    chunks, tables, slots = [], [], []
+    for i in range(n):
+        L = int(rng.integers(1, 150))
+        table, slot = [], sched.slots.take()
+        sched.blocks.grow(table, L + 1)
+        llm.cache.reset_slots([slot])
+        llm._run([(_prompt(L, V, seed * 1000 + i), 0, table, slot, "last")])
+        chunks.append(([int(rng.integers(0, V))], L, table, slot, "last"))
+        tables.append(table)
+        slots.append(slot)
+
+    def release():
+        for t in tables:
+            sched.blocks.release(t)
+        for s in slots:
+            sched.slots.release(s)
+    return chunks, release
+
+
+def _state_arrays(llm):
+    return [a for pair in llm.cache.gdn.values() for a in pair]
+
+
+def _snapshot(llm):
+    """Device copies of every GDN state array (restore with _restore)."""
+    be = llm.backend
+    out = []
+    for a in _state_arrays(llm):
+        b = be.empty(a.shape, "f32" if a.dtype_name == "float32" else "bf16")
+        b.copy_from(a, stream=be._s)
+        out.append((a, b))
+    return out
+
+
+def _restore(llm, snap):
+    for a, b in snap:
+        a.copy_from(b, stream=llm.backend._s)
+
+
+def _host_bits(be, a):
+    return be.to_host(a).view(np.uint32).copy()
+
+
+def _kv_bits(llm):
+    return [_host_bits(llm.backend, a) for pair in llm.cache.kv.values() for a in pair]
+
+
+def _logits_rows(llm, n):
+    be = llm.backend
+    return be.to_host(be.rows(llm.model.bufs["logits"], n))
+
+
+def _eager_padded(llm, chunks, B):
+    """The step the bucket's graph runs, run eagerly with the graph's op choices."""
+    g, be = llm.graphs, llm.backend
+    g.write(chunks, B)
+    with be.graph_ops():
+        llm.model.forward(llm.cache, g._step(B))
+    return _logits_rows(llm, len(chunks))
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 16, 17, 32])
+def test_graph_replay_equals_eager(setup, n):
+    from vkc_engine.graphs import bucket_for
+    name, _, _, llm = setup
+    be, g = llm.backend, llm.graphs
+    assert g is not None and g.buckets == (1, 2, 4, 8, 16, 24, 32)
+    B = bucket_for(n, g.buckets)
+    chunks, release = _decode_batch(llm, n, seed=50 + n)
+    try:
+        snap = _snapshot(llm)
+        s0 = [_host_bits(be, a) for a in _state_arrays(llm)]
+        kv0 = _kv_bits(llm)
+        eager = _eager_padded(llm, chunks, B)
+        s_eager = [_host_bits(be, a) for a in _state_arrays(llm)]
+        _restore(llm, snap)
+        be.rows(llm.model.bufs["logits"], B).fill_bytes(0xFF, stream=be._s)  # NaN: the replay must write it
+        graph = be.to_host(g.run(chunks, B))
+        s_graph = [_host_bits(be, a) for a in _state_arrays(llm)]
+        kv_graph = _kv_bits(llm)
+        assert np.isfinite(graph).all() and graph.shape == (n, llm.cfg.vocab_size)
+        assert np.array_equal(graph.view(np.uint32), eager.view(np.uint32)), "graph replay != eager (same step)"
+        used = sorted({c[3] for c in chunks})
+        for a0, ae, ag in zip(s0, s_eager, s_graph):
+            assert np.array_equal(ae, ag), "GDN state after the replay != after the eager step"
+            rest = np.setdiff1d(np.arange(a0.shape[0]), used)
+            assert np.array_equal(ag[rest], a0[rest]), "a padding row wrote a GDN/conv state slot"
+            assert not np.array_equal(ag[used], a0[used])
+        bs = llm.plan.block_size
+        written = {c[2][c[1] // bs] * bs + c[1] % bs for c in chunks}
+        for before, after in zip(kv0, kv_graph):
+            flat_b, flat_a = before.reshape(-1, before[0, 0].size), after.reshape(-1, after[0, 0].size)
+            changed = set(np.flatnonzero((flat_b != flat_a).any(axis=1)).tolist())
+            assert changed <= written, "a padding row wrote the KV cache"
+        _restore(llm, snap)
+        plain = be.to_host(llm._run(chunks))  # the eager path: CuTe GEMM at every M, B = n
+        rel = float(np.abs(plain - graph).max() / np.abs(plain).max())
+        record("engine", case=f"{name} graph vs eager decode n={n} bucket={B}", rel_max=rel)
+        assert rel < 0.03
+    finally:
+        release()
+
+
+def test_graph_replay_reads_new_inputs(setup):
+    name, _, _, llm = setup
+    be, g = llm.backend, llm.graphs
+    chunks, release = _decode_batch(llm, 5, seed=77)
+    try:
+        other = [([(c[0][0] + 1 + i) % llm.cfg.vocab_size], c[1], c[2], c[3], c[4]) for i, c in enumerate(chunks)]
+        snap = _snapshot(llm)
+        a = be.to_host(g.run(chunks, 8))
+        _restore(llm, snap)
+        b = be.to_host(g.run(other, 8))
+        _restore(llm, snap)
+        b_eager = _eager_padded(llm, other, 8)
+        _restore(llm, snap)
+        a2 = be.to_host(g.run(chunks, 8))
+        _restore(llm, snap)
+        assert np.array_equal(a.view(np.uint32), a2.view(np.uint32))
+        assert np.array_equal(b.view(np.uint32), b_eager.view(np.uint32))
+        assert all(not np.array_equal(a[i], b[i]) for i in range(5))
+        # a replay after an eager step of another size still reads the current buffers
+        llm._run(chunks[:2])
+        _restore(llm, snap)
+        a3 = be.to_host(g.run(chunks, 8))
+        assert np.array_equal(a.view(np.uint32), a3.view(np.uint32))
+    finally:
+        release()
+
+
+def _free_after_gc(be):
+    import gc
+    gc.collect()  # arrays of earlier tests freed now, not inside the measured window
+    be.synchronize()
+    return be.free_memory()[0]
+
+
+def test_replays_allocate_nothing(setup):
+    _, _, _, llm = setup
+    be, g = llm.backend, llm.graphs
+    chunks, release = _decode_batch(llm, 3, seed=91)
+    try:
+        snap = _snapshot(llm)
+        for B in (4, 8, 32):
+            g.run(chunks, B)
+        _restore(llm, snap)
+        free0 = _free_after_gc(be)
+        for _ in range(20):
+            _restore(llm, snap)
+            for B in (4, 8, 32):
+                g.run(chunks, B)
+        be.synchronize()
+        assert be.free_memory()[0] >= free0  # nothing allocated (a late free elsewhere may only add)
+    finally:
+        release()
+
+
+def _count_replays(llm):
+    used = []
+    run = llm.graphs.run
+
+    def counted(chunks, bucket):
+        used.append((len(chunks), bucket))
+        return run(chunks, bucket)
+    llm.graphs.run = counted
+    return used
+
+
+def _graphs_vs_eager(case, graphs_llm, eager_llm, prompts, params, noise, check_memory=False):
+    used = _count_replays(graphs_llm)
+    if check_memory:  # the same run once first: every bucket replayed, the sampler's buffers made
+        graphs_llm.generate(prompts, params)
+        free0 = _free_after_gc(graphs_llm.backend)
+    got = graphs_llm.generate(prompts, params)
+    if check_memory:
+        graphs_llm.backend.synchronize()
+        assert graphs_llm.backend.free_memory()[0] >= free0, "a generate() with graph replays allocated"
+    want = eager_llm.generate(prompts, params)
+    for i, p in enumerate(prompts):
+        assert len(got[i].token_ids) == len(want[i].token_ids) == params[i].max_tokens
+        w = want[i].token_ids
+        _check_greedy(f"{case} prompt {i}", got[i].token_ids, w,
+                      lambda j: _margin(eager_llm.prompt_logits(p + w[:j])[-1]), noise)
+    return used
+
+
+def test_generate_with_graphs_equals_enforce_eager(setup):
+    from vkc_engine import SamplingParams
+    name, d, model, llm = setup
+    eager = _engine(d, enforce_eager=True)
+    assert eager.graphs is None
+    rng = np.random.default_rng(21)
+    prompts = [_prompt(int(n), llm.cfg.vocab_size, 6000 + i) for i, n in enumerate(rng.integers(1, 200, 21))]
+    params = [SamplingParams(temperature=0, max_tokens=int(m), ignore_eos=True) for m in rng.integers(4, 30, 21)]
+    used = _graphs_vs_eager(f"{name} graphs vs eager", llm, eager, prompts, params, _noise(llm, model, prompts[0]))
+    assert used and any(n < b for n, b in used), used  # padded replays ran
+    assert llm.scheduler.blocks.num_free == llm.plan.num_blocks
+
+
+def test_graphs_after_preemption(setup):
+    from vkc_engine import SamplingParams
+    name, d, model, llm = setup
+    kw = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=400, num_blocks=10)
+    small, small_eager = _engine(d, **kw), _engine(d, enforce_eager=True, **kw)
+    assert small.graphs.buckets == (1, 2, 4, 8)
+    rng = np.random.default_rng(8)
+    prompts = [_prompt(int(n), llm.cfg.vocab_size, 4000 + i) for i, n in enumerate(rng.integers(100, 200, 8))]
+    params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 8
+    noise = _noise(llm, model, prompts[0])
+    used = _graphs_vs_eager(f"{name} graphs after preemption", small, small_eager, prompts, params, noise,
+                            check_memory=True)
+    assert small.scheduler.num_preemptions > 0 and small_eager.scheduler.num_preemptions > 0
+    assert any(n < b for n, b in used), used
+    assert small.scheduler.blocks.num_free == 10
+    small.close()
+    assert small.graphs is None
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_step_breakdown_per_family(setup, mode):
+    """The per-kernel-family timing of benchmarks/bench_engine.py --breakdown: CUDA events before each op of an
+    eager step (eager), event nodes inside a captured step, replayed once (graph)."""
+    _, _, _, llm = setup
+    be, g = llm.backend, llm.graphs
+    chunks, release = _decode_batch(llm, 3, seed=93)
+    try:
+        snap = _snapshot(llm)
+        if mode == "eager":
+            be.profile_start()
+            llm._run(chunks)
+            fams = be.profile_stop()
+        else:
+            fams = g.profile(chunks)
+        _restore(llm, snap)
+        n_attn, n_gdn = len(llm.cfg.layer_indices("full_attention")), len(llm.cfg.layer_indices("linear_attention"))
+        assert fams["attn_decode"][1] == n_attn and fams["gdn_decode"][1] == n_gdn, fams
+        assert fams["linear"][1] == 4 * llm.cfg.num_layers + 1  # mixer in/out + MLP gate_up/down, the LM head
+        assert all(ms >= 0 for ms, _ in fams.values()) and sum(ms for ms, _ in fams.values()) > 0
+        assert "attn_prefill" not in fams and "sample" not in fams
+        assert be._prof is None and "linear" not in be.__dict__  # profiling is off again
+    finally:
+        release()

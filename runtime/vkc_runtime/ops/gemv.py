@@ -52,8 +52,8 @@ from ..kernels import get_kernel
 from ..stream import is_capturing
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 
-__all__ = ["gemv", "gemv_w4a16", "max_m", "plan", "Plan", "workspace", "workspace_elems", "BASES", "M_BUCKETS",
-           "BUCKETS", "bucket",
+__all__ = ["gemv", "gemv_w4a16", "max_m", "plan", "Plan", "workspace", "workspace_elems", "split_workspace_elems",
+           "BASES", "M_BUCKETS", "BUCKETS", "bucket",
            "MAX_SPLIT", "DECODERS", "DEFAULT_DECODER"]
 
 BF16 = "bfloat16"
@@ -150,6 +150,21 @@ def plan(kind: str, M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[int
 def workspace_elems(M: int, N: int) -> int:
     """fp32 elements of a workspace that serves any split the rule may pick for M rows and N outputs."""
     return MAX_SPLIT * int(M) * int(N)
+
+
+def split_workspace_elems(M: int, N: int, K: int, *, kind: str = "bf16", device: int | None = None) -> int:
+    """fp32 workspace elements the rule's plan for one call (M rows, [N, K] weights) needs on this device: 0 when
+    it does not split K. Loads the M bucket's kernels (their occupancy feeds the rule): call it before a capture."""
+    if kind not in TILES:
+        raise OpError(f"gemv: unknown kind {kind!r}")
+    if not 1 <= M <= max_m():
+        raise OpError(f"gemv: M={M} is outside 1..{max_m()} (larger M belongs to the GEMM)")
+    bm = bucket(kind, M)
+    dec = DEFAULT_DECODER if kind == "w4a16" else None
+    kerns = [get_kernel(_base(kind, bm, bn, bk, dec), device=device) for bn, bk in TILES[kind]]
+    p = plan(kind, int(M), int(N), int(K), _sm_count(max(kerns[0].device, 0)),
+             tuple(max(1, k.max_active_blocks()) for k in kerns))
+    return p.split * int(M) * int(N) if p.split > 1 else 0
 
 
 def workspace(max_m_rows: int, max_n: int, *, device: int | None = None) -> memory.DeviceArray:
