@@ -25,15 +25,16 @@ NVFP4 weights (gemv_w4a16_kernel; the layout the op documents):
 Decoding without tables or branches: the e4m3 scale's 7 low bits shifted into an fp16 (<< 7) are its value
 times 2^-8 (subnormals included); an e2m1 magnitude shifted into an fp16 (<< 9) is its value times 2^-14 (the
 one subnormal included). A weight times its scale has at most 6 significant bits, so the bf16 weight fed to
-the MMA is exact; alpha multiplies the fp32 accumulator after the dot. A tile is read as one int64 word per
-(row, scale group of 16 k), so each scale byte is loaded once beside its word, and is accumulated as 16 dots
-W_i @ x_i^T over the groups, W_i[n, g] = W[n, 16 g + i] and x_i[g, m] = x[m, 16 g + i]: the k sum in another
-order, with no shuffle of the decoded weights back into k order. Two decoders give identical bits:
-  .int   nibble by nibble with integer math (ALU-heavy); the only one Triton's interpreter can run, so the CPU
-         tests check its semantics.
-  .prmt  each 32-bit half of a word through _UNPACK8 (inline PTX, 8 weights per half: the 3-bit magnitudes index
-         two 8-entry byte tables with prmt, the sign is ORed in, an exact bf16x2 fma applies the scale). Checked
-         on the GPU against .int and float64 (tests/gpu).
+the MMA is exact; alpha multiplies the fp32 accumulator after the dot. Two decoders give identical bits:
+  .int   elementwise integer math on bytes (one register per byte; ALU-bound well below the HBM floor of the
+         4-bit weights); the only one Triton's interpreter can run, so the CPU tests check its semantics.
+  .prmt  packed int32 words through _UNPACK8 (inline PTX, 8 weights per word: the 3-bit magnitudes index two
+         8-entry byte tables with prmt, the sign is ORed in, an exact bf16x2 fma applies the scale); about half
+         the instructions per byte of .int. Checked on the GPU against .int and float64 (tests/gpu).
+M = 1 (gemv_w4a16_m1_kernel) runs on CUDA cores instead: no MMA padding M to 16, one int64 word per (row, scale
+group of 16 k) so each scale byte is loaded once beside its word, and no shuffle of the decoded weights back into
+k order (each of the 16 codes of a word meets x at its own k). The MMA kernel's k-order interleave and per-group
+scale broadcast cost it little at M >= 16 but made an M = 1 kernel L1-bound (benchmarks/explore_w4a16.py).
 """
 import triton
 import triton.language as tl
@@ -82,6 +83,16 @@ def _e2m1_bits(code):
     """int32 holding an e2m1 code in bits 3..0 -> its value as fp32 (exact: fp16 bits << 9 are value * 2^-14)."""
     bits = ((code & 0x7) << 9) | ((code & 0x8) << 12)
     return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def _dequant(b, sf):
+    """Packed bytes b [BN, G, 8] uint8 and their group scales sf [BN, G] fp32 (exact e4m3 values) -> the bf16
+    weights of the low and the high nibbles (k = 16 g + 2 j and 16 g + 2 j + 1), exact."""
+    b32 = b.to(tl.int32)
+    lo = (_e2m1_bits(b32) * sf[:, :, None]).to(tl.bfloat16)
+    hi = (_e2m1_bits(b32 >> 4) * sf[:, :, None]).to(tl.bfloat16)
+    return lo, hi
 
 
 # One packed word (4 bytes = 8 e2m1 codes, k = 8 i .. 8 i + 7, low nibble first) and its group scale as a
@@ -151,20 +162,31 @@ and.b32 $7, q1, 0xFFFF0000;"""))
 assert "shl.b32 $0, p0, 16;" in _UNPACK8_F32.value
 
 @triton.jit
+def _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The PRMT decoder: the tile's packed words [BN, G, 2] int32 (w_rows32: int32 row pointers) and group
+    scales sf [BN, G] -> W [BN, BK] bf16 (_UNPACK8 per word, the 8 results interleaved back into k order)."""
+    t = tl.arange(0, 2)
+    wd = tl.load(w_rows32 + (g_abs * 2)[None, :, None] + t[None, None, :],
+                 mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+    s16 = sf.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)
+    s2 = tl.broadcast_to((s16 | (s16 << 16))[:, :, None], wd.shape)
+    e0, e1, e2, e3, e4, e5, e6, e7 = tl.inline_asm_elementwise(
+        _UNPACK8, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [wd, s2], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    # join(A, B) appends a last dim of 2: the flattened index of w8[a, b, c] is 4 a + 2 b + c = k % 8
+    w8 = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+    return tl.reshape(w8, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
 def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
                       stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       PRMT: tl.constexpr):
     """y = x @ dequant(W)^T with NVFP4 weights (layout in the module doc): x [M, K] bf16, w_packed [N, K/2] uint8
     (row stride stride_wn bytes), scales [N, K/16] uint8 (row stride stride_sn bytes), alpha fp32 -> y [M, N]
     bf16, or fp32 partials (already times alpha) in ws. Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M; K % 16
-    == 0; k_split a positive multiple of BLOCK_K with n_split * k_split >= K.
-
-    The tile is read as [BLOCK_N, G] int64 words, one per scale group of 16 k (so each scale byte is loaded
-    once, next to its word), decoded into 16 bf16 tiles W_i[n, g] = W[n, 16 g + i], and accumulated as 16 dots
-    W_i @ x_i^T with x_i[g, m] = x[m, 16 g + i]: the sum over k in another order, with no interleave back into
-    k order (the layout shuffles of that interleave, and per-byte scale gathers, made the kernel L1-bound).
-    PRMT: decode with _UNPACK8 (inline PTX; compiled kernels only), else nibble by nibble (the interpreter's)."""
-    G: tl.constexpr = BLOCK_K // 16  # scale groups per tile (>= 16: the dots' K)
+    == 0; k_split a positive multiple of BLOCK_K with n_split * k_split >= K. PRMT: decode packed words with
+    _UNPACK8 (inline PTX; compiled kernels only), else bytes elementwise (_dequant; the interpreter's path)."""
+    G: tl.constexpr = BLOCK_K // 16  # scale groups per tile
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n_split = tl.num_programs(1)
@@ -173,7 +195,12 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
     n_ok = n < N
     m_ok = m < M
     g = tl.arange(0, G)
-    w_rows = w_ptr.to(tl.pointer_type(tl.int64)) + n.to(tl.int64)[:, None] * (stride_wn // 8)
+    j = tl.arange(0, 8)
+    w_rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_wn
+    if PRMT:
+        w_rows32 = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64)[:, None, None] * (stride_wn // 4)
+    else:
+        w_rows32 = w_rows  # unused
     s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
     x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
     k_lo = pid_k * k_split
@@ -181,30 +208,21 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
     Kg = K // 16
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        ga = k0 // 16 + g
-        g_ok = ga < Kg
-        ok = n_ok[:, None] & g_ok[None, :]
-        w64 = tl.load(w_rows + ga[None, :], mask=ok, other=0)
-        sc = tl.load(s_rows + ga[None, :], mask=ok, other=0).to(tl.int32)
+        g_abs = k0 // 16 + g  # scale group of each [g] slice; its 8 bytes are k = 16 g_abs .. 16 g_abs + 15
+        g_ok = g_abs < Kg
+        sc = tl.load(s_rows + g_abs[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
         sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
         sf = sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-        xg = x_rows + (16 * ga)[:, None]
-        xm = g_ok[:, None] & m_ok[None, :]
         if PRMT:
-            s16 = sf.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)
-            s2 = s16 | (s16 << 16)
-            lo = tl.inline_asm_elementwise(_UNPACK8, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w64.to(tl.int32), s2],
-                                           dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-            hi = tl.inline_asm_elementwise(_UNPACK8, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [(w64 >> 32).to(tl.int32), s2],
-                                           dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-            for i in tl.static_range(8):
-                acc = tl.dot(lo[i], tl.load(xg + i, mask=xm, other=0.0), acc)
-            for i in tl.static_range(8):
-                acc = tl.dot(hi[i], tl.load(xg + 8 + i, mask=xm, other=0.0), acc)
+            w = _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N, BLOCK_K)
         else:
-            for i in tl.static_range(16):
-                wi = (_e2m1_bits(((w64 >> (4 * i)) & 0xF).to(tl.int32)) * sf).to(tl.bfloat16)
-                acc = tl.dot(wi, tl.load(xg + i, mask=xm, other=0.0), acc)
+            byte = (g_abs * 8)[None, :, None] + j[None, None, :]
+            b = tl.load(w_rows + byte, mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+            lo, hi = _dequant(b, sf)
+            w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        k = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_rows + k[:, None], mask=(k < K)[:, None] & m_ok[None, :], other=0.0)
+        acc = tl.dot(w, xt, acc)
     acc = acc * alpha
     _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
 
@@ -213,9 +231,11 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
 def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
                          stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          PRMT: tl.constexpr):
-    """gemv_w4a16_kernel for M = 1 (BLOCK_M == 1) on CUDA cores: the same words, scales and decoders, the weights
-    widened to fp32 and multiplied into an fp32 [BLOCK_N, G] accumulator (no MMA, whose M >= 16 would waste
-    15/16 of it), summed over G at the end. Same ABI, grid and outputs as gemv_w4a16_kernel."""
+    """gemv_w4a16_kernel for M = 1 (BLOCK_M == 1) on CUDA cores (module doc): the tile is read as [BLOCK_N, G]
+    int64 words, one per scale group, decoded into 16 weights per word (code i is k = 16 g + i) that are widened
+    to fp32 and multiplied with x[16 g + i] into an fp32 [BLOCK_N, G] accumulator, summed over G at the end.
+    PRMT: _UNPACK8_F32 on each 32-bit half (inline PTX), else nibble by nibble. Same ABI, grid and outputs as
+    gemv_w4a16_kernel."""
     G: tl.constexpr = BLOCK_K // 16
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)

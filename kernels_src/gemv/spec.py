@@ -3,9 +3,9 @@
 Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule):
   bf16.m{16,32,64}.n64.k128    BF16 weights, wide tile (N blocks of 64 rows)
   bf16.m{16,32,64}.n16.k256    BF16 weights, narrow tile (more programs for small N)
-  w4a16.m{16,32,64}.n64.k256.{int,prmt}   NVFP4 weights dequantized in the kernel, wide tile (4 warps: 64x256
-                                          measured fastest of 32/64/128 rows x 256/512 k, 4/8 warps);
-                                          .int / .prmt: the weight decoder (gemv.py)
+  w4a16.m{16,32,64}.n64.k256.{int,prmt}   NVFP4 weights dequantized in the kernel, wide tile (8 warps: the
+                                          dequantized tile is 64 values per thread); .int / .prmt: the
+                                          weight decoder (gemv.py)
   w4a16.m{16,32,64}.n16.k256.{int,prmt}   NVFP4, narrow tile
   w4a16.m1.n{64,16}.k256.{int,prmt}       NVFP4 at M = 1: the CUDA-core kernel (gemv_w4a16_m1_kernel)
   splitk_reduce                the fixed-order fp32 sum of split-K partials -> bf16
@@ -18,7 +18,7 @@ Grids (axis 0 first):
   bf16.*, w4a16.*   (cdiv(N, BLOCK_N), n_split)
   splitk_reduce     (cdiv(N, BLOCK), M)
 """
-from vkc.spec import ALL_ARCHS, Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec
 
 _BF16 = [
     ("x_ptr", "*bf16", 16), ("w_ptr", "*bf16", 16), ("out_ptr", "*bf16", 16), ("ws_ptr", "*fp32", 16),
@@ -43,7 +43,7 @@ BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS}
 # kind -> (BLOCK_N, BLOCK_K, num_warps) per tile
 TILES = {
     "bf16": ((64, 128, 4), (16, 256, 4)),
-    "w4a16": ((64, 256, 4), (16, 256, 4)),
+    "w4a16": ((64, 256, 8), (16, 256, 4)),
 }
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
 
@@ -67,12 +67,9 @@ for _kind, _tiles in TILES.items():
                 num_warps=_warps, num_stages=3,
                 # 2 stages: x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 in 99 KB; the wide
                 # NVFP4 kernels at M 16 on sm_120a/sm_121a (.int spills 16 B there with 3 stages, ptxas 13.4)
-                # the narrow NVFP4 kernel at M 32 (.prmt spills 8 B on sm_90a with 3 stages, Triton 3.9.0)
                 overrides=({a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else
                            {a: {"num_stages": 2} for a in ("sm_120a", "sm_121a")}
-                           if (_kind, _bm, _bn) == ("w4a16", 16, 64) else
-                           {a: {"num_stages": 2} for a in ALL_ARCHS}
-                           if (_kind, _bm, _bn) == ("w4a16", 32, 16) else {})))
+                           if (_kind, _bm, _bn) == ("w4a16", 16, 64) else {})))
 
 SPECS.append(KernelSpec(name="splitk_reduce", source="gemv.py", entry="gemv_reduce_kernel", args=_args(_REDUCE),
                         constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))

@@ -31,8 +31,9 @@ plus the split-K partials' traffic and the reduce launch, and takes the cheapest
 to a workspace and a second launch sums them in split order (deterministic, no atomics). The constants are
 first choices made without a device to time them (benchmarks/bench_gemv.py times forced alternatives next to
 the rule's pick; ``vkc tune`` retunes the kernels' warps/stages; BENCHMARKS.md records measurements). NVFP4
-kernels come with two weight decoders giving identical results (kernels_src/gemv/gemv.py): ``int`` (the
-default) and ``prmt`` (packed inline PTX, fewer instructions per weight byte); ``_decoder=`` picks one.
+kernels come with two weight decoders giving identical results (kernels_src/gemv/gemv.py): ``prmt`` (the
+default: packed inline PTX, fewer instructions per weight byte, faster on the H200 at every M of the 27B/35B
+shapes but a few at M = 1, BENCHMARKS.md) and ``int``; ``_decoder=`` picks one.
 
 Workspace and graphs: split-K needs ``s * M * N`` fp32 elements. Pass ``workspace=`` (a contiguous 1-D float32
 tensor of at least :func:`workspace_elems` elements, e.g. from :func:`workspace`) allocated before graph capture;
@@ -71,7 +72,7 @@ SATURATE = 0.3  # the fraction of the resident slots that saturates HBM (a parti
 
 
 DECODERS = ("int", "prmt")  # NVFP4 weight decoders (kernels_src/gemv/gemv.py): elementwise / packed inline PTX
-DEFAULT_DECODER = "int"
+DEFAULT_DECODER = "prmt"
 
 
 def _base(kind: str, bm: int, bn: int, bk: int, decoder: str | None = None) -> str:
@@ -256,7 +257,9 @@ def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspac
     _aligned(op, "x", xt, "x row stride", sx)
     fits_i32(op, M=M, N=N, K=K, stride_x=sx, stride_out=sy, k_split=p.k_split, partials=p.split * M * N,
              grid=_cdiv(N, p.bn))
-    user_ws = _workspace(op, workspace_arg, p.split * M * N, dev, s) if workspace_arg is not None else None
+    # a caller's workspace is checked (dtype, layout) always, its size only where this call splits K
+    need = p.split * M * N if p.split > 1 else 0
+    user_ws = _workspace(op, workspace_arg, need, dev, s) if workspace_arg is not None else None
     ws_t = yt  # never dereferenced as the workspace when split == 1
     if p.split > 1:
         ws_t = user_ws if user_ws is not None else _workspace(op, None, p.split * M * N, dev, s)
@@ -312,8 +315,8 @@ def gemv_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream
     """y [M, N] bf16 = x [M, K] @ W^T with NVFP4 weights W[n, k] = e2m1(weight_packed) * e4m3(weight_scale[n,
     k // 16]) * global_scale (dequantized in the kernel, exact in bf16 before the global scale), 1 <= M <= max_m().
     ``global_scale``: the effective multiplier (compressed-tensors: 1 / weight_global_scale; ModelOpt:
-    weight_scale_2). Layouts, dispatch and workspace in the module doc. ``_decoder``: "int" (the default) or
-    "prmt", the kernels' weight decoder (identical results; benchmarks and tests)."""
+    weight_scale_2). Layouts, dispatch and workspace in the module doc. ``_decoder``: "prmt" (the default) or
+    "int", the kernels' weight decoder (identical results; benchmarks and tests)."""
     op = "gemv_w4a16"
     s = stream_of(stream)
     dec = DEFAULT_DECODER if _decoder is None else _decoder
