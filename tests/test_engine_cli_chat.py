@@ -42,7 +42,7 @@ def test_generate_reports_a_bad_model_in_one_line(tmp_path):
     from vkc_cli.main import main
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
     r = CliRunner().invoke(main, ["generate", "--model", str(tmp_path), "--prompt", "x"])
-    assert r.exit_code == 1 and "MoE" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "num_hidden_layers is missing" in r.output and "Traceback" not in r.output
 
 
 def test_chat_template(ck):

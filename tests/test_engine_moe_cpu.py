@@ -223,3 +223,19 @@ def test_fused_layout_errors_and_mixed_layouts(tmp_path, ck_fused):
     # a per-expert tensor of layer 0 next to the fused ones: read as the per-expert layout, the rest is missing
     with pytest.raises(CheckpointError, match=r"experts\.0\.gate_proj\.weight is missing"):
         _llm(tmp_path / "c", **kw)
+
+
+def test_vkc_generate_runs_a_moe_checkpoint(ck_fused, monkeypatch):
+    from click.testing import CliRunner
+
+    import vkc_engine.backend as B
+    from vkc_cli.main import main
+    d, _ = ck_fused
+    monkeypatch.setattr(B, "VkcBackend", NumpyBackend)
+    r = CliRunner().invoke(main, ["generate", "--model", str(d), "--prompt", "the quick", "--max-tokens", "5",
+                                  "--ignore-eos", "--max-model-len", "64", "--max-num-seqs", "2",
+                                  "--max-num-batched-tokens", "32"])
+    assert r.exit_code == 0, r.output
+    want = _llm(d, max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32).generate(
+        "the quick", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
+    assert want.text in r.output and "5 tokens in" in r.output and "finish: length" in r.output
