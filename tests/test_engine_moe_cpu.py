@@ -239,3 +239,18 @@ def test_vkc_generate_runs_a_moe_checkpoint(ck_fused, monkeypatch):
     want = _llm(d, max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32).generate(
         "the quick", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
     assert want.text in r.output and "5 tokens in" in r.output and "finish: length" in r.output
+
+
+def test_dummy_weights_of_the_35b_a3b_layout(tmp_path):
+    """load_format="dummy" at the 35B-A3B config scaled down: per-expert parts stacked, shared expert folded."""
+    from benchmarks.bench_engine import SHAPES
+    cfg = dict(SHAPES["35b-a3b"], num_hidden_layers=4, hidden_size=256, num_experts=16, vocab_size=512,
+               moe_intermediate_size=64, shared_expert_intermediate_size=64, linear_num_key_heads=2,
+               linear_num_value_heads=4, num_attention_heads=4, num_key_value_heads=1)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    llm = _llm(tmp_path, load_format="dummy", max_num_seqs=2, max_num_batched_tokens=16, max_model_len=64,
+               num_blocks=8)
+    mlp = llm.model.layers[3].mlp
+    assert mlp.folded and mlp.w1.shape == (17, 128, 256) and mlp.w2.shape == (17, 256, 64)
+    assert llm.cfg.layer_types[3] == "full_attention"
+    assert np.isfinite(llm.prompt_logits([1, 2, 3])).all()
