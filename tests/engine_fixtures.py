@@ -22,8 +22,10 @@ from pathlib import Path
 HEADS_27B = dict(linear_num_key_heads=2, linear_num_value_heads=6, num_attention_heads=6, num_key_value_heads=1)
 HEADS_35B = dict(linear_num_key_heads=2, linear_num_value_heads=4, num_attention_heads=8, num_key_value_heads=1)
 LAYERS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+ROUTER_SCALE = 4.0  # router logits ~ N(0, 4^2)
 # scaled-down MoE fields (the real 35B-A3B: 256 experts, top-8, 512 / 512)
-MOE_SMALL = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128)
+MOE_SMALL = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                 shared_expert_intermediate_size=128)
 CORPUS = ["the quick brown fox jumps over the lazy dog", "héllo wörld, naïve café — ünïcode ✓ 日本語 テキスト",
           "def f(x):\n    return x * 2\n", "vkc compiles kernels ahead of time for seven archs"] * 20
 EOS = "<|endoftext|>"
@@ -55,6 +57,9 @@ def _randomize(model, seed: int):
                                                                     else 0.0))
             elif "conv1d" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif name.endswith("mlp.gate.weight"):  # a peaked router, as trained ones are: the experts near the
+                # top-k cut carry little weight, so bf16 noise that swaps them moves the output little
+                p.copy_(torch.randn(p.shape, generator=g) * ROUTER_SCALE * p.shape[-1] ** -0.5)
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
             else:
