@@ -96,7 +96,10 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
     Qwen3_5MoeForCausalLM; ``expert_layout``: "per_expert" (released) or "fused" (transformers' parameters)."""
     import torch
     from safetensors.torch import save_file
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
+    if moe:
+        from transformers import Qwen3_5MoeForCausalLM as Model, Qwen3_5MoeTextConfig as Config
+    else:
+        from transformers import Qwen3_5ForCausalLM as Model, Qwen3_5TextConfig as Config
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,14 +107,14 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
     if expert_layout not in ("per_expert", "fused"):
         raise ValueError(expert_layout)
     size = dict(**moe) if moe else dict(intermediate_size=intermediate)
-    cfg = (Qwen3_5MoeTextConfig if moe else Qwen3_5TextConfig)(
+    cfg = Config(
         vocab_size=-(-tok.get_vocab_size() // 64) * 64, hidden_size=hidden, **size,
         num_hidden_layers=len(layer_types), layer_types=list(layer_types), head_dim=256,
         linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
         tie_word_embeddings=tie, eos_token_id=tok.token_to_id(EOS), max_position_embeddings=4096,
         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}, **heads)
     torch.manual_seed(seed)
-    model = (Qwen3_5MoeForCausalLM if moe else Qwen3_5ForCausalLM)(cfg).float().eval()
+    model = Model(cfg).float().eval()
     _randomize(model, seed)
     sd = {}
     with torch.no_grad():

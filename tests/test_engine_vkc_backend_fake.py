@@ -38,7 +38,7 @@ class _FakeGemm:
 
 
 class _FakeMoe:
-    """Stands in for vkc_runtime.ops.moe (MOE_CONTRACT: sparse_moe_block + moe_workspace): checks every operand
+    """Stands in for vkc_runtime.ops.moe (sparse_moe_block + moe_workspace, the layout the helpers agreed): checks every operand
     against the contract's layout (w1 [E + 1, 2I, H], w2 [E + 1, H, I] with the shared expert as expert E,
     shared_gate_w [1, H], renormalize on, the step within the workspace's max_tokens)."""
 
