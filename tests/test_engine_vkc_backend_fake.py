@@ -38,9 +38,9 @@ class _FakeGemm:
 
 
 class _FakeMoe:
-    """Stands in for vkc_runtime.ops.moe (sparse_moe_block + moe_workspace, the layout the helpers agreed): checks every operand
-    against the contract's layout (w1 [E + 1, 2I, H], w2 [E + 1, H, I] with the shared expert as expert E,
-    shared_gate_w [1, H], renormalize on, the step within the workspace's max_tokens)."""
+    """Stands in for vkc_runtime.ops.moe (sparse_moe_block + moe_workspace): checks every operand against the
+    agreed layout (w1 [E + 1, 2I, H], w2 [E + 1, H, I] with the shared expert as expert E, shared_gate_w [1, H],
+    renormalize on, the step within the workspace's max_tokens)."""
 
     def __init__(self):
         self.calls, self.workspaces = [], []
