@@ -168,7 +168,7 @@ def parse_config(raw: dict, generation_config: dict | None = None) -> ModelConfi
                           f"linear_num_key_heads ({k_heads})")
     tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     gen = generation_config or {}
-    moe_fields = _moe_fields(text, where, n_layers) if moe else {}
+    moe_fields = _moe_fields(text, where) if moe else {}
     inter = _get(text, "intermediate_size", int, where, required=not moe)  # MoE configs have none
     return ModelConfig(
         model_type=str(mtype or top_type), vocab_size=_get(text, "vocab_size", int, where), hidden_size=hidden,
@@ -182,7 +182,7 @@ def parse_config(raw: dict, generation_config: dict | None = None) -> ModelConfi
                                                           default=262144), **moe_fields)
 
 
-def _moe_fields(text: dict, where: str, n_layers: int) -> dict:
+def _moe_fields(text: dict, where: str) -> dict:
     """The MoE fields of a qwen3_5_moe text config (every layer sparse, one gated shared expert)."""
     E = _get(text, "num_experts", int, where)
     k = _get(text, "num_experts_per_tok", int, where)
