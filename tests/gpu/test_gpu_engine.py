@@ -52,6 +52,10 @@ def _need_moe_ops():
         from vkc_runtime.ops import moe  # noqa: F401
     except ImportError as e:
         pytest.skip(f"vkc_runtime.ops.moe (the MoE kernels) is not in this tree: {e}")
+    try:
+        from transformers import Qwen3_5MoeForCausalLM  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"this transformers has no Qwen3_5MoeForCausalLM (the reference): {e}")
 
 
 def _moe_checkpoint(d, layout):
