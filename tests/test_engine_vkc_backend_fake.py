@@ -218,3 +218,30 @@ def _dense_cfg():
     from tests.test_engine_loader import BASE
     from vkc_engine.config import parse_config
     return parse_config({**BASE, "model_type": "qwen3_5"})
+
+
+def test_moe_model_through_the_real_moe_ops(fake_vkc, tmp_path, monkeypatch):
+    """With vkc_runtime.ops.moe (router + grouped GEMMs) in the tree: every MoE call of the engine passes the
+    real ops' host validation and launches declared kernels (small decode/mixed steps and a 1000-token prefill,
+    which takes the larger block_m tiles)."""
+    moe = pytest.importorskip("vkc_runtime.ops.moe")
+    if not getattr(moe, "GROUPED_BASES", ()):
+        pytest.skip("vkc_runtime.ops.moe has no grouped GEMMs in this tree")
+    rec = _Rec(declared=declared_bases(moe))
+    patch_ops(monkeypatch, moe, "get_kernel", rec)
+    patch_ops(monkeypatch, moe, "has_kernel", rec.has)
+    patch_ops(monkeypatch, moe, "_sm_count", lambda dev: 132)
+    make_checkpoint(tmp_path, heads=HEADS_35B, layer_types=["linear_attention", "full_attention"], moe=MOE_SMALL,
+                    expert_layout="per_expert", vlm=True, seed=5)
+    llm = LLM(tmp_path, backend=FakeDeviceBackend(moe=moe), max_num_seqs=4, max_num_batched_tokens=40,
+              max_model_len=256, num_blocks=32, block_size=64)
+    outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert all(len(o.token_ids) == 3 for o in outs)
+    small = {c[0] for c in rec.calls}
+    big = LLM(tmp_path, backend=FakeDeviceBackend(moe=moe), max_num_seqs=2, max_num_batched_tokens=1024,
+              max_model_len=1100, num_blocks=40, block_size=64)
+    assert big.prompt_logits(list(range(1, 1001))).shape == (1000, big.cfg.vocab_size)
+    names = {c[0] for c in rec.calls}
+    assert {n.split(".")[1] for n in names} == {"route", "align", "grouped", "combine"}
+    assert len({n for n in names if n.startswith("moe.grouped.")}) > len(
+        {n for n in small if n.startswith("moe.grouped.")})  # the long prefill picks other tiles
