@@ -1,9 +1,10 @@
 """The engine end to end at a real model shape with random weights (``load_format="dummy"``, no checkpoint on
 disk): load time, prefill of one long prompt, and decode ms/step at several batch sizes (pure-decode steps
-replay CUDA graphs unless ``--graphs off``). Dense shapes only (the MoE block is not built yet).
+replay CUDA graphs unless ``--graphs off``). Shapes: the dense 27B and the MoE 35B-A3B (needs vkc_runtime.ops.moe).
 
-    python benchmarks/bench_engine.py [--shape 27b] [--batches 1,16,64] [--prefill 2048] [--long-prefill 8192]
-                                      [--steps 16] [--graphs on|off] [--gemv-max-m 16] [--breakdown] [--out F]
+    python benchmarks/bench_engine.py [--shape {27b,35b-a3b}] [--batches 1,16,64] [--prefill 2048]
+                                      [--long-prefill 8192] [--steps 16] [--graphs on|off] [--gemv-max-m 16]
+                                      [--breakdown] [--out F]
 
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
@@ -25,13 +26,26 @@ import tempfile
 import time
 from pathlib import Path
 
-SHAPES = {  # the dense Qwen3.6 27B text model (HF config.json field names)
+_ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+SHAPES = {  # HF config.json field names
+    # the dense Qwen3.6 27B text model
     "27b": {"model_type": "qwen3_5", "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
             "num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
             "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
             "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6,
             "tie_word_embeddings": False, "max_position_embeddings": 262144,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}},
+            "rope_parameters": _ROPE},
+    # the Qwen3.5/3.6 35B-A3B MoE text model: transformers' Qwen3_5MoeTextConfig defaults (documented there as
+    # Qwen/Qwen3.5-35B-A3B's configuration; Qwen3.6-35B-A3B keeps the architecture): 40 layers, full attention
+    # every 4th, GDN 16/32 x 128, attention 16/2 x 256, 256 experts, top-8, expert and shared widths 512; RoPE
+    # theta 1e7 and 262144 positions as the released config.json states (HF's defaults there: 1e4, 32768)
+    "35b-a3b": {"model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048,
+                "num_hidden_layers": 40, "full_attention_interval": 4, "num_attention_heads": 16,
+                "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+                "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                "shared_expert_intermediate_size": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                "max_position_embeddings": 262144, "rope_parameters": _ROPE},
 }
 
 
@@ -126,7 +140,7 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="27b")
+    ap.add_argument("--shape", "--model-shape", dest="shape", choices=sorted(SHAPES), default="27b")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--long-prefill", type=int, default=8192, help="one prompt of this many tokens (0: skip)")

@@ -1,11 +1,15 @@
 """Tiny random Qwen3.5 checkpoints made with HF transformers (CPU tests and tests/gpu/test_gpu_engine.py).
 
-:func:`make_checkpoint` builds ``Qwen3_5ForCausalLM`` with scaled-down real head configurations, gives every
+:func:`make_checkpoint` builds ``Qwen3_5ForCausalLM`` (or ``Qwen3_5MoeForCausalLM`` with ``moe=``) with
+scaled-down real head configurations, gives every
 parameter random values whose constants matter (norm weights away from zero so 1 + w is exercised, A_log and
 dt_bias spread), rounds them to bf16 values (``A_log`` and ``linear_attn.norm.weight`` stay fp32, as Qwen3.5
 stores them) and writes a safetensors directory: text-only names (``model.layers.N``), optionally VLM-wrapped
 (``model.language_model.layers.N`` + ``mtp.*`` / ``model.visual.*`` tensors and a ``text_config``), optionally
-sharded with an index. A tiny byte-level BPE tokenizer.json goes with it. Returns the fp32 HF model holding
+sharded with an index. MoE experts are written as transformers 5 holds them (``expert_layout="fused"``:
+``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]) or as the released checkpoints
+and transformers' own ``save_pretrained`` store them (``"per_expert"``: ``mlp.experts.N.{gate,up,down}_proj.weight``).
+A tiny byte-level BPE tokenizer.json goes with it. Returns the fp32 HF model holding
 exactly the saved values (the reference). The model's vocabulary is the tokenizer's rounded up to a multiple of
 64 (as the real 248320 is; ids past the tokenizer decode to nothing).
 """
@@ -18,6 +22,10 @@ from pathlib import Path
 HEADS_27B = dict(linear_num_key_heads=2, linear_num_value_heads=6, num_attention_heads=6, num_key_value_heads=1)
 HEADS_35B = dict(linear_num_key_heads=2, linear_num_value_heads=4, num_attention_heads=8, num_key_value_heads=1)
 LAYERS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+ROUTER_SCALE = 4.0  # router logits ~ N(0, 4^2)
+# scaled-down MoE fields (the real 35B-A3B: 256 experts, top-8, 512 / 512)
+MOE_SMALL = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                 shared_expert_intermediate_size=128)
 CORPUS = ["the quick brown fox jumps over the lazy dog", "héllo wörld, naïve café — ünïcode ✓ 日本語 テキスト",
           "def f(x):\n    return x * 2\n", "vkc compiles kernels ahead of time for seven archs"] * 20
 EOS = "<|endoftext|>"
@@ -49,6 +57,9 @@ def _randomize(model, seed: int):
                                                                     else 0.0))
             elif "conv1d" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif name.endswith("mlp.gate.weight"):  # a peaked router, as trained ones are: the experts near the
+                # top-k cut carry little weight, so bf16 noise that swaps them moves the output little
+                p.copy_(torch.randn(p.shape, generator=g) * ROUTER_SCALE * p.shape[-1] ** -0.5)
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
             else:
@@ -59,24 +70,51 @@ def _keep_fp32(name: str) -> bool:
     return name.endswith("A_log") or name.endswith("linear_attn.norm.weight")
 
 
+def _split_experts(sd: dict) -> dict:
+    """Fused expert tensors -> per-expert ones under the released names (gate rows first in gate_up_proj)."""
+    out = {}
+    for name, t in sd.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base, I = name[:-len("gate_up_proj")], t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :I].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = t[e, I:].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            base = name[:-len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[name] = t
+    return out
+
+
 def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256, intermediate=512, tie=False,
-                    vlm=False, shards: int = 1, seed: int = 0, all_bf16: bool = False):
-    """Write a tiny checkpoint into ``out_dir``; returns (fp32 HF model in eval mode, tokenizer)."""
+                    vlm=False, shards: int = 1, seed: int = 0, all_bf16: bool = False, moe: dict | None = None,
+                    expert_layout: str = "per_expert"):
+    """Write a tiny checkpoint into ``out_dir``; returns (fp32 HF model in eval mode, tokenizer). ``moe``: the
+    MoE fields (num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size) for a
+    Qwen3_5MoeForCausalLM; ``expert_layout``: "per_expert" (released) or "fused" (transformers' parameters)."""
     import torch
     from safetensors.torch import save_file
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    if moe:
+        from transformers import Qwen3_5MoeForCausalLM as Model, Qwen3_5MoeTextConfig as Config
+    else:
+        from transformers import Qwen3_5ForCausalLM as Model, Qwen3_5TextConfig as Config
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(out / "tokenizer.json")
-    cfg = Qwen3_5TextConfig(
-        vocab_size=-(-tok.get_vocab_size() // 64) * 64, hidden_size=hidden, intermediate_size=intermediate,
+    if expert_layout not in ("per_expert", "fused"):
+        raise ValueError(expert_layout)
+    size = dict(**moe) if moe else dict(intermediate_size=intermediate)
+    cfg = Config(
+        vocab_size=-(-tok.get_vocab_size() // 64) * 64, hidden_size=hidden, **size,
         num_hidden_layers=len(layer_types), layer_types=list(layer_types), head_dim=256,
         linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
         tie_word_embeddings=tie, eos_token_id=tok.token_to_id(EOS), max_position_embeddings=4096,
         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}, **heads)
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(cfg).float().eval()
+    model = Model(cfg).float().eval()
     _randomize(model, seed)
     sd = {}
     with torch.no_grad():
@@ -90,6 +128,8 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
         model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
         if tie:
             model.tie_weights()
+    if moe and expert_layout == "per_expert":
+        sd = _split_experts(sd)
     if vlm:
         sd = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in sd.items()}
         sd["mtp.fc.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
@@ -106,10 +146,14 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
             weight_map.update({n: fn for n in part})
         (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     text = cfg.to_dict()
+    kind = "qwen3_5_moe" if moe else "qwen3_5"
+    arch = "Qwen3_5Moe" if moe else "Qwen3_5"
     if vlm:
-        text["model_type"] = "qwen3_5_text"
-        conf = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text,
+        text["model_type"] = kind + "_text"
+        conf = {"model_type": kind, "architectures": [arch + "ForConditionalGeneration"], "text_config": text,
                 "vision_config": {"depth": 1}, "tie_word_embeddings": tie}
+    elif moe:  # as Qwen3_5MoeForCausalLM.save_pretrained writes it
+        conf = dict(text, model_type="qwen3_5_moe_text", architectures=["Qwen3_5MoeForCausalLM"])
     else:
         conf = dict(text, model_type="qwen3_5", architectures=["Qwen3_5ForCausalLM"])
     (out / "config.json").write_text(json.dumps(conf, indent=1))

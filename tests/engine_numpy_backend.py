@@ -254,6 +254,39 @@ class NumpyBackend:
                                          int(slots[i]))
         return out
 
+    def moe_block(self, x, gate_w, w1, w2, top_k, shared_gate_w, out, shared=None):
+        """HF's Qwen3_5MoeSparseMoeBlock: softmax over the E routed experts, top-k (ties: the lower id, a stable
+        descending sort), renormalised; SwiGLU experts summed with those weights; the shared expert (expert E of
+        w1 / w2, or ``shared`` = (gate_up, down) apart) scaled by sigmoid(x . shared_gate_w)."""
+        self._log("moe_block")
+        x64 = x.astype(np.float64)
+        E = gate_w.shape[0]
+        logits = x64 @ gate_w.astype(np.float64).T
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        ids = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
+        wts = np.take_along_axis(p, ids, axis=-1)
+        wts /= wts.sum(-1, keepdims=True)
+
+        def swiglu(xs, gu, dn):
+            h = xs @ gu.astype(np.float64).T
+            n = h.shape[1] // 2
+            return (_silu(h[:, :n]) * h[:, n:]) @ dn.astype(np.float64).T
+
+        acc = np.zeros_like(x64)
+        for e in np.unique(ids):
+            tok, j = np.nonzero(ids == e)
+            acc[tok] += wts[tok, j, None] * swiglu(x64[tok], w1[e], w2[e])
+        if shared is None:
+            assert w1.shape[0] == E + 1 and w2.shape[0] == E + 1
+            sh = swiglu(x64, w1[E], w2[E])
+        else:
+            assert w1.shape[0] == E and w2.shape[0] == E
+            sh = swiglu(x64, *shared)
+        acc += _sigmoid(x64 @ shared_gate_w.astype(np.float64).T) * sh
+        out[...] = acc
+        return out
+
     def sample(self, logits, params, generators):
         from vkc_engine.sampler import sample_host
         return sample_host(self.logits_to_host(logits), params, generators)

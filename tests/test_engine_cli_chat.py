@@ -42,7 +42,7 @@ def test_generate_reports_a_bad_model_in_one_line(tmp_path):
     from vkc_cli.main import main
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
     r = CliRunner().invoke(main, ["generate", "--model", str(tmp_path), "--prompt", "x"])
-    assert r.exit_code == 1 and "MoE" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "num_hidden_layers is missing" in r.output and "Traceback" not in r.output
 
 
 def test_chat_template(ck):
@@ -78,6 +78,9 @@ def test_bench_engine_runs_on_the_numpy_backend(ck):
     from benchmarks.bench_engine import SHAPES, run
     from vkc_engine.config import parse_config
     assert parse_config(SHAPES["27b"]).layer_types.count("full_attention") == 16  # the real 27B layout
+    moe = parse_config(SHAPES["35b-a3b"])
+    assert moe.is_moe and moe.layer_types[3::4] == ("full_attention",) * 10 and moe.layer_types.count(
+        "full_attention") == 10 and (moe.num_experts, moe.num_experts_per_tok, moe.gdn_qkv_dim) == (256, 8, 8192)
     res = run(ck, batches=(1, 2), prefill=24, steps=2, backend=NumpyBackend(), load_format="safetensors")
     assert res["prefill"]["tokens"] == 24 and [d["batch"] for d in res["decode"]] == [1, 2]
     assert all(d["ms_per_step"] > 0 for d in res["decode"])

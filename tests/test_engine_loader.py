@@ -44,7 +44,7 @@ def test_config_defaults_and_layouts():
 
 
 @pytest.mark.parametrize("change,field", [
-    ({"model_type": "qwen3_5_moe"}, "MoE"),
+    ({"model_type": "qwen3_5_moe"}, "num_experts is missing"),  # MoE: its fields are required
     ({"model_type": "llama"}, "model_type"),
     ({"hidden_size": None}, "hidden_size is missing"),
     ({"num_hidden_layers": "4"}, "num_hidden_layers must be an integer"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.engine_fixtures import HEADS_27B, make_checkpoint
+from tests.engine_fixtures import HEADS_27B, HEADS_35B, MOE_SMALL, make_checkpoint
 from tests.ops_fakes import Recorder, declared_bases, patch_ops
 
 pytest.importorskip("transformers")
@@ -34,6 +34,37 @@ class _FakeGemm:
         ot = tensor("linear", "out", out, "bfloat16", ndim=2, shape=(M, wt.shape[0]))
         assert ot.is_contiguous() or M == 1
         self.calls.append((M, wt.shape[0], K))
+        return out
+
+
+class _FakeMoe:
+    """Stands in for vkc_runtime.ops.moe (sparse_moe_block + moe_workspace): checks every operand against the
+    agreed layout (w1 [E + 1, 2I, H], w2 [E + 1, H, I] with the shared expert as expert E, shared_gate_w [1, H],
+    renormalize on, the step within the workspace's max_tokens)."""
+
+    def __init__(self):
+        self.calls, self.workspaces = [], []
+
+    def moe_workspace(self, max_tokens, num_experts, top_k, hidden, intermediate, *, shared, device=None):
+        ws = dict(max_tokens=max_tokens, E=num_experts, k=top_k, H=hidden, I=intermediate, shared=shared)
+        self.workspaces.append(ws)
+        return ws
+
+    def sparse_moe_block(self, x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=None, workspace, out,
+                         stream=None):
+        from vkc_runtime.ops._check import tensor
+        ws = workspace
+        E, H, I = ws["E"], ws["H"], ws["I"]
+        xt = tensor("moe", "x", x, "bfloat16", ndim=2, shape=(None, H))
+        M = xt.shape[0]
+        assert xt.is_contiguous() and 0 < M <= ws["max_tokens"] and top_k == ws["k"] and renormalize is True
+        tensor("moe", "gate_w", gate_w, "bfloat16", shape=(E, H))
+        assert tensor("moe", "w1", w1, "bfloat16", shape=(E + 1, 2 * I, H)).is_contiguous()
+        assert tensor("moe", "w2", w2, "bfloat16", shape=(E + 1, H, I)).is_contiguous()
+        assert ws["shared"] and shared_gate_w is not None
+        tensor("moe", "shared_gate_w", shared_gate_w, "bfloat16", shape=(1, H))
+        assert tensor("moe", "out", out, "bfloat16", shape=(M, H)).is_contiguous()
+        self.calls.append(M)
         return out
 
 
@@ -73,11 +104,11 @@ class FakeDeviceBackend(VkcBackend):
     """VkcBackend with host<->device copies skipped (fake memory): every op call is the real one."""
     supports_graphs = False  # eager steps here (tests/test_engine_graphs_fake.py drives the graph path)
 
-    def __init__(self):
+    def __init__(self, moe=None):
         self.gemm = _FakeGemm()
-        self._bind_modules(gemm=self.gemm)
+        self._bind_modules(gemm=self.gemm, moe=moe)
         self.device = 0
-        self._gdn_ws = self._pws = self._dws = None
+        self._gdn_ws = self._pws = self._dws = self._moe_ws = None
         self.uploads = []
 
     def free_memory(self):
@@ -144,3 +175,74 @@ def test_teacher_forced_path_validates(fake_vkc, ckpt):
     assert got.shape == (149, llm.cfg.vocab_size)
     rows = [u for u in be.uploads if u.ndim == 1 and len(u) == 50 and u[0] == 0 and u[-1] == 49]
     assert rows  # 'all' logit rows of a chunk: 0 .. 49
+
+
+def test_moe_model_calls_the_moe_block_per_contract(fake_vkc, tmp_path):
+    make_checkpoint(tmp_path, heads=HEADS_35B, layer_types=["linear_attention", "full_attention"], moe=MOE_SMALL,
+                    expert_layout="per_expert", vlm=True, seed=5)
+    moe = _FakeMoe()
+    be = FakeDeviceBackend(moe=moe)
+    llm = LLM(tmp_path, backend=be, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
+              block_size=64)
+    assert moe.workspaces == [dict(max_tokens=40, E=8, k=2, H=256, I=128, shared=True)]
+    outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert all(len(o.token_ids) == 3 for o in outs)
+    # steps: the first 40-token chunk of the long prompt, its last 10 + the two short prompts, then decode
+    assert moe.calls == [40] * 2 + [14] * 2 + [3] * 2 * 2  # one call per layer and step
+    H = llm.cfg.hidden_size  # N == H: the mixers' out projections only (a dense MLP would add gate_up and down)
+    assert sum(n == H for _, n, _ in be.gemm.calls) == len(moe.calls)
+
+
+def test_moe_refusals(fake_vkc, tmp_path, monkeypatch):
+    from vkc_engine.backend import BackendError
+    from vkc_engine.config import load_config
+    make_checkpoint(tmp_path, heads=HEADS_35B, layer_types=["full_attention"], moe=dict(
+        MOE_SMALL, shared_expert_intermediate_size=256), expert_layout="fused", seed=6)
+    cfg = load_config(tmp_path)
+    with pytest.raises(BackendError, match="shared_expert_intermediate_size 256 != moe_intermediate_size 128"):
+        FakeDeviceBackend(moe=_FakeMoe()).check_model(cfg)
+    import builtins
+    real_import = builtins.__import__
+
+    def no_moe(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "vkc_runtime.ops" and fromlist and "moe" in fromlist:
+            raise ImportError("No module named 'vkc_runtime.ops.moe'")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", no_moe)
+    with pytest.raises(BackendError, match=r"vkc_runtime\.ops\.moe \(the MoE kernels"):
+        FakeDeviceBackend().check_model(cfg)
+    FakeDeviceBackend().check_model(_dense_cfg())  # a dense model needs no MoE ops
+
+
+def _dense_cfg():
+    from tests.test_engine_loader import BASE
+    from vkc_engine.config import parse_config
+    return parse_config({**BASE, "model_type": "qwen3_5"})
+
+
+def test_moe_model_through_the_real_moe_ops(fake_vkc, tmp_path, monkeypatch):
+    """With vkc_runtime.ops.moe (router + grouped GEMMs) in the tree: every MoE call of the engine passes the
+    real ops' host validation and launches declared kernels (small decode/mixed steps and a 1000-token prefill,
+    which takes the larger block_m tiles)."""
+    moe = pytest.importorskip("vkc_runtime.ops.moe")
+    if not getattr(moe, "GROUPED_BASES", ()):
+        pytest.skip("vkc_runtime.ops.moe has no grouped GEMMs in this tree")
+    rec = _Rec(declared=declared_bases(moe))
+    patch_ops(monkeypatch, moe, "get_kernel", rec)
+    patch_ops(monkeypatch, moe, "has_kernel", rec.has)
+    patch_ops(monkeypatch, moe, "_sm_count", lambda dev: 132)
+    make_checkpoint(tmp_path, heads=HEADS_35B, layer_types=["linear_attention", "full_attention"], moe=MOE_SMALL,
+                    expert_layout="per_expert", vlm=True, seed=5)
+    llm = LLM(tmp_path, backend=FakeDeviceBackend(moe=moe), max_num_seqs=4, max_num_batched_tokens=40,
+              max_model_len=256, num_blocks=32, block_size=64)
+    outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert all(len(o.token_ids) == 3 for o in outs)
+    small = {c[0] for c in rec.calls}
+    big = LLM(tmp_path, backend=FakeDeviceBackend(moe=moe), max_num_seqs=2, max_num_batched_tokens=1024,
+              max_model_len=1100, num_blocks=40, block_size=64)
+    assert big.prompt_logits(list(range(1, 1001))).shape == (1000, big.cfg.vocab_size)
+    names = {c[0] for c in rec.calls}
+    assert {n.split(".")[1] for n in names} == {"route", "align", "grouped", "combine"}
+    assert len({n for n in names if n.startswith("moe.grouped.")}) > len(
+        {n for n in small if n.startswith("moe.grouped.")})  # the long prefill picks other tiles

@@ -12,6 +12,10 @@ attention gate). Layout conventions the model relies on (all row-major, rows = t
   qk_norm_rope(qg [T, Hq*2*D] (per head query|gate), k [T, Hkv*D], positions) -> q [T, Hq, D], k [T, Hkv, D]
   attention caches [num_blocks, block_size, Hkv, D]; GDN state [slots, Hv, 128, 128] fp32; conv state
   [slots, 3, C] bf16 (C = the GDN conv channels)
+  moe_block(x [T, H], gate_w [E, H], w1 [E', 2I, H], w2 [E', H, I], top_k, shared_gate_w [1, H], out [T, H]):
+  softmax router, top-k (ties: lower id), renormalised, SwiGLU experts, plus the shared expert times
+  sigmoid(x . shared_gate_w) -- stacked as expert E of w1 / w2 (E' = E + 1), or given apart as
+  ``shared=(gate_up [2Is, H], down [H, Is])`` (E' = E; the numpy backend's only: the kernels fold it in)
 
 Streams: :class:`VkcBackend` owns one non-blocking CUDA stream and passes it to every op; uploads are async
 copies on it from a pinned staging ring, downloads wait for that stream only, and nothing uses the legacy
@@ -40,7 +44,8 @@ STAGING_BYTES = 4 << 20  # initial pinned upload ring (grows when one upload nee
 FAMILIES = {"embedding": "embedding", "rmsnorm": "norm", "add_rmsnorm": "norm", "gated_rmsnorm": "norm",
             "silu_mul": "act", "linear": "linear", "qk_norm_rope": "rope", "reshape_and_cache": "attn_cache",
             "attn_prefill": "attn_prefill", "attn_decode": "attn_decode", "conv_prefill": "conv",
-            "conv_decode": "conv", "gdn_prefill": "gdn_prefill", "gdn_decode": "gdn_decode", "sample": "sample"}
+            "conv_decode": "conv", "gdn_prefill": "gdn_prefill", "gdn_decode": "gdn_decode", "moe_block": "moe",
+            "sample": "sample"}
 
 
 def _free_host(drv, ptr: int) -> None:
@@ -61,7 +66,8 @@ class VkcBackend:
     embedding.embedding, norm.rmsnorm, norm.add_rmsnorm, gemm.linear, rope.qk_norm_rope,
     attn.reshape_and_cache, attn.prefill (+ prefill_workspace), attn.decode (+ decode_workspace),
     conv.causal_conv1d, conv.causal_conv1d_update, gdn.chunk_gated_delta_rule (+ workspace_for),
-    gdn_decode.recurrent_decode, norm.gated_rmsnorm, act.silu_mul; sampling: :meth:`sample`.
+    gdn_decode.recurrent_decode, norm.gated_rmsnorm, act.silu_mul, moe.sparse_moe_block (+ moe_workspace; MoE
+    models only, imported when one is loaded); sampling: :meth:`sample`.
     """
 
     name = "vkc"
@@ -79,13 +85,14 @@ class VkcBackend:
         self._bind_modules()
         self._drv.ensure_context(device)
         self.device = self._drv.context_device()
-        self._gdn_ws = self._pws = self._dws = None
+        self._gdn_ws = self._pws = self._dws = self._moe_ws = None
         self.stream = self._streams.Stream(device=self.device)
         self._s = self.stream.handle
         self._events: list = []
 
-    def _bind_modules(self, gemm=None) -> None:
-        """The vkc_runtime modules this backend calls (``gemm`` injectable for driver-free tests)."""
+    def _bind_modules(self, gemm=None, moe=None) -> None:
+        """The vkc_runtime modules this backend calls (``gemm`` and ``moe`` injectable for driver-free tests;
+        ``moe`` is imported by :meth:`check_model` for MoE models only, so dense models run without it)."""
         from vkc_runtime import driver, memory  # noqa: PLC0415
         from vkc_runtime import stream as streams  # noqa: PLC0415
         from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope  # noqa: PLC0415
@@ -101,6 +108,17 @@ class VkcBackend:
         self._rope, self._act, self._emb = rope, act, embedding
         from vkc_runtime.ops import gemv, sample  # noqa: PLC0415
         self._sample, self._samp, self._gemv = sample, None, gemv
+        self._moe = moe
+
+    def _moe_ops(self):
+        if self._moe is None:
+            try:
+                from vkc_runtime.ops import moe  # noqa: PLC0415
+            except ImportError as e:
+                raise BackendError(f"vkc_runtime.ops.moe (the MoE kernels a qwen3_5_moe model needs) is not "
+                                   f"available: {e}") from None
+            self._moe = moe
+        return self._moe
 
     # ---------------------------------------------------------------------------------------- checks
     def check_model(self, cfg) -> None:
@@ -117,6 +135,15 @@ class VkcBackend:
                                "128 / 4")
         if cfg.hidden_size > 16384:
             raise BackendError(f"hidden_size {cfg.hidden_size} > 16384 (largest rmsnorm row)")
+        if cfg.is_moe:
+            self._moe_ops()
+            if cfg.shared_expert_intermediate_size != cfg.moe_intermediate_size:
+                raise BackendError(f"shared_expert_intermediate_size {cfg.shared_expert_intermediate_size} != "
+                                   f"moe_intermediate_size {cfg.moe_intermediate_size}: the MoE kernels run the "
+                                   "shared expert as expert E of the stacked weights, which needs equal widths")
+            if cfg.num_experts + 1 > 512 or cfg.num_experts_per_tok + 1 > 16:
+                raise BackendError(f"{cfg.num_experts} experts, top-{cfg.num_experts_per_tok}: the MoE ops take at "
+                                   "most 511 routed experts and top-15 (plus the shared expert)")
 
     def prepare(self, max_tokens: int, max_seqs: int, cfg) -> None:
         """Workspaces for batches of up to max_tokens tokens in max_seqs sequences (before any capture)."""
@@ -124,6 +151,10 @@ class VkcBackend:
         self._gdn_ws = self._gdn.workspace_for(max_tokens, max_seqs, cfg.gdn_k_heads, cfg.gdn_v_heads, device=d)
         self._pws = self._attn.prefill_workspace(max_tokens, max_seqs, cfg.num_q_heads, cfg.head_dim, device=d)
         self._dws = self._attn.decode_workspace(max_seqs, cfg.num_q_heads, cfg.head_dim, device=d)
+        if cfg.is_moe:
+            self._moe_ws = self._moe_ops().moe_workspace(max_tokens, cfg.num_experts, cfg.num_experts_per_tok,
+                                                         cfg.hidden_size, cfg.moe_intermediate_size, shared=True,
+                                                         device=d)
 
     def free_memory(self) -> tuple[int, int]:
         """(free, total) bytes of the device."""
@@ -308,6 +339,12 @@ class VkcBackend:
     def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out):
         return self._gdn_dec.recurrent_decode(qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out=out,
                                               stream=self._s)
+
+    def moe_block(self, x, gate_w, w1, w2, top_k, shared_gate_w, out, shared=None):
+        if shared is not None:
+            raise BackendError("the MoE kernels fold the shared expert in as expert E (check_model refuses others)")
+        return self._moe.sparse_moe_block(x, gate_w, w1, w2, top_k, renormalize=True, shared_gate_w=shared_gate_w,
+                                          workspace=self._moe_ws, out=out, stream=self._s)
 
     def logits_to_host(self, logits) -> np.ndarray:
         """[B, V] float32 on the host (bf16 logits widened exactly)."""

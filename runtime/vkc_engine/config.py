@@ -1,9 +1,15 @@
 """The model configuration the engine needs, read from an HF ``config.json`` (Qwen3.5/3.6 text models).
 
-Accepted: ``model_type`` ``qwen3_5`` / ``qwen3_5_text`` (dense), either flat (a text-only checkpoint) or
-VLM-wrapped (the text fields under ``text_config``; the vision fields are ignored). ``qwen3_5_moe`` is
-recognised and refused for now with a clear error (the MoE block is not built yet). Every problem raises
-:class:`ConfigError` naming the field.
+Accepted: ``model_type`` ``qwen3_5`` / ``qwen3_5_text`` (dense) and ``qwen3_5_moe`` / ``qwen3_5_moe_text``
+(sparse MoE MLPs with a gated shared expert: HF's ``Qwen3_5MoeForCausalLM`` and the released
+``Qwen3_5MoeForConditionalGeneration``), either flat (a text-only checkpoint) or VLM-wrapped (the text fields under
+``text_config``; the vision fields are ignored). Every problem raises :class:`ConfigError` naming the field.
+
+MoE fields: ``num_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``,
+``shared_expert_intermediate_size`` (all required: HF's class would fill defaults, a checkpoint's config states
+them). HF's ``Qwen3_5MoeTopKRouter`` renormalises the top-k weights unconditionally, so does the engine; fields
+of the Qwen3-MoE / Qwen3-Next lineage that HF's qwen3_5_moe code does not read are accepted only at the value
+that means "what HF runs": ``norm_topk_prob`` true, ``mlp_only_layers`` empty, ``decoder_sparse_step`` 1.
 """
 from __future__ import annotations
 
@@ -46,6 +52,15 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     vlm_wrapped: bool
     max_position_embeddings: int
+    # sparse MoE (model_type qwen3_5_moe): 0 for dense models
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def gdn_qkv_dim(self) -> int:
@@ -94,12 +109,10 @@ def parse_config(raw: dict, generation_config: dict | None = None) -> ModelConfi
     text = raw["text_config"] if wrapped else raw
     where = "text_config." if wrapped else ""
     mtype = text.get("model_type", top_type) if wrapped else top_type
-    if top_type in MOE_TYPES or mtype in MOE_TYPES:
-        raise ConfigError(f"config.json: model_type {top_type or mtype!r} (MoE) is not supported by this engine yet; "
-                          "dense qwen3_5 checkpoints only")
-    if top_type not in DENSE_TYPES and mtype not in DENSE_TYPES:
+    moe = top_type in MOE_TYPES or mtype in MOE_TYPES
+    if not moe and top_type not in DENSE_TYPES and mtype not in DENSE_TYPES:
         raise ConfigError(f"config.json: model_type {top_type!r} is not a Qwen3.5/3.6 model "
-                          f"(expected one of {DENSE_TYPES})")
+                          f"(expected one of {DENSE_TYPES + MOE_TYPES})")
     quant = raw.get("quantization_config") or text.get("quantization_config")
     if quant:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
@@ -155,16 +168,43 @@ def parse_config(raw: dict, generation_config: dict | None = None) -> ModelConfi
                           f"linear_num_key_heads ({k_heads})")
     tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     gen = generation_config or {}
+    moe_fields = _moe_fields(text, where) if moe else {}
+    inter = _get(text, "intermediate_size", int, where, required=not moe)  # MoE configs have none
     return ModelConfig(
         model_type=str(mtype or top_type), vocab_size=_get(text, "vocab_size", int, where), hidden_size=hidden,
-        intermediate_size=_get(text, "intermediate_size", int, where), num_layers=n_layers,
+        intermediate_size=inter or 0, num_layers=n_layers,
         layer_types=tuple(layer_types), num_q_heads=n_q, num_kv_heads=n_kv, head_dim=head_dim,
         rotary_dim=rotary_dim, rope_theta=float(theta), gdn_k_heads=k_heads, gdn_v_heads=v_heads,
         gdn_head_dim=k_dim, conv_width=_get(text, "linear_conv_kernel_dim", int, where, default=4),
         rms_norm_eps=_get(text, "rms_norm_eps", float, where, default=1e-6), tie_word_embeddings=bool(tie),
         eos_token_ids=_eos(gen.get("eos_token_id"), text.get("eos_token_id"), raw.get("eos_token_id")),
         vlm_wrapped=wrapped, max_position_embeddings=_get(text, "max_position_embeddings", int, where,
-                                                          default=262144))
+                                                          default=262144), **moe_fields)
+
+
+def _moe_fields(text: dict, where: str) -> dict:
+    """The MoE fields of a qwen3_5_moe text config (every layer sparse, one gated shared expert)."""
+    E = _get(text, "num_experts", int, where)
+    k = _get(text, "num_experts_per_tok", int, where)
+    if k > E:
+        raise ConfigError(f"config.json: {where}num_experts_per_tok ({k}) exceeds num_experts ({E})")
+    if text.get("norm_topk_prob", True) is not True:
+        raise ConfigError(f"config.json: {where}norm_topk_prob {text['norm_topk_prob']!r} is not supported: HF's "
+                          "qwen3_5_moe router renormalises the top-k weights always (norm_topk_prob true)")
+    dense_layers = text.get("mlp_only_layers") or []
+    if dense_layers:
+        raise ConfigError(f"config.json: {where}mlp_only_layers {dense_layers!r} is not supported (every layer of a "
+                          "qwen3_5_moe model is sparse)")
+    step = text.get("decoder_sparse_step", 1)
+    if step != 1:
+        raise ConfigError(f"config.json: {where}decoder_sparse_step {step!r} is not supported (1: every layer "
+                          "sparse)")
+    if text.get("shared_expert_intermediate_size") == 0:
+        raise ConfigError(f"config.json: {where}shared_expert_intermediate_size 0 (no shared expert) is not "
+                          "supported: qwen3_5_moe layers have one")
+    return dict(num_experts=E, num_experts_per_tok=k,
+                moe_intermediate_size=_get(text, "moe_intermediate_size", int, where),
+                shared_expert_intermediate_size=_get(text, "shared_expert_intermediate_size", int, where))
 
 
 def load_config(model_dir) -> ModelConfig:

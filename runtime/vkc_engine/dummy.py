@@ -2,6 +2,9 @@
 ``--load-format dummy``): :class:`DummyCheckpoint` answers the model's tensor requests like
 :class:`vkc_engine.loader.Checkpoint` does, from one random bf16 tile repeated (so a 27B model builds at memory
 speed, not at random-number speed). The values are meaningless; the shapes and dtypes are the real ones.
+Every name is "in" the checkpoint, so a MoE model reads its experts in the released per-expert layout (the
+model's choice when layer 0 has ``experts.0.up_proj.weight``): each expert's [I, H] part is a view of the
+tile, uploaded into the stacked device buffer with no host copy (35B-A3B: 256 x 3 parts per layer).
 """
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def _load_tokenizer(model_dir: Path):
 
 
 class LLM:
-    """A Qwen3.5/3.6 dense model from an HF directory on a backend (default: vkc's kernels on the GPU).
+    """A Qwen3.5/3.6 model (dense or MoE) from an HF directory on a backend (default: vkc's kernels on the GPU).
 
     ``max_num_seqs``: sequences per step (and GDN state slots); ``max_num_batched_tokens``: the per-step token
     budget (chunked prefill); ``max_model_len``: longest prompt + output; ``block_size``: KV block tokens;

@@ -1,13 +1,15 @@
-"""The Qwen3.5/3.6 dense decoder over a backend's ops (vkc_engine.backend): weights fused at load, one small
-class per block kind, activations in buffers allocated once for the largest step.
+"""The Qwen3.5/3.6 decoder (dense and MoE) over a backend's ops (vkc_engine.backend): weights fused at load,
+one small class per block kind, activations in buffers allocated once for the largest step.
 
 Per layer: RMSNorm(1 + w) (fused with the residual add from the second layer on), then the token mixer --
 a Gated DeltaNet block (``linear_attention``) or a gated full-attention block (``full_attention``) -- then
-add + RMSNorm and the SwiGLU MLP; at the end add + RMSNorm and the LM head on the rows that need logits.
+add + RMSNorm and the SwiGLU MLP (dense models) or the sparse MoE block (qwen3_5_moe); at the end add +
+RMSNorm and the LM head on the rows that need logits.
 
 Fusions at load (rows stacked, one GEMM each): GDN ``in_proj_qkv | in_proj_z | in_proj_b | in_proj_a``;
 attention ``q_proj | k_proj | v_proj`` (q_proj keeps HF's per-head [query | gate] rows, which is what
-qk_norm_rope and the attention gate read); MLP ``gate_proj | up_proj``.
+qk_norm_rope and the attention gate read); MLP ``gate_proj | up_proj``. MoE: every expert's ``gate | up`` rows
+stacked into ``w1`` [E', 2I, H] and its ``down`` into ``w2`` [E', H, I] (see :class:`_MoE`).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ModelConfig
-from .loader import Checkpoint, CheckpointError
+from .loader import Checkpoint, CheckpointError, RawTensor
 
 __all__ = ["Step", "Qwen35Model"]
 
@@ -45,10 +47,16 @@ class _Weights:
         self.ckpt, self.be, self.used = ckpt, backend, set()
         self.progress, self.total, self.done = progress, total, 0
 
-    def load(self, names_shapes, dtype: str, shape=None):
+    def load(self, names_shapes, dtype: str, shape=None, rows: int | None = None):
+        """The named tensors (each checked against its shape) stacked along dim 0 as one device array, reshaped
+        to ``shape``; ``rows``: view every part as 2-D [-1, rows] first (stacking 3-D fused experts with 2-D
+        per-expert tensors)."""
         parts = []
         for name, shp in names_shapes:
-            parts.append(self.ckpt.get(name, shp))
+            t = self.ckpt.get(name, shp)
+            if rows is not None and t.data.ndim != 2:
+                t = RawTensor(t.name, t.dtype, t.data.reshape(-1, rows), t.file)
+            parts.append(t)
             self.used.add(name)
         out = self.be.weight(parts, dtype, shape)
         self.done += len(parts)
@@ -67,6 +75,47 @@ class _MLP:
         gu = be.linear(x, self.gate_up, be.rows(bufs["gate_up"], T))
         act = be.silu_mul(gu, be.rows(bufs["act"], T))
         return be.linear(act, self.down, be.rows(bufs["mix"], T))
+
+
+class _MoE:
+    """The sparse MoE block (HF ``Qwen3_5MoeSparseMoeBlock``): router ``gate.weight`` [E, H], softmax, top-k,
+    renormalised; each pick a SwiGLU expert; plus the shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
+
+    Two stored layouts, told apart by layer 0: as transformers 5 holds the parameters (``experts.gate_up_proj``
+    [E, 2I, H] rows gate then up, ``experts.down_proj`` [E, H, I]) and as the released checkpoints store them
+    (``experts.N.{gate,up,down}_proj.weight``, [I, H] / [I, H] / [H, I]; transformers' qwen2_moe conversion
+    stacks those into the former). Both upload as ``w1`` [E', 2I, H] / ``w2`` [E', H, I], the parts copied
+    one by one into the device buffer (no host copy of the experts). When the shared expert has the routed
+    experts' width it is stacked as expert E (E' = E + 1) and the ops fold it in as a (k+1)-th pick with the
+    weight sigmoid(x . shared_gate_w); otherwise (E' = E) it stays a separate SwiGLU MLP passed beside.
+    """
+
+    def __init__(self, w: _Weights, p: str, cfg: ModelConfig, fused: bool):
+        H, E, I, Is = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+        self.top_k, self.folded = cfg.num_experts_per_tok, Is == I
+        self.gate_w = w.load([(p + "gate.weight", (E, H))], "bf16")
+        self.shared_gate_w = w.load([(p + "shared_expert_gate.weight", (1, H))], "bf16")
+        sh = p + "shared_expert."
+        sh_gu = [(sh + "gate_proj.weight", (Is, H)), (sh + "up_proj.weight", (Is, H))]
+        sh_d = [(sh + "down_proj.weight", (H, Is))]
+        if fused:
+            gu = [(p + "experts.gate_up_proj", (E, 2 * I, H))]
+            dn = [(p + "experts.down_proj", (E, H, I))]
+        else:
+            gu = [(f"{p}experts.{e}.{n}_proj.weight", (I, H)) for e in range(E) for n in ("gate", "up")]
+            dn = [(f"{p}experts.{e}.down_proj.weight", (H, I)) for e in range(E)]
+        if self.folded:
+            self.w1 = w.load(gu + sh_gu, "bf16", shape=(E + 1, 2 * I, H), rows=H)
+            self.w2 = w.load(dn + sh_d, "bf16", shape=(E + 1, H, I), rows=I)
+            self.shared = None
+        else:
+            self.w1 = w.load(gu, "bf16", shape=(E, 2 * I, H), rows=H)
+            self.w2 = w.load(dn, "bf16", shape=(E, H, I), rows=I)
+            self.shared = (w.load(sh_gu, "bf16"), w.load(sh_d, "bf16"))
+
+    def forward(self, be, bufs, x, T):
+        return be.moe_block(x, self.gate_w, self.w1, self.w2, self.top_k, self.shared_gate_w,
+                            be.rows(bufs["mix"], T), shared=self.shared)
 
 
 class _Attention:
@@ -134,7 +183,7 @@ class _GatedDeltaNet:
 
 
 class _Layer:
-    def __init__(self, w: _Weights, cfg: ModelConfig, i: int):
+    def __init__(self, w: _Weights, cfg: ModelConfig, i: int, fused_experts: bool = False):
         p = f"model.layers.{i}."
         H = cfg.hidden_size
         self.in_norm = w.load([(p + "input_layernorm.weight", (H,))], "bf16")
@@ -143,13 +192,16 @@ class _Layer:
             self.mixer = _Attention(w, p + "self_attn.", cfg, i)
         else:
             self.mixer = _GatedDeltaNet(w, p + "linear_attn.", cfg, i)
-        self.mlp = _MLP(w, p + "mlp.", cfg)
+        self.mlp = _MoE(w, p + "mlp.", cfg, fused_experts) if cfg.is_moe else _MLP(w, p + "mlp.", cfg)
 
 
-def _count_tensors(cfg: ModelConfig) -> int:
+def _count_tensors(cfg: ModelConfig, fused_experts: bool = False) -> int:
     n_attn = len(cfg.layer_indices("full_attention"))
-    # embedding + final norm (+ lm_head); per layer 2 norms + 3 MLP; attention 6; GDN 9
-    return 2 + (0 if cfg.tie_word_embeddings else 1) + cfg.num_layers * 5 + n_attn * 6 + (cfg.num_layers - n_attn) * 9
+    # per layer: dense MLP 3; MoE router + shared gate + shared expert 3 + routed experts (2 fused, else 3 E)
+    mlp = (5 + (2 if fused_experts else 3 * cfg.num_experts)) if cfg.is_moe else 3
+    # embedding + final norm (+ lm_head); per layer 2 norms + MLP; attention 6; GDN 9
+    return 2 + (0 if cfg.tie_word_embeddings else 1) + cfg.num_layers * (2 + mlp) + n_attn * 6 + \
+        (cfg.num_layers - n_attn) * 9
 
 
 class Qwen35Model:
@@ -160,9 +212,12 @@ class Qwen35Model:
         self.cfg, self.be = cfg, backend
         self.max_tokens, self.max_seqs = int(max_tokens), int(max_seqs)
         H, V = cfg.hidden_size, cfg.vocab_size
-        w = _Weights(ckpt, backend, progress, _count_tensors(cfg))
+        # the expert layout of layer 0 (a dummy checkpoint contains every name: it serves the per-expert one)
+        fused = cfg.is_moe and "model.layers.0.mlp.experts.gate_up_proj" in ckpt and \
+            "model.layers.0.mlp.experts.0.up_proj.weight" not in ckpt
+        w = _Weights(ckpt, backend, progress, _count_tensors(cfg, fused))
         self.embed = w.load([("model.embed_tokens.weight", (V, H))], "bf16")
-        self.layers = [_Layer(w, cfg, i) for i in range(cfg.num_layers)]
+        self.layers = [_Layer(w, cfg, i, fused) for i in range(cfg.num_layers)]
         self.final_norm = w.load([("model.norm.weight", (H,))], "bf16")
         if cfg.tie_word_embeddings:
             self.lm_head = self.embed
@@ -172,7 +227,8 @@ class Qwen35Model:
         extra = [n for n in ckpt.names() if n not in w.used]
         if extra:
             more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
-            raise CheckpointError(f"{ckpt.dir}: tensors the dense Qwen3.5 decoder does not use: "
+            raise CheckpointError(f"{ckpt.dir}: tensors the {'MoE' if cfg.is_moe else 'dense'} "
+                                  f"Qwen3.5 decoder does not use: "
                                   f"{', '.join(extra[:5])}{more}")
         self._alloc_buffers()
 
@@ -181,8 +237,9 @@ class Qwen35Model:
         H, I = cfg.hidden_size, cfg.intermediate_size
         Hq, Hkv, D = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
         C, Vd, Hv = cfg.gdn_qkv_dim, cfg.gdn_value_dim, cfg.gdn_v_heads
-        shapes = {"residual": (Tm, H), "h": (Tm, H), "mix": (Tm, H), "gate_up": (Tm, 2 * I), "act": (Tm, I),
-                  "sel": (Tm, H)}
+        shapes = {"residual": (Tm, H), "h": (Tm, H), "mix": (Tm, H), "sel": (Tm, H)}
+        if not cfg.is_moe:
+            shapes.update(gate_up=(Tm, 2 * I), act=(Tm, I))  # a MoE block's buffers are the backend's workspace
         if cfg.layer_indices("full_attention"):
             shapes.update(attn_qkv=(Tm, Hq * 2 * D + 2 * Hkv * D), q=(Tm, Hq, D), k=(Tm, Hkv, D), attn_o=(Tm, Hq, D))
         if cfg.layer_indices("linear_attention"):
