@@ -6,9 +6,9 @@ chunk format, ending ``data: [DONE]``), ``GET /v1/models``, ``GET /health``, ``G
 Errors are OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): invalid JSON or parameters 400,
 a prompt that does not fit the context 400 (with both numbers), unknown model 404, missing or wrong API key 401
 (when the server has one; /health and /metrics stay open), overload 503 with ``Retry-After`` (more than
-``max_waiting`` requests not yet running), an engine that stopped 503. A client that goes away is noticed within
-``_POLL`` seconds even while its request is still queued, and its sequences are aborted at once (their blocks
-and slot are free before the next step).
+``max_waiting`` requests not yet running), an engine that stopped 503. A client that goes away is noticed at once (a task waits
+for the ASGI disconnect message), even while its request is still queued, and its sequences are aborted (their
+blocks and slot are free before the next step).
 """
 from __future__ import annotations
 
@@ -30,12 +30,20 @@ from .protocol import APIError, ChatCompletionRequest, CompletionRequest, error_
 
 __all__ = ["build_app"]
 
-_POLL = 0.25          # seconds between disconnect checks while a request waits for output
 RETRY_AFTER_S = 1     # the overload answer's retry hint
 
 
 class _ClientGone(Exception):
     pass
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the request body is read already, so the next ASGI message is the
+    disconnect)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
 
 
 class _StatusCounter:
@@ -174,35 +182,46 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
 
     async def outputs(request: Request, q: asyncio.Queue, index: dict[str, int], t0: float):
         """The RequestOutputs of all choices as they come (until each finished); raises _ClientGone when the
-        client disconnects and APIError when the engine refused a choice. Records TTFT / ITL / tokens."""
+        client disconnects (at once, even while nothing is produced) and APIError when the engine refused a choice. Records TTFT / ITL / tokens."""
         left = set(index)
         last: dict[str, float] = {}
-        while left:
-            try:
-                o = await asyncio.wait_for(q.get(), _POLL)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    raise _ClientGone() from None
-                continue
-            if isinstance(o, BaseException):
-                if isinstance(o, EngineDead):
-                    raise APIError(503, str(o), type="server_error", code="engine_unavailable")
-                raise APIError(400, str(o))
-            now = time.perf_counter()
-            n = len(o.delta_token_ids)
-            if n:
-                metrics.generation_tokens.inc(n)
-                prev = last.get(o.request_id)
-                if prev is None:
-                    metrics.ttft.observe(now - t0)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            while left:
+                if q.empty():
+                    get = asyncio.ensure_future(q.get())
+                    await asyncio.wait((get, gone), return_when=asyncio.FIRST_COMPLETED)
+                    if not get.done():
+                        get.cancel()
+                        raise _ClientGone()
+                    o = get.result()
                 else:
-                    for _ in range(n):
-                        metrics.itl.observe((now - prev) / n)
-                last[o.request_id] = now
-            if o.finished:
-                left.discard(o.request_id)
-                metrics.e2e.observe(now - t0)
-            yield o
+                    o = q.get_nowait()
+                o = _check(o)
+                now = time.perf_counter()
+                n = len(o.delta_token_ids)
+                if n:
+                    metrics.generation_tokens.inc(n)
+                    prev = last.get(o.request_id)
+                    if prev is None:
+                        metrics.ttft.observe(now - t0)
+                    else:
+                        for _ in range(n):
+                            metrics.itl.observe((now - prev) / n)
+                    last[o.request_id] = now
+                if o.finished:
+                    left.discard(o.request_id)
+                    metrics.e2e.observe(now - t0)
+                yield o
+        finally:
+            gone.cancel()
+
+    def _check(o):
+        if isinstance(o, BaseException):
+            if isinstance(o, EngineDead):
+                raise APIError(503, str(o), type="server_error", code="engine_unavailable")
+            raise APIError(400, str(o))
+        return o
 
     @contextlib.asynccontextmanager
     async def guarded(index: dict[str, int]):
