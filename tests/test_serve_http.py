@@ -380,3 +380,19 @@ def test_shutdown_ends_streams_and_stops_the_engine():
         assert "[DONE]" in rest
     assert not eng.alive and not eng._thread.is_alive()
     assert not fake.has_unfinished() or fake.aborted
+
+
+def test_bench_serve_client_side_against_the_fake():
+    """benchmarks/bench_serve.py's load generator and stream parser (the GPU run drives them against vkc serve)."""
+    from benchmarks.bench_serve import _load
+    fake = FakeLLM(max_num_seqs=8)
+    st, _ = _serve(fake)
+
+    def body(w, i):
+        return {"model": MODEL, "prompt": [w + 1, i + 1], "max_tokens": 6, "stream": True, "logprobs": 0,
+                "stream_options": {"include_usage": True}}
+    with st:
+        res = asyncio.run(_load(st.url, 4, 0.5, body, True))
+    assert res["errors"] == 0 and res["completed"] >= 4 and res["output_tokens"] == 6 * res["completed"]
+    assert res["ttft_ms"]["n"] == res["completed"] and res["itl_ms"]["n"] == 5 * res["completed"]
+    assert len(fake.finished) == res["completed"]

@@ -3,11 +3,13 @@
 The socket opens only once the engine is built (weights read, caches allocated), so the first accepted
 request is served by a ready engine: nothing is compiled or tuned at run time. On SIGTERM uvicorn stops
 accepting, lets running requests finish for ``graceful_s`` seconds (then cancels them: their sequences are
-aborted), and the lifespan shutdown stops the engine thread and drops the engine with its device memory.
+aborted), and the lifespan shutdown stops the engine thread and drops the engine with its device memory; the
+process then exits with status 0.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -46,4 +48,11 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, max_num_seqs:
     log(f"vkc serve: model loaded in {load_s:.2f} s; listening on http://{host}:{port} (pid {os.getpid()})")
     server = make_server(llm, host=host, port=port, served_model_name=served_model_name, api_key=api_key,
                          max_waiting=max_waiting, load_seconds=load_s, log=log)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its graceful shutdown
+        signal.signal(sig, _exit_cleanly)
     server.run()
+    log("vkc serve: stopped")
+
+
+def _exit_cleanly(signum, frame):
+    raise SystemExit(0)
