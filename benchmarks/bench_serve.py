@@ -1,8 +1,8 @@
 """`vkc serve` under load, measured from outside: a `vkc serve` subprocess, then N concurrent streaming clients
 for S seconds per concurrency level, each sending completion requests back to back.
 
-    python benchmarks/bench_serve.py --tiny                       # a tiny random checkpoint (needs torch +
-                                                                  #   transformers to make it)
+    python benchmarks/bench_serve.py [OUT.json] [--tiny]          # a tiny random checkpoint (the default;
+                                                                  #   needs torch + transformers to make it)
     python benchmarks/bench_serve.py --shape 27b                  # the real 27B shape, random weights (dummy)
     python benchmarks/bench_serve.py --model DIR [--clients 1,8,64] [--seconds 60] [--max-tokens 128]
                                      [--prompt-len 128] [--max-num-seqs 64] [--out F]
@@ -180,9 +180,11 @@ def run(model_dir, *, clients=(1, 8, 64), seconds=60.0, max_tokens=128, prompt_l
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    g = ap.add_mutually_exclusive_group(required=True)
+    ap.add_argument("out_path", nargs="?", default=None, help="result JSON (as tools/gpu/run.sh passes it)")
+    g = ap.add_mutually_exclusive_group()
     g.add_argument("--model", help="an HF model directory")
-    g.add_argument("--tiny", action="store_true", help="a tiny random checkpoint (tests/engine_fixtures.py)")
+    g.add_argument("--tiny", action="store_true", help="a tiny random checkpoint (tests/engine_fixtures.py; the "
+                                                      "default)")
     g.add_argument("--shape", help="a real shape with random weights (benchmarks/bench_engine.py SHAPES)")
     ap.add_argument("--clients", default="1,8,64")
     ap.add_argument("--seconds", type=float, default=60.0)
@@ -200,7 +202,7 @@ def main(argv=None) -> int:
             cfg = json.loads((Path(a.model) / "config.json").read_text())
             vocab = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
             res = run(a.model, vocab=vocab, per_token=not (Path(a.model) / "tokenizer.json").is_file(), **kw)
-        elif a.tiny:
+        elif not a.shape:
             from tests.engine_fixtures import make_checkpoint  # noqa: PLC0415
             heads = dict(linear_num_key_heads=16, linear_num_value_heads=48, num_attention_heads=24,
                          num_key_value_heads=4)
@@ -210,11 +212,12 @@ def main(argv=None) -> int:
             from benchmarks.bench_engine import SHAPES  # noqa: PLC0415
             (Path(d) / "config.json").write_text(json.dumps(SHAPES[a.shape]))
             res = run(d, vocab=SHAPES[a.shape]["vocab_size"], per_token=True, load_format="dummy", **kw)
-    res["model"] = a.model or ("tiny" if a.tiny else a.shape)
+    res["model"] = a.model or a.shape or "tiny"
     txt = json.dumps(res, indent=1)
     print(txt)
-    if a.out:
-        Path(a.out).write_text(txt)
+    for out in (a.out, a.out_path):
+        if out:
+            Path(out).write_text(txt)
     return 0
 
 
