@@ -6,9 +6,9 @@ chunk format, ending ``data: [DONE]``), ``GET /v1/models``, ``GET /health``, ``G
 Errors are OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): invalid JSON or parameters 400,
 a prompt that does not fit the context 400 (with both numbers), unknown model 404, missing or wrong API key 401
 (when the server has one; /health and /metrics stay open), overload 503 with ``Retry-After`` (more than
-``max_waiting`` requests not yet running), an engine that stopped 503. A client that goes away is noticed at once (a task waits
-for the ASGI disconnect message), even while its request is still queued, and its sequences are aborted (their
-blocks and slot are free before the next step).
+``max_waiting`` requests not yet running), an engine that stopped 503. A client that goes away is noticed at
+once (a task waits for the ASGI disconnect message), even while its request is still queued, and its sequences
+are aborted (their blocks and slot are free before the next step).
 """
 from __future__ import annotations
 
@@ -182,7 +182,8 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
 
     async def outputs(request: Request, q: asyncio.Queue, index: dict[str, int], t0: float):
         """The RequestOutputs of all choices as they come (until each finished); raises _ClientGone when the
-        client disconnects (at once, even while nothing is produced) and APIError when the engine refused a choice. Records TTFT / ITL / tokens."""
+        client disconnects (at once, even while nothing is produced) and APIError when the engine refused a
+        choice. Records TTFT / ITL / tokens."""
         left = set(index)
         last: dict[str, float] = {}
         gone = asyncio.ensure_future(_disconnected(request))
@@ -285,9 +286,8 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
         maxes = [fit(ids, req.max_tokens, "prompt") for ids in prompts]
         admit(len(prompts) * req.n)
         cid = engine.new_id("cmpl")
-        subs = [(f"{cid}-{j}", ids, sampling_params(req, mt, req.logprobs, i))
-                for pi, (ids, mt) in enumerate(zip(prompts, maxes)) for i in range(req.n)
-                for j in (pi * req.n + i,)]
+        subs = [(f"{cid}-{pi * req.n + i}", ids, sampling_params(req, mt, req.logprobs, i))
+                for pi, (ids, mt) in enumerate(zip(prompts, maxes)) for i in range(req.n)]
         n_prompt = sum(len(p) for p in prompts)
         metrics.prompt_tokens.inc(n_prompt)
         q, index = submit_all(subs)
@@ -350,11 +350,11 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
             raise APIError(400, str(e), param="messages") from None
         ids = tokenize(text)
         mt = fit(ids, req.max_completion_tokens or req.max_tokens, "messages")
+        if req.top_logprobs and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         admit(req.n)
         n_top = req.top_logprobs or 0
         want_lp = n_top if req.logprobs else None
-        if req.top_logprobs and not req.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         cid = engine.new_id("chatcmpl")
         subs = [(f"{cid}-{i}", ids, sampling_params(req, mt, want_lp, i)) for i in range(req.n)]
         metrics.prompt_tokens.inc(len(ids))

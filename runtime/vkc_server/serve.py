@@ -51,7 +51,6 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, max_num_seqs:
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its graceful shutdown
         signal.signal(sig, _exit_cleanly)
     server.run()
-    log("vkc serve: stopped")
 
 
 def _exit_cleanly(signum, frame):
