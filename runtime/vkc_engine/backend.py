@@ -276,9 +276,12 @@ class VkcBackend:
         if self._counts is None:
             self._counts = sp.counts_buffer(self._max_seqs, self._vocab, device=self.device)
 
+        keep = []  # the launches' index arrays stay alive until the next set-up (the kernels may still be queued)
+
         def dev(host, dtype):
             host = np.ascontiguousarray(host)
-            return self.upload_into(self._mem.DeviceArray.empty((host.size,), dtype, device=self.device), host)
+            keep.append(self._mem.DeviceArray.empty((host.size,), dtype, device=self.device))
+            return self.upload_into(keep[-1], host)
         sl = np.array([r[0] for r in rows], np.int64)
         sp.reset_counts(self._counts, dev(sl, "int64"))
         pt = np.concatenate([np.asarray(r[1], np.int32) for r in rows])
@@ -290,3 +293,4 @@ class VkcBackend:
             oi = np.zeros((len(ot), sp.NI), np.int64)
             oi[:, sp.I_SLOT] = np.concatenate([np.full(len(r[2]), r[0], np.int64) for r in rows])
             sp.add_output_tokens(self._counts, dev(ot, "int32"), dev(oi, "int64"))
+        self._count_args = keep
