@@ -45,7 +45,8 @@ def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpu_serve")
     make_checkpoint(d, heads=HEADS, layer_types=LAYERS, hidden=512, intermediate=1024, seed=21)
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    llm = LLM(d, max_num_seqs=4, max_num_batched_tokens=2048, max_model_len=MAX_LEN, num_blocks=32, block_size=64)
+    # the server's settings (max_num_seqs 8, the default step budget and block size), its own small cache
+    llm = LLM(d, max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=MAX_LEN, num_blocks=32, block_size=64)
     want = {
         "chat": llm.chat(MSGS, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), enable_thinking=False)[0],
         "cmpl": llm.generate("fox jumps over", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
