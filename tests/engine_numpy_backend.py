@@ -42,7 +42,8 @@ class NumpyBackend:
             raise ValueError("the numpy backend, like qk_norm_rope, rotates head_dim / 4")
 
     def prepare(self, max_tokens, max_seqs, cfg) -> None:
-        pass
+        from vkc_engine.sampler import HostCounts
+        self.counts = HostCounts(max_seqs, cfg.vocab_size)
 
     def free_memory(self):
         return 1 << 30, 1 << 30
@@ -287,6 +288,10 @@ class NumpyBackend:
         out[...] = acc
         return out
 
-    def sample(self, logits, params, generators):
-        from vkc_engine.sampler import sample_host
-        return sample_host(self.logits_to_host(logits), params, generators)
+    def sample(self, logits, params, generators, *, slots=None):
+        from vkc_engine.sampler import sample_rows
+        return sample_rows(self.logits_to_host(logits), params, generators, counts=self.counts, slots=slots)
+
+    def init_counts(self, rows):
+        for slot, prompt_ids, output_ids in rows:
+            self.counts.init(slot, prompt_ids, output_ids)

@@ -246,3 +246,19 @@ def test_moe_model_through_the_real_moe_ops(fake_vkc, tmp_path, monkeypatch):
     assert {n.split(".")[1] for n in names} == {"route", "align", "grouped", "combine"}
     assert len({n for n in names if n.startswith("moe.grouped.")}) > len(
         {n for n in small if n.startswith("moe.grouped.")})  # the long prefill picks other tiles
+
+
+def test_penalties_and_logprobs_pass_the_sampler_validation(fake_vkc, ckpt):
+    be = FakeDeviceBackend()
+    llm = LLM(ckpt, backend=be, max_num_seqs=2, max_num_batched_tokens=40, max_model_len=128, num_blocks=8,
+              block_size=64)
+    ps = [SamplingParams(temperature=0.7, max_tokens=3, ignore_eos=True, repetition_penalty=1.3, frequency_penalty=0.5,
+                         logprobs=20),
+          SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=0),
+          SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, presence_penalty=1.0)]
+    outs = llm.generate([[5] * 9, [7] * 3, [3] * 4], ps)
+    assert [len(o.logprobs or []) for o in outs] == [3, 3, 0] and len(outs[0].logprobs[0].top) <= 20
+    names = [c[0] for c in fake_vkc["sample"].calls]
+    assert names.count("sample.reset") == 2                       # one count row set up per penalized request
+    assert names.count("sample.counts") == 2 + 3 + 2  # prompt bits per set-up + one add per step with a penalized row
+    assert be._counts.shape == (2, llm.cfg.vocab_size)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"vkc": REPO / "aot", "vkc_contract": REPO / "contract", "vkc_cli": REPO / "cli",
-         "vkc_runtime": REPO / "runtime", "vkc_engine": REPO / "runtime"}
+         "vkc_runtime": REPO / "runtime", "vkc_engine": REPO / "runtime", "vkc_server": REPO / "runtime"}
 
 
 def _modules() -> dict[str, Path]:
@@ -144,9 +144,11 @@ def test_layering():
     # the generator never depends on the runtime (nor on the CLI that fronts both)
     assert _offenders("vkc", lambda top: top not in ("vkc_runtime", "vkc_cli")) == []
     # the runtime never depends on the generator or the CLI
-    assert _offenders("vkc_runtime", lambda top: top not in ("vkc", "vkc_cli", "vkc_engine")) == []
-    # the engine stands on the runtime only (never the generator or the CLI)
-    assert _offenders("vkc_engine", lambda top: top not in ("vkc", "vkc_cli")) == []
+    assert _offenders("vkc_runtime", lambda top: top not in ("vkc", "vkc_cli", "vkc_engine", "vkc_server")) == []
+    # the engine stands on the runtime only (never the generator, the CLI or the server)
+    assert _offenders("vkc_engine", lambda top: top not in ("vkc", "vkc_cli", "vkc_server")) == []
+    # the server stands on the engine (and through it the runtime), never the generator or the CLI
+    assert _offenders("vkc_server", lambda top: top not in ("vkc", "vkc_cli")) == []
     # the contract is the standard library only
     assert _offenders("vkc_contract", lambda top: top == "vkc_contract" or top == "__future__"
                       or top in sys.stdlib_module_names) == []

@@ -1,5 +1,6 @@
 """The `vkc` command line: regen, verify, inspect, tune (the build side, package ``vkc``), doctor (the runtime,
-``vkc_runtime``) and generate (the engine, ``vkc_engine``). Each subcommand imports its side when it runs.
+``vkc_runtime``), generate (the engine, ``vkc_engine``) and serve (the server, ``vkc_server``). Each subcommand
+imports its side when it runs.
 
 Every user error is one line and a non-zero exit status: click's usage errors (status 2) for bad arguments,
 ``Error: ...`` (status 1) for the rest; an unexpected exception is shown as one line too (``VKC_DEBUG=1``
@@ -433,6 +434,35 @@ def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, s
     dt = time.perf_counter() - t1
     click.echo(f"{n} tokens in {dt:.2f} s ({n / max(dt, 1e-9):.1f} tok/s); finish: "
                f"{', '.join(str(o.finish_reason) for o in outs)}", err=True)
+
+
+@main.command()
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="an HF model directory (config.json, *.safetensors, tokenizer.json, chat template)")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=2), default=None, help="default: the config's, at most 32768")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=16), default=2048, show_default=True)
+@click.option("--gpu-memory-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.85, show_default=True,
+              help="share of the free device memory (after weights) for the KV cache and GDN states")
+@click.option("--served-model-name", default=None, help="the model name clients send (default: the directory name)")
+@click.option("--api-key", default=None, envvar="VKC_API_KEY", help="require 'Authorization: Bearer KEY' on /v1/*")
+@click.option("--max-waiting", type=click.IntRange(min=0), default=256, show_default=True,
+              help="requests allowed to wait for admission before new ones get 503")
+@click.option("--load-format", type=click.Choice(["safetensors", "dummy"]), default="safetensors", show_default=True)
+def serve(model_dir, host, port, max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_fraction,
+          served_model_name, api_key, max_waiting, load_format) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics) until SIGTERM or Ctrl-C (needs a GPU and the `serve` extra)."""
+    try:
+        from vkc_server import serve as run  # noqa: PLC0415
+    except ImportError as e:
+        raise click.ClickException(f"vkc serve needs the serve extra (pip install 'vkc[serve]'): {e}") from None
+    run(model_dir, host=host, port=port, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens, memory_fraction=gpu_memory_fraction,
+        served_model_name=served_model_name, api_key=api_key, max_waiting=max_waiting, load_format=load_format,
+        log=lambda m: click.echo(m, err=True))
 
 
 if __name__ == "__main__":

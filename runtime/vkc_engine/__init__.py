@@ -9,6 +9,6 @@ Modules: config (config.json), loader (safetensors), backend (the one adapter to
 Imports vkc_runtime (lazily, in backend); vkc_runtime never imports it.
 """
 from .llm import LLM, RequestOutput
-from .sampler import SamplingParams
+from .sampler import Logprob, SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "Logprob"]

@@ -22,10 +22,10 @@ from .detok import IncrementalDetokenizer
 from .dummy import DummyCheckpoint
 from .loader import Checkpoint
 from .model import Qwen35Model, Step, host_step_arrays
-from .sampler import SamplingParams
+from .sampler import Logprob, SamplingParams, row_logprob
 from .scheduler import Scheduler, Sequence
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "Logprob"]
 
 
 @dataclass
@@ -39,6 +39,8 @@ class RequestOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
+    logprobs: list[Logprob] | None = None        # per output token (aligned with token_ids) when asked for
+    delta_logprobs: list[Logprob] | None = None  # those of delta_token_ids
 
 
 def _load_tokenizer(model_dir: Path):
@@ -109,6 +111,7 @@ class LLM:
         self.chat_template = load_chat_template(self.model_dir)
         self.eos_ids = set(self.cfg.eos_token_ids)
         self._requests: dict[str, Sequence] = {}
+        self._count_owner: dict[int, int] = {}  # penalty-count row (= state slot) -> seq_id it was set up for
         self.graphs = None
         if not enforce_eager and getattr(be, "supports_graphs", False):
             from .graphs import DecodeGraphs  # noqa: PLC0415
@@ -192,18 +195,38 @@ class LLM:
             seq.num_computed += n
         if not sampled:
             return []
-        toks = self.backend.sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
-        return [self._append(seq, int(t)) for seq, t in zip(sampled, toks)]
+        res = self._sample(logits, sampled)
+        return [self._append(seq, int(t), row_logprob(res, b, seq.params))
+                for b, (seq, t) in enumerate(zip(sampled, res.tokens))]
+
+    def _sample(self, logits, seqs: list[Sequence]):
+        """Draw the sequences' next tokens (a sampler.SampleResult). A sequence with penalties reads the count
+        row of its state slot; the row is set up (prompt bits + counts of the tokens it already produced) the
+        first time the sequence samples in that slot -- also after a preemption moved it -- and the backend
+        counts each drawn token."""
+        init, slots = [], []
+        for s in seqs:
+            if s.params.has_penalties and s.slot is not None:
+                if self._count_owner.get(s.slot) != s.seq_id:
+                    init.append((s.slot, s.prompt_ids, s.output_ids))
+                    self._count_owner[s.slot] = s.seq_id
+                slots.append(s.slot)
+            else:
+                slots.append(-1)
+        self.backend.init_counts(init)
+        return self.backend.sample(logits, [s.params for s in seqs], [s.generator for s in seqs], slots=slots)
 
     @staticmethod
     def _stop_at(text: str, stops: list[str]) -> int | None:
         hits = [i for i in (text.find(s) for s in stops) if i >= 0]
         return min(hits) if hits else None
 
-    def _append(self, seq: Sequence, tok: int) -> RequestOutput:
+    def _append(self, seq: Sequence, tok: int, lp: Logprob | None = None) -> RequestOutput:
         """Record a sampled token: detokenize, check the stop conditions, build the streaming output."""
         p = seq.params
         seq.output_ids.append(tok)
+        if lp is not None:
+            seq.logprobs.append(lp)
         reason = None
         stop_token = (not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids
         if stop_token:
@@ -229,8 +252,9 @@ class LLM:
         upto = max(seq.sent_chars, len(seq.output_text) - hold)
         delta = seq.output_text[seq.sent_chars:upto]
         seq.sent_chars = upto
+        lps = None if p.logprobs is None else list(seq.logprobs)
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_ids, list(seq.output_ids), seq.output_text,
-                             delta, [tok], seq.finished, seq.finish_reason)
+                             delta, [tok], seq.finished, seq.finish_reason, lps, None if lps is None else lps[-1:])
 
     # ------------------------------------------------------------------------------------------ batch API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,

@@ -51,6 +51,7 @@ class Sequence:
         self.detok = None               # set by the engine (incremental detokenizer)
         self.output_text = ""
         self.sent_chars = 0             # characters of output_text already streamed
+        self.logprobs = [] if params.logprobs is not None else None  # sampler.Logprob per output token
 
     @property
     def tokens(self) -> list[int]:
