@@ -108,6 +108,7 @@ class VkcBackend:
         self._rope, self._act, self._emb = rope, act, embedding
         from vkc_runtime.ops import gemv, sample  # noqa: PLC0415
         self._sample, self._samp, self._gemv = sample, None, gemv
+        self._counts = None  # the penalty counts buffer (init_counts allocates it on first use)
         self._moe = moe
 
     def _moe_ops(self):
@@ -119,7 +120,6 @@ class VkcBackend:
                                    f"available: {e}") from None
             self._moe = moe
         return self._moe
-        self._counts = None
 
     # ---------------------------------------------------------------------------------------- checks
     def check_model(self, cfg) -> None:
