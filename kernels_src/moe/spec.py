@@ -19,9 +19,20 @@ Grids:
   align.scatter    (E',)
   combine          (M, cdiv(H, BH))
 """
+import importlib.util
+from pathlib import Path
+
 from vkc.spec import Arg, KernelSpec
 
-from kernels_src.moe.grouped_spec import SPECS as _GROUPED
+
+def _grouped_specs() -> list:
+    """grouped_spec.py's SPECS (loaded by path: vkc loads spec files by path, not as a package)."""
+    path = Path(__file__).with_name("grouped_spec.py")
+    spec = importlib.util.spec_from_file_location("_vkc_spec_moe_grouped", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return list(mod.SPECS)
+
 
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
 
@@ -56,5 +67,5 @@ SPECS = [
                constexprs={"BLOCK": 1024, "CH": 2048, "EB": EB_ALIGN}, num_warps=4, num_stages=1),
     KernelSpec(name="combine", source="combine.py", entry="combine_kernel", args=_COMBINE,
                constexprs={"BH": 512}, num_warps=4, num_stages=1),
-    *_GROUPED,
+    *_grouped_specs(),
 ]
