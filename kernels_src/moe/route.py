@@ -12,7 +12,8 @@ still spreads the 1 MB router weight over ~128 programs):
   router_topk_kernel    grid (cdiv(M, BR),): the logits are the fixed-order sum over s of the partials;
                         p = softmax(logits) over [0, E) in fp32; the top_k picks are iterative argmaxes of p
                         (ties: the lower expert id, like a stable descending sort); their weights p_j, divided
-                        by their sum (taken in pick order) when renorm != 0; with has_shared the pick
+                        by their sum (taken in pick order) when renorm != 0 (one 64-bit max-reduction per
+                        pick: the probability's bits above the inverted id); with has_shared the pick
                         ``k_out - 1 == top_k`` is expert id E with weight sigmoid(x . shared_gate_w).
                         Writes ids int32 / weights fp32 [M, k_out] (row-major, contiguous).
 
@@ -24,9 +25,6 @@ import triton
 import triton.language as tl
 
 from kernels_src.common import sigmoid_f32
-
-BIG = tl.constexpr(2**31 - 1)
-
 
 @triton.jit
 def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared,
@@ -85,17 +83,19 @@ def router_topk_kernel(part_ptr, ids_ptr, wts_ptr, M, E, n_split, top_k, k_out, 
     kk = tl.arange(0, KB)
     sel_w = tl.zeros((BR, KB), dtype=tl.float32)
     sel_i = tl.zeros((BR, KB), dtype=tl.int32)
-    cur = tl.where(emask[None, :], p, -1.0)  # probabilities are >= 0: padding never wins
+    # one max-reduction per pick: key = bits(p) << 32 | (EB - 1 - e) orders by p (p >= 0: its bits order like
+    # the value), then by the lower id; padding columns get -1 (below every real key)
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    key = tl.where(emask[None, :], (bits << 32) | (EB - 1 - ce[None, :]).to(tl.int64), -1)
     wsum = tl.zeros((BR,), dtype=tl.float32)
     for j in range(0, top_k):
-        m = tl.max(cur, 1)
-        idx = tl.min(tl.where(cur == m[:, None], ce[None, :], BIG), 1)
+        best = tl.max(key, 1)
+        idx = (EB - 1) - (best & 0xFFFFFFFF).to(tl.int32)
         idx = tl.minimum(tl.maximum(idx, 0), E - 1)
-        hit = ce[None, :] == idx[:, None]
-        pv = tl.sum(tl.where(hit, p, 0.0), 1)
+        pv = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         sel_w = tl.where(kk[None, :] == j, pv[:, None], sel_w)
         sel_i = tl.where(kk[None, :] == j, idx[:, None], sel_i)
-        cur = tl.where(hit, -2.0, cur)
+        key = tl.where(key == best[:, None], -1, key)
         wsum += pv
     if renorm != 0:
         sel_w = sel_w / wsum[:, None]
