@@ -183,3 +183,71 @@ def test_workspace_checks():
         moe.moe_workspace(4, 512, 8, 2048, 512, shared=True)
     with pytest.raises(moe.OpError, match="top_k=17"):
         moe.moe_workspace(4, 256, 17, 2048, 512, shared=False)
+
+
+# ------------------------------------------------------------------------------------------ bound calls, loads
+
+def test_bound_calls_replay_what_validation_launches(rec, monkeypatch):
+    """With torch-like tensors and a workspace, the second route / align / combine call of one layout replays
+    the recorded launches with the new pointers (no validation); another shape validates (and is refused)."""
+    from tests.ops_fakes import TorchLike as T
+    from vkc_runtime import bound
+    from vkc_runtime.ops.moe import route_ops
+    monkeypatch.delenv("VKC_FASTPATH", raising=False)
+    bound.clear_bound_calls()
+    w = ws(16, 256, 8, 2048, shared=True)
+
+    def calls(M):
+        x, gw, sg = T((M, 2048)), T((256, 2048)), T((1, 2048))
+        ids, wts = T((M, 9), "torch.int32"), T((M, 9), "torch.float32")
+        cap = moe.align_capacity(M * 9, 257, 16)
+        moe.route(x, gw, 8, renormalize=True, shared_gate_w=sg, topk_ids=ids, topk_weights=wts, workspace=w)
+        moe.align(ids, 257, 16, sorted_ids=T((cap,), "torch.int32"), block_expert=T((cap // 16,), "torch.int32"),
+                  num_padded=T((1,), "torch.int32"), workspace=w)
+        moe.combine(T((M * 9, 2048)), ids, wts, 257, out=T((M, 2048)))
+        return x, ids
+
+    x1, _ = calls(4)
+    first = list(rec.calls)
+    rec.calls.clear()
+    x2, ids2 = calls(4)
+    assert sum(c.hits for c in (route_ops._route_calls, route_ops._align_calls, route_ops._combine_calls)) == 3
+    assert [(b, g) for b, g, _ in rec.calls] == [(b, g) for b, g, _ in first]
+    assert rec.calls[0][2][0] == x2.data_ptr() != x1.data_ptr()        # the new pointers patched in
+    a, b = rec.calls[1][2], first[1][2]                                   # topk: part (the workspace's) and
+    assert a[0] == b[0] and a[3:] == b[3:] and a[1] != b[1]               # scalars fixed, ids patched
+    with pytest.raises(moe.OpError, match="topk_ids has shape"):
+        moe.route(T((5, 2048)), T((256, 2048)), 8, renormalize=True, shared_gate_w=T((1, 2048)),
+                  topk_ids=ids2, topk_weights=T((4, 9), "torch.float32"), workspace=w)
+    bound.clear_bound_calls()
+
+
+def test_workspace_loads_every_kernel_before_capture(monkeypatch, fake_cu):
+    """moe_workspace loads the routing kernels (and grouped_ops' where built in); captured route / align /
+    combine then load nothing."""
+    from vkc_runtime import Graph, Stream
+    from tests.ops_fakes import install_recorder
+    monkeypatch.setenv("VKC_FASTPATH", "0")
+    r = install_recorder(monkeypatch, moe)
+    r.is_capturing = lambda: any(fake_cu.capturing.values())
+    w = moe.moe_workspace(3000, 256, 8, 2048, 512, shared=True)
+    assert set(r.loads) == set(C.BASES) | set(moe.GROUPED_BASES)
+    M = 3000
+    P = M * 9
+    cap = moe.align_capacity(P, 257, 64)
+    s = Stream()
+    with Graph().capture(s):
+        ids, wts = Dev((M, 9), I32), Dev((M, 9), F32)
+        moe.route(Dev((M, 2048)), Dev((256, 2048)), 8, renormalize=True, shared_gate_w=Dev((1, 2048)), topk_ids=ids,
+                  topk_weights=wts, workspace=w, stream=s)
+        moe.align(ids, 257, 64, sorted_ids=Dev((cap,), I32), block_expert=Dev((cap // 64,), I32),
+                  num_padded=Dev((1,), I32), workspace=w, stream=s)
+        moe.combine(Dev((P, 2048)), ids, wts, 257, out=Dev((M, 2048)), stream=s)
+    assert [c[0] for c in r.calls] == ["moe.route.logits.large", "moe.route.topk.e256", "moe.align.hist",
+                                       "moe.align.scatter", "moe.combine"]
+
+
+try:
+    from .runtime_support import clean_env, fake_cu  # noqa: F401,E402
+except ImportError:
+    from runtime_support import clean_env, fake_cu  # noqa: F401,E402

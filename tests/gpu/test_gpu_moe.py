@@ -305,9 +305,9 @@ def test_block_all_tokens_to_the_same_experts(moe, M):
     x, gw, sg = router_inputs(M, 300 + M)
     u = torch.randn(H, generator=gen(7), device="cuda")
     u = u / u.norm()
-    for e in range(K):  # logit of expert e ~ (1 - e / 20) * (8 + N(0, 1)); the others ~ N(0, 0.9)
+    for e in range(K):  # logit of expert e ~ (1 - e / 20) * (12 + N(0, 1)) >= 5.5; the others ~ N(0, 0.94) < 4.6
         gw[e] = (u * (1.0 - 0.05 * e)).to(torch.bfloat16)
-    x = (x.float() + 8 * u[None]).to(torch.bfloat16)
+    x = (x.float() + 12 * u[None]).to(torch.bfloat16)
     w1, w2 = expert_weights(M + 2)
     ws = moe.moe_workspace(M, E, K, H, I, shared=True)
     _poison_ws(ws)
