@@ -76,6 +76,8 @@ def test_route_grids_and_arguments(rec):
      "topk_ids must be contiguous"),
     (dict(gate_w=Dev((600, 2048)), top_k=8), "gate_w has 600 experts"),
     (dict(workspace=ws(1, 256, 8, 2048, part=100)), "workspace.part holds 100"),
+    (dict(shared_gate_w=Dev((2, 2048))), "shared_gate_w must be"),
+    (dict(shared_gate_w=object()), "shared_gate_w"),
 ])
 def test_route_refuses(rec, over, msg):
     with pytest.raises(moe.OpError, match=msg):

@@ -59,7 +59,7 @@ def route(x, gate_w, top_k, *, renormalize, shared_gate_w=None, topk_ids, topk_w
     op = "moe.route"
     s = stream_of(stream)
     shared = shared_gate_w is not None
-    key = (op, int(top_k), bool(renormalize), shared, workspace)
+    key = (op, type(top_k), top_k, bool(renormalize), shared, workspace)  # the type too: 8.0 == 8, True == 1
     ins = (x, gate_w, topk_ids, topk_weights) + ((shared_gate_w,) if shared else ())
     if workspace is not None and _route_calls.run(key, ins, (), s):
         return topk_ids, topk_weights
@@ -77,9 +77,9 @@ def route(x, gate_w, top_k, *, renormalize, shared_gate_w=None, topk_ids, topk_w
         raise OpError(f"{op}: top_k={top_k} must be in [1, E={E}] with k' = {kout} <= {MAX_TOPK}")
     ts = [xt, wt]
     if shared:
-        sg = memory.as_tensor(shared_gate_w, "shared_gate_w")
-        sgt = tensor(op, "shared_gate_w", shared_gate_w, BF16, ndim=len(sg.shape),
-                     shape=(1, H) if len(sg.shape) == 2 else (H,))
+        sgt = tensor(op, "shared_gate_w", shared_gate_w, BF16)
+        if tuple(sgt.shape) not in ((1, H), (H,)):
+            raise OpError(f"{op}: shared_gate_w must be [1, {H}] or [{H}], got shape {tuple(sgt.shape)}")
         contiguous(op, "shared_gate_w", sgt)
         ts.append(sgt)
     else:
@@ -126,7 +126,7 @@ def align(topk_ids, num_experts, block_m, *, sorted_ids, block_expert, num_padde
     P > 2048 inside a graph capture."""
     op = "moe.align"
     s = stream_of(stream)
-    key = (op, int(num_experts) if isinstance(num_experts, int) else num_experts, block_m, workspace)
+    key = (op, type(num_experts), num_experts, type(block_m), block_m, workspace)
     ins = (topk_ids, sorted_ids, block_expert, num_padded)
     if _align_calls.run(key, ins, (), s):
         return sorted_ids, block_expert, num_padded
@@ -172,7 +172,7 @@ def combine(y, topk_ids, topk_weights, num_experts, *, out, stream=None):
     op = "moe.combine"
     s = stream_of(stream)
     hw = topk_weights is not None
-    key = (op, num_experts, hw)
+    key = (op, type(num_experts), num_experts, hw)
     ins = (y, topk_ids, out) + ((topk_weights,) if hw else ())
     if _combine_calls.run(key, ins, (), s):
         return out
