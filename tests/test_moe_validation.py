@@ -96,7 +96,8 @@ def test_route_limits_with_the_shared_expert(rec):
 def align_args(M=1, k=9, E=257, bm=16, extra=0, **over):
     cap = moe.align_capacity(M * k, E, bm) + extra * bm
     a = dict(topk_ids=Dev((M, k), I32), num_experts=E, block_m=bm, sorted_ids=Dev((cap,), I32),
-             block_expert=Dev((cap // bm,), I32), num_padded=Dev((1,), I32), workspace=ws(M, E - 1, k - 1, 64, shared=True))
+             block_expert=Dev((cap // bm,), I32), num_padded=Dev((1,), I32),
+             workspace=ws(M, E - 1, k - 1, 64, shared=True))
     a.update(over)
     return a
 

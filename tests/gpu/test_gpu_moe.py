@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 
-import numpy as np
 import pytest
 
 from tests import bounds_cases as B, refs_moe as R
