@@ -170,11 +170,12 @@ def run_align(moe, ar, ids, E, bm, extra=0):
                           topk_ids=None, topk_weights=None, part=None,
                           hist=Cai(ar.poison((max(hist_chunks(P) * HIST_BINS, 1),), torch.int32)),
                           sorted_ids=None, block_expert=None, num_padded=None, h=None, y=None)
-    moe.align(Cai(ar.put(ids)), E, bm, sorted_ids=Cai(st), block_expert=Cai(bt), num_padded=Cai(nt), workspace=ws)
+    iv = ar.put(ids) if P else ar.put(torch.zeros(1, k, dtype=torch.int32))[:0]  # an empty view with an address
+    moe.align(Cai(iv), E, bm, sorted_ids=Cai(st), block_expert=Cai(bt), num_padded=Cai(nt), workspace=ws)
     return R.check_align(ids.numpy(), E, bm, st.numpy(), bt.numpy(), nt.numpy(), cap)
 
 
-@pytest.mark.parametrize("case", ["random", "invalid", "one_expert", "empty_experts", "extra_capacity"])
+@pytest.mark.parametrize("case", ["random", "invalid", "one_expert", "empty_experts", "extra_capacity", "no_tokens"])
 def test_align_invariants(M_, case):
     moe, reg, ar = M_
     g = torch.Generator().manual_seed(11)
@@ -188,6 +189,8 @@ def test_align_invariants(M_, case):
         ids[:] = E - 1
     elif case == "empty_experts":
         ids = torch.where(ids % 3 == 0, 0, 5).to(torch.int32)
+    elif case == "no_tokens":  # P = 0: every entry is the sentinel 0, every block -1, num_padded 0
+        ids = ids[:0]
     npad = run_align(moe, ar, ids, E, bm, extra=3 if case == "extra_capacity" else 0)
     assert reg.launched[-1] == "moe.align.scatter" and "moe.align.hist" not in reg.launched
     if case == "one_expert":

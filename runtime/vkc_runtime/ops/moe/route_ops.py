@@ -158,8 +158,9 @@ def align(topk_ids, num_experts, block_m, *, sorted_ids, block_expert, num_padde
         assert int(kh.constexprs["CH"]) == HIST_CHUNK == int(ks.constexprs["CH"])
         launches.append(Launch(kh, (n_chunks, 1, 1), (it, hist, P, num_experts)))
     else:
-        hist = it  # never read (n_chunks = 0)
-    launches.append(Launch(ks, (num_experts, 1, 1), (it, hist, st, bt, nt, P, num_experts, n_chunks, cap, block_m)))
+        hist = st  # never read (n_chunks = 0)
+    src = it if P else st  # P = 0: no id is read (an empty array's pointer may be null)
+    launches.append(Launch(ks, (num_experts, 1, 1), (src, hist, st, bt, nt, P, num_experts, n_chunks, cap, block_m)))
     bind = workspace is not None or not n_chunks  # a fresh histogram buffer is not bound
     _align_calls.launch(key, (it, st, bt, nt) if bind else None, (), launches, s)
     return sorted_ids, block_expert, num_padded
