@@ -1,0 +1,108 @@
+"""The MoE router: fp32 logits ``x @ gate_w^T``, softmax over the E experts, top-k, optional renormalisation
+and the optional shared-expert fold (Qwen3.5/3.6 MoE, HF ``Qwen3_5MoeTopKRouter``).
+
+Two launches (the logits are split over M tiles, E tiles and K ranges so that a decode step with M = 1
+still spreads the 1 MB router weight over ~128 programs):
+
+  router_logits_kernel  grid (cdiv(M, BM), cdiv(E, BE), n_split): program (i, j, s) writes the partial
+                        logits of rows [i*BM, ...) and experts [j*BE, ...) over K range
+                        [s*k_split, min((s+1)*k_split, H)) to ``part[s, m, e]`` (fp32, row length E + 1);
+                        the programs with j == 0 also write column E: the partial of ``x . shared_gate_w``
+                        (has_shared != 0). bf16 operands, fp32 accumulation (tl.dot), exact products.
+  router_topk_kernel    grid (cdiv(M, BR),): the logits are the fixed-order sum over s of the partials;
+                        p = softmax(logits) over [0, E) in fp32; the top_k picks are iterative argmaxes of p
+                        (ties: the lower expert id, like a stable descending sort); their weights p_j, divided
+                        by their sum (taken in pick order) when renorm != 0 (one 64-bit max-reduction per
+                        pick: the probability's bits above the inverted id); with has_shared the pick
+                        ``k_out - 1 == top_k`` is expert id E with weight sigmoid(x . shared_gate_w).
+                        Writes ids int32 / weights fp32 [M, k_out] (row-major, contiguous).
+
+Bounds: x rows past M, experts past E and K past H are masked; the partials buffer holds
+n_split * M * (E + 1) floats (the op checks it). A picked id is clamped to [0, E - 1] (NaN logits give an
+unspecified id in that range).
+"""
+import triton
+import triton.language as tl
+
+from kernels_src.common import sigmoid_f32
+
+@triton.jit
+def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared,
+                         BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_e = tl.program_id(1)
+    s = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    re = pid_e * BE + tl.arange(0, BE)
+    rk = tl.arange(0, BK)
+    mm = rm < M
+    me = re < E
+    k0 = s * k_split
+    k1 = tl.minimum(k0 + k_split, H)
+    xp = x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :]
+    wp = w_ptr + re[:, None].to(tl.int64) * H + rk[None, :]
+    do_sh = (has_shared != 0) & (pid_e == 0)
+    acc = tl.zeros((BM, BE), dtype=tl.float32)
+    sh = tl.zeros((BM,), dtype=tl.float32)
+    for k in range(k0, k1, BK):
+        km = (k + rk) < k1
+        xt = tl.load(xp + k, mask=mm[:, None] & km[None, :], other=0.0)
+        wt = tl.load(wp + k, mask=me[:, None] & km[None, :], other=0.0)
+        acc = tl.dot(xt, tl.trans(wt), acc)
+        if do_sh:
+            sg = tl.load(sg_ptr + k + rk, mask=km, other=0.0).to(tl.float32)
+            sh += tl.sum(xt.to(tl.float32) * sg[None, :], 1)
+    ld = E + 1
+    base = part_ptr + s.to(tl.int64) * M * ld
+    tl.store(base + rm[:, None].to(tl.int64) * ld + re[None, :], acc, mask=mm[:, None] & me[None, :])
+    if do_sh:
+        tl.store(base + rm.to(tl.int64) * ld + E, sh, mask=mm)
+
+
+@triton.jit
+def router_topk_kernel(part_ptr, ids_ptr, wts_ptr, M, E, n_split, top_k, k_out, renorm, has_shared,
+                       BR: tl.constexpr, EB: tl.constexpr, KB: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rmask = rows < M
+    ce = tl.arange(0, EB)
+    emask = ce < E
+    ld = E + 1
+    rbase = rows.to(tl.int64) * ld
+    sstride = M.to(tl.int64) * ld
+    logit = tl.zeros((BR, EB), dtype=tl.float32)
+    sh = tl.zeros((BR,), dtype=tl.float32)
+    for s in range(0, n_split):  # fixed order: deterministic
+        p0 = part_ptr + s * sstride + rbase
+        logit += tl.load(p0[:, None] + ce[None, :], mask=rmask[:, None] & emask[None, :], other=0.0)
+        if has_shared != 0:
+            sh += tl.load(p0 + E, mask=rmask, other=0.0)
+    logit = tl.where(emask[None, :], logit, float("-inf"))
+    mx = tl.max(logit, 1)
+    p = tl.exp(logit - mx[:, None])
+    p = p / tl.sum(p, 1)[:, None]
+    kk = tl.arange(0, KB)
+    sel_w = tl.zeros((BR, KB), dtype=tl.float32)
+    sel_i = tl.zeros((BR, KB), dtype=tl.int32)
+    # one max-reduction per pick: key = bits(p) << 32 | (EB - 1 - e) orders by p (p >= 0: its bits order like
+    # the value), then by the lower id; padding columns get -1 (below every real key)
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    key = tl.where(emask[None, :], (bits << 32) | (EB - 1 - ce[None, :]).to(tl.int64), -1)
+    wsum = tl.zeros((BR,), dtype=tl.float32)
+    for j in range(0, top_k):
+        best = tl.max(key, 1)
+        idx = (EB - 1) - (best & 0xFFFFFFFF).to(tl.int32)
+        idx = tl.minimum(tl.maximum(idx, 0), E - 1)
+        pv = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        sel_w = tl.where(kk[None, :] == j, pv[:, None], sel_w)
+        sel_i = tl.where(kk[None, :] == j, idx[:, None], sel_i)
+        key = tl.where(key == best[:, None], -1, key)
+        wsum += pv
+    if renorm != 0:
+        sel_w = sel_w / wsum[:, None]
+    if has_shared != 0:
+        sel_w = tl.where(kk[None, :] == top_k, sigmoid_f32(sh)[:, None], sel_w)
+        sel_i = tl.where(kk[None, :] == top_k, E, sel_i)
+    optr = rows[:, None].to(tl.int64) * k_out + kk[None, :]
+    om = rmask[:, None] & (kk[None, :] < k_out)
+    tl.store(ids_ptr + optr, sel_i, mask=om)
+    tl.store(wts_ptr + optr, sel_w, mask=om)

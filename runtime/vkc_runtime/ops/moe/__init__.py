@@ -1,0 +1,44 @@
+"""Typed ops of the moe family (kernels_src/moe): the MoE block of Qwen3.5/3.6 MoE (HF
+``Qwen3_5MoeSparseMoeBlock``) and its pieces.
+
+Layouts (device arrays, row-major; P = M * k' (token, pick) pairs, flat pair index f = m * k' + j)
+  x            bf16 [M, H], row stride a multiple of 16, H a multiple of 16, 16-byte aligned
+  gate_w       bf16 [E, H] contiguous (router), shared_gate_w bf16 [1, H] (or [H]) contiguous, optional
+  topk_ids     int32 [M, k'], topk_weights fp32 [M, k'] contiguous; k' = top_k (+ 1 with the shared expert:
+               column top_k is expert E with weight sigmoid(x . shared_gate_w))
+  sorted_ids   int32 [cap], block_expert int32 [cap // block_m], num_padded int32 [1]:
+               cap = align_capacity(P, E', block_m) (or more, a multiple of block_m); pairs grouped by expert in
+               pair order, each group padded with the sentinel P to a multiple of block_m, experts without pairs
+               get no rows; block_expert -1 and sorted_ids P past num_padded
+  w1           bf16 [E', 2I, H] (gate rows, then up rows), w2 bf16 [E', H, I]; E' = E + 1 with the shared
+               expert stacked as expert E
+  y            bf16 [P, H] (the second grouped GEMM's rows per pair), out bf16 [M, H]
+
+Ops: :func:`route` (2 launches: split-K fp32 logits, then softmax / top-k / renormalise / shared fold in a
+fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`combine` (1),
+:func:`sparse_moe_block` (route -> align -> grouped_gemm(silu_mul) -> grouped_gemm -> combine) with its
+:func:`moe_workspace`. Limits: E' <= 512, k' <= 16.
+
+Device-side values: ids outside [0, E') are dropped by align (their pairs are in no group) and skipped by
+combine (never read); every store of align is masked to its buffers whatever the ids; the router's ids are
+always in [0, E] (NaN logits give unspecified ids in range). Validated on the host before any launch: dtypes,
+shapes, contiguity, alignment, int32 ranges, buffer capacities.
+
+Graph capture: pass ``out=`` / the output arrays and a workspace (route's partial logits, align's histogram
+rows for P > 2048) allocated before capture; :func:`moe_workspace` loads every kernel the block can launch.
+With torch tensors, a workspace (route, align) and the same layout as a recent call, route / align / combine
+are bound calls (vkc_runtime.bound). The results are deterministic (no atomics; fixed summation orders).
+"""
+from .._check import OpError
+from .block import (BLOCK_MS, GROUPED_BASES, GROUPED_OPTIONAL_BASES, MoeWorkspace, block_m_for, moe_workspace,
+                    sparse_moe_block)
+from .common import BASES as ROUTE_BASES, MAX_EXPERTS, MAX_TOPK, align_capacity
+from .route_ops import align, combine, route
+
+__all__ = ["route", "align", "combine", "align_capacity", "moe_workspace", "MoeWorkspace", "sparse_moe_block",
+           "block_m_for", "BLOCK_MS", "MAX_EXPERTS", "MAX_TOPK", "OpError", "BASES", "OPTIONAL_BASES"]
+
+# every kernel the family's ops may launch: the routing ones and, where ops/moe/grouped_ops.py is built in,
+# its grouped GEMMs
+BASES = ROUTE_BASES + GROUPED_BASES
+OPTIONAL_BASES = GROUPED_OPTIONAL_BASES

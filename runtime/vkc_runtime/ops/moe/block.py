@@ -1,0 +1,174 @@
+"""The whole MoE block (:func:`sparse_moe_block`) and its workspace (:func:`moe_workspace`): route -> align ->
+grouped GEMM (gate_up, SiLU-and-mul) -> grouped GEMM (down) -> combine, five ops and six or seven launches
+on one stream, no host sync, every buffer from the workspace (graph-capturable).
+
+Tile rule (``block_m_for``): the grouped GEMMs' row tile follows the mean number of pairs per expert,
+P / E' (P = M * k'): up to 32 -> block_m 16 (decode and small prefill: most groups hold a few rows, a
+taller tile would mostly multiply padding), above -> 64. The capacity of the grouping buffers is taken for
+the call's own P (``align_capacity(P, E', block_m)``), so a decode step's GEMM grids stay small.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from ... import memory
+from ...kernels import get_kernel, has_kernel
+from ...tensor import TensorRef
+from .._check import BF16, OpError, same_device, stream_of, tensor
+from .common import BASES as _ROUTE_BASES, MAX_TOPK, align_capacity, check_experts, contiguous, hist_chunks, HIST_BINS
+from .route_ops import align, combine, route, route_scratch_floats
+
+try:
+    _grouped = importlib.import_module(f"{__package__}.grouped_ops")
+except ModuleNotFoundError as _e:  # the grouped GEMMs' module (helper moegemm's); absent on branches without it
+    if _e.name != f"{__package__}.grouped_ops":
+        raise
+    _grouped = None
+
+__all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS"]
+
+BLOCK_MS = (16, 64)
+SMALL_TILE_ROWS_PER_EXPERT = 32
+
+
+def block_m_for(M: int, k_out: int, num_experts: int) -> int:
+    """The grouped GEMMs' block_m for M tokens with k' picks over E' experts (module docstring)."""
+    return BLOCK_MS[0] if M * k_out <= SMALL_TILE_ROWS_PER_EXPERT * num_experts else BLOCK_MS[1]
+
+
+@dataclass(eq=False)
+class MoeWorkspace:
+    """Every intermediate buffer of :func:`sparse_moe_block` for up to ``max_tokens`` tokens (flat, contiguous;
+    the block takes [M, ...] prefixes). Pk = max_tokens * k':
+      topk_ids int32 [Pk], topk_weights fp32 [Pk]         router output
+      part fp32                                          router partial logits (max over M of n_split * M * (E + 1))
+      hist int32 [cdiv(Pk, 2048) * 512] (>= 1)           align's per-chunk histograms
+      sorted_ids int32, block_expert int32 (largest align_capacity over BLOCK_MS), num_padded int32 [1]
+      h bf16 [Pk * intermediate], y bf16 [Pk * hidden]    GEMM outputs
+    One workspace must not serve two streams at the same time."""
+    max_tokens: int
+    num_experts: int   # routed experts E
+    top_k: int
+    hidden: int
+    intermediate: int
+    shared: bool
+    topk_ids: Any
+    topk_weights: Any
+    part: Any
+    hist: Any
+    sorted_ids: Any
+    block_expert: Any
+    num_padded: Any
+    h: Any
+    y: Any
+
+    @property
+    def experts_total(self) -> int:
+        return self.num_experts + int(self.shared)
+
+    @property
+    def k_out(self) -> int:
+        return self.top_k + int(self.shared)
+
+
+GROUPED_BASES = tuple(getattr(_grouped, "BASES", ())) if _grouped is not None else ()
+GROUPED_OPTIONAL_BASES = tuple(getattr(_grouped, "OPTIONAL_BASES", ())) if _grouped is not None else ()
+
+
+def moe_workspace(max_tokens: int, num_experts: int, top_k: int, hidden: int, intermediate: int, *, shared: bool,
+                  device: int | None = None) -> MoeWorkspace:
+    """Allocate a :class:`MoeWorkspace` and load every kernel the block can launch (call it before any graph
+    capture). ``num_experts``: the routed experts E (the shared expert, when ``shared``, is expert E)."""
+    op = "moe.moe_workspace"
+    for n, v in (("max_tokens", max_tokens), ("num_experts", num_experts), ("top_k", top_k), ("hidden", hidden),
+                 ("intermediate", intermediate)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise OpError(f"{op}: {n} must be a positive int, got {v!r}")
+    Ep, kout = num_experts + int(shared), top_k + int(shared)
+    check_experts(op, Ep)
+    if top_k > num_experts or kout > MAX_TOPK:
+        raise OpError(f"{op}: top_k={top_k} must be <= num_experts={num_experts} with k' <= {MAX_TOPK}")
+    Pk = max_tokens * kout
+    cap = max(align_capacity(Pk, Ep, bm) for bm in BLOCK_MS)
+    nblk = max(align_capacity(Pk, Ep, bm) // bm for bm in BLOCK_MS)
+
+    def e(n, dt):
+        return memory.DeviceArray.empty((max(int(n), 1),), dt, device=device)
+
+    ids = e(Pk, "int32")  # makes the device's context current: the kernel lookups below need it
+    for b in _ROUTE_BASES + GROUPED_BASES:
+        get_kernel(b, device=device).load()
+    for b in GROUPED_OPTIONAL_BASES:
+        if has_kernel(b, device=device):
+            get_kernel(b, device=device).load()
+    part = max(route_scratch_floats(m, num_experts, hidden, device=device) for m in range(1, max_tokens + 1))
+    return MoeWorkspace(max_tokens=max_tokens, num_experts=num_experts, top_k=top_k, hidden=hidden,
+                        intermediate=intermediate, shared=bool(shared), topk_ids=ids,
+                        topk_weights=e(Pk, "float32"), part=e(part, "float32"),
+                        hist=e(hist_chunks(Pk) * HIST_BINS, "int32"), sorted_ids=e(cap, "int32"),
+                        block_expert=e(nblk, "int32"), num_padded=e(1, "int32"), h=e(Pk * intermediate, BF16),
+                        y=e(Pk * hidden, BF16))
+
+
+def _prefix(op: str, name: str, buf, shape: tuple, dtype: str) -> TensorRef:
+    """A contiguous [shape] view at the start of a flat workspace buffer."""
+    t = tensor(op, f"workspace.{name}", buf, dtype, ndim=1)
+    n = 1
+    for d in shape:
+        n *= d
+    if t.shape[0] < n:
+        raise OpError(f"{op}: workspace.{name} holds {t.shape[0]} elements, the call needs {n}")
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.insert(0, acc)
+        acc *= d
+    return TensorRef(t.ptr, tuple(shape), tuple(strides), dtype, t.device, buf)
+
+
+def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=None, workspace, out, stream=None):
+    """The MoE block of Qwen3.5/3.6 MoE for ``x`` bf16 [M, H] -> ``out`` bf16 [M, H]: router ``gate_w`` [E, H],
+    experts ``w1`` [E', 2I, H] (gate rows then up rows) and ``w2`` [E', H, I], with the shared expert stacked
+    as expert E (E' = E + 1) and ``shared_gate_w`` [1, H] when given (its weight sigmoid(x . shared_gate_w)).
+    ``workspace``: :func:`moe_workspace` for at least M tokens, the same E, top_k, H, I and shared."""
+    op = "moe.sparse_moe_block"
+    if _grouped is None:
+        raise OpError(f"{op}: the grouped GEMM ops (vkc_runtime.ops.moe.grouped_ops) are not in this build")
+    s = stream_of(stream)
+    ws = workspace
+    if not isinstance(ws, MoeWorkspace):
+        raise OpError(f"{op}: workspace must be a MoeWorkspace (moe_workspace(...)), got {type(ws).__name__}")
+    xt = tensor(op, "x", x, BF16, ndim=2, shape=(None, ws.hidden))
+    M, H = xt.shape
+    shared = shared_gate_w is not None
+    if shared != ws.shared or top_k != ws.top_k or M > ws.max_tokens:
+        raise OpError(f"{op}: the workspace was made for shared={ws.shared}, top_k={ws.top_k}, <= {ws.max_tokens} "
+                      f"tokens; got shared={shared}, top_k={top_k}, M={M}")
+    gt = tensor(op, "gate_w", gate_w, BF16, ndim=2, shape=(ws.num_experts, H))
+    Ep, kout, I = ws.experts_total, ws.k_out, ws.intermediate
+    w1t = tensor(op, "w1", w1, BF16, ndim=3, shape=(Ep, 2 * I, H))
+    w2t = tensor(op, "w2", w2, BF16, ndim=3, shape=(Ep, H, I))
+    ot = tensor(op, "out", out, BF16, ndim=2, shape=(M, H))
+    for n, t in (("w1", w1t), ("w2", w2t)):
+        contiguous(op, n, t)
+    same_device(op, xt, gt, w1t, w2t, ot)
+    if M == 0:
+        return out
+    P = M * kout
+    ids = _prefix(op, "topk_ids", ws.topk_ids, (M, kout), "int32")
+    wts = _prefix(op, "topk_weights", ws.topk_weights, (M, kout), "float32")
+    route(x, gate_w, top_k, renormalize=renormalize, shared_gate_w=shared_gate_w, topk_ids=ids, topk_weights=wts,
+          workspace=ws, stream=s)
+    bm = block_m_for(M, kout, Ep)
+    cap = align_capacity(P, Ep, bm)
+    sid = _prefix(op, "sorted_ids", ws.sorted_ids, (cap,), "int32")
+    bex = _prefix(op, "block_expert", ws.block_expert, (cap // bm,), "int32")
+    npad = _prefix(op, "num_padded", ws.num_padded, (1,), "int32")
+    align(ids, Ep, bm, sorted_ids=sid, block_expert=bex, num_padded=npad, workspace=ws, stream=s)
+    h = _prefix(op, "h", ws.h, (P, I), BF16)
+    y = _prefix(op, "y", ws.y, (P, H), BF16)
+    _grouped.grouped_gemm(x, w1, sid, bex, npad, a_row_div=kout, out=h, block_m=bm, act="silu_mul", stream=s)
+    _grouped.grouped_gemm(h, w2, sid, bex, npad, a_row_div=1, out=y, block_m=bm, act=None, stream=s)
+    combine(y, ids, wts, Ep, out=out, stream=s)
+    return out
