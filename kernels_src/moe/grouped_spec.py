@@ -1,2 +1,45 @@
-"""Stub: the grouped-GEMM specs of the moe family are helper moegemm's (its version replaces this file)."""
+"""AOT specs of the MoE grouped GEMMs (kernels and index rules in grouped.py), imported by the family's
+spec.py (this file defines only ``SPECS``).
+
+Bases ``moe.grouped.m{BLOCK_M}.n{BLOCK_N}.k{BLOCK_K}[.silu]`` (``.silu``: SwiGLU fused into the epilogue, two
+accumulators per program). Tiles (the op's rule picks one: vkc_runtime/ops/moe/grouped_ops.py):
+  m16.n16.k256   decode, narrow: many programs over few experts (M = 1: 9 experts must still fill the GPU)
+  m16.n64.k64    decode, wide: fewer, longer programs once there are enough blocks
+  m64.n128.k64   prefill (plain), m64.n64.k64 prefill (.silu: gate + up = 128 weight rows per program)
+  m128.n128.k64  long prefill (plain, 8 warps), m128.n64.k64 (.silu, 8 warps)
+
+Every pointer, K, a's / w's / out's strides carry div=16 (checked by the runtime); P, E, N, a_rows, a_row_div
+and has_scale carry none. num_warps / num_stages are first choices made without a device to time them.
+
+Grid (axis 0 first): (cdiv(N, BLOCK_N), n_blocks), n_blocks <= len(sorted_ids) / BLOCK_M.
+"""
+from vkc.spec import Arg, KernelSpec
+
+_ARGS = [
+    ("a_ptr", "*bf16", 16), ("w_ptr", "*bf16", 16), ("out_ptr", "*bf16", 16),
+    ("sorted_ptr", "*i32", 16), ("bexp_ptr", "*i32", 16), ("npad_ptr", "*i32", 16), ("scale_ptr", "*fp32", 16),
+    ("P", "i32", None), ("E", "i32", None), ("N", "i32", None), ("K", "i32", 16),
+    ("a_rows", "i32", None), ("a_row_div", "i32", None),
+    ("stride_am", "i32", 16), ("stride_we", "i32", 16), ("stride_wn", "i32", 16), ("stride_om", "i32", 16),
+    ("has_scale", "i32", None),
+]
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, silu, num_warps, num_stages); the op's TILES lists the same tiles
+TILES = (
+    (16, 16, 256, False, 4, 3), (16, 16, 256, True, 4, 3),
+    (16, 64, 64, False, 4, 4), (16, 64, 64, True, 4, 4),
+    (64, 128, 64, False, 4, 4), (64, 64, 64, True, 4, 4),
+    (128, 128, 64, False, 8, 3), (128, 64, 64, True, 8, 3),
+)
+_SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
+
 SPECS = []
+for _bm, _bn, _bk, _silu, _warps, _stages in TILES:
+    SPECS.append(KernelSpec(
+        name=f"grouped.m{_bm}.n{_bn}.k{_bk}" + (".silu" if _silu else ""), source="grouped.py",
+        entry="grouped_gemm_kernel", args=[Arg(n, t, div=d) for n, t, d in _ARGS],
+        constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, "ACT_SILU": _silu},
+        num_warps=_warps, num_stages=_stages,
+        overrides={a: {"num_stages": 3 if _bm == 64 else 2} for a in _SMALL_SMEM} if _bm >= 64 else {}))
+
+del _bm, _bn, _bk, _silu, _warps, _stages

@@ -15,7 +15,7 @@ Layouts (device arrays, row-major; P = M * k' (token, pick) pairs, flat pair ind
   y            bf16 [P, H] (the second grouped GEMM's rows per pair), out bf16 [M, H]
 
 Ops: :func:`route` (2 launches: split-K fp32 logits, then softmax / top-k / renormalise / shared fold in a
-fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`combine` (1),
+fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`grouped_gemm` (ops/moe/grouped_ops.py), :func:`combine` (1),
 :func:`sparse_moe_block` (route -> align -> grouped_gemm(silu_mul) -> grouped_gemm -> combine) with its
 :func:`moe_workspace`. Limits: E' <= 512, k' <= 16.
 
@@ -35,7 +35,14 @@ from .block import (BLOCK_MS, GROUPED_BASES, GROUPED_OPTIONAL_BASES, MoeWorkspac
 from .common import BASES as ROUTE_BASES, MAX_EXPERTS, MAX_TOPK, align_capacity
 from .route_ops import align, combine, route
 
+try:  # the grouped GEMMs (ops/moe/grouped_ops.py)
+    from .grouped_ops import choose_block_m, grouped_gemm
+except ModuleNotFoundError as _e:  # pragma: no cover - a tree without them
+    if _e.name != f"{__name__}.grouped_ops":
+        raise
+
 __all__ = ["route", "align", "combine", "align_capacity", "moe_workspace", "MoeWorkspace", "sparse_moe_block",
+           "grouped_gemm", "choose_block_m",
            "block_m_for", "BLOCK_MS", "MAX_EXPERTS", "MAX_TOPK", "OpError", "BASES", "OPTIONAL_BASES"]
 
 # every kernel the family's ops may launch: the routing ones and, where ops/moe/grouped_ops.py is built in,

@@ -2,10 +2,11 @@
 grouped GEMM (gate_up, SiLU-and-mul) -> grouped GEMM (down) -> combine, five ops and six or seven launches
 on one stream, no host sync, every buffer from the workspace (graph-capturable).
 
-Tile rule (``block_m_for``): the grouped GEMMs' row tile follows the mean number of pairs per expert,
-P / E' (P = M * k'): up to 32 -> block_m 16 (decode and small prefill: most groups hold a few rows, a
-taller tile would mostly multiply padding), above -> 64. The capacity of the grouping buffers is taken for
-the call's own P (``align_capacity(P, E', block_m)``), so a decode step's GEMM grids stay small.
+Tile rule (``block_m_for``): the grouped GEMMs' row tile, chosen by their module's rule
+(``grouped_ops.choose_block_m``: it follows the mean number of pairs per expert P / E', P = M * k'; small
+means block_m 16 for decode and small prefill, where most groups hold a few rows and a taller tile would
+mostly multiply padding). The capacity of the grouping buffers is taken for the call's own P
+(``align_capacity(P, E', block_m)``), so a decode step's GEMM grids stay small.
 """
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ except ModuleNotFoundError as _e:  # the grouped GEMMs' module (helper moegemm's
 
 __all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS"]
 
-BLOCK_MS = (16, 64)
-SMALL_TILE_ROWS_PER_EXPERT = 32
+BLOCK_MS = tuple(_grouped.BLOCK_MS) if _grouped is not None else (16, 64)
 
 
 def block_m_for(M: int, k_out: int, num_experts: int) -> int:
     """The grouped GEMMs' block_m for M tokens with k' picks over E' experts (module docstring)."""
-    return BLOCK_MS[0] if M * k_out <= SMALL_TILE_ROWS_PER_EXPERT * num_experts else BLOCK_MS[1]
+    if _grouped is None:
+        return BLOCK_MS[0]
+    return _grouped.choose_block_m(M, k_out, num_experts)
 
 
 @dataclass(eq=False)
