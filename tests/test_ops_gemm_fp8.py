@@ -165,6 +165,7 @@ def _lin(x=None, sa=None, w=None, sw=None, y=None):
     (lambda: _lin(sa=Dev((3,), F32)), "x_scale has shape (3,): expected 1 element (per tensor) or 4"),
     (lambda: _lin(sw=Dev((32, 2), F32)), "w_scale has shape (32, 2)"),
     (lambda: _lin(x=Dev((4, 64), U8, strides=(128, 2))), "x_q must be contiguous in its last dim"),
+    (lambda: _lin(sa=Dev((4,), F32, device_ptr=(1 << 40) + 2)), "x_scale data pointer 0x10000000002 is not 4-byte"),
 ])
 def test_linear_fp8_refuses_before_launch(rec, args, msg):
     with pytest.raises(OpError) as e:

@@ -324,7 +324,7 @@ def test_bad_inputs_refused_before_launch(G):
     a, w = fp8_rand(g, m, k), fp8_rand(g, n, k)
     sa, sw = pos_scales(g, m), pos_scales(g, n)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    flat = fp8_rand(g, m * k + 64)
+    flat = fp8_rand(g, m * 4104 + 64)
     bad = [
         ((a.to(torch.bfloat16), sa, w, sw, out), "x_q must be float8_e4m3fn"),
         ((a, sa, w.to(torch.float8_e5m2), sw, out), "w_q must be float8_e4m3fn"),

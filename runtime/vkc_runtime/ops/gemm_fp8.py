@@ -163,8 +163,14 @@ def _check_k(op, K):
         raise OpError(f"{op}: K = {K} must be a positive multiple of 16")
 
 
+def _f32_aligned(op, name, t):
+    if t.ptr % 4:
+        raise OpError(f"{op}: {name} data pointer {t.ptr:#x} is not 4-byte aligned")
+
+
 def _vector_step(op, name, t, n: int, what: str) -> int:
     """Element step of a scale with 1 element (-> 0) or ``n`` elements along one dim (shape (n,), (n, 1), ...)."""
+    _f32_aligned(op, name, t)
     numel = 1
     for d in t.shape:
         numel *= d
@@ -285,6 +291,8 @@ def linear_fp8_block(x_q, x_scale, w_q, w_scale, out=None, *, stream=None):
     sx, sw, so = _gemm_common(op, xt, wt, yt, M, N, K)
     ssa = row_stride(at) if M > 1 else kb
     ssb = row_stride(bt) if bt.shape[0] > 1 else kb
+    _f32_aligned(op, "x_scale", at)
+    _f32_aligned(op, "w_scale", bt)
     _no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt)
     k, bm, bn = _gemm_kernel(op, "block", M, N, dev)
     grid = cdiv(M, bm) * cdiv(N, bn)
@@ -378,6 +386,7 @@ def quantize_fp8_per_token_group(x, out=None, scale=None, *, stream=None):
         return res, sres
     sx, sq = _quant_rows(op, xt, qt, M, K)
     ss = row_stride(st) if M > 1 else kb
+    _f32_aligned(op, "scale", st)
     if ss < kb:
         raise OpError(f"{op}: scale rows overlap (row stride {ss} < {kb})")
     fits_i32(op, scale_stride=ss)
