@@ -7,8 +7,9 @@ Bases (vkc_runtime.ops.gemm_fp8 picks the tile per call; its docstring states th
   quant_token / quant_tensor / quant_group   bf16 -> fp8 (dynamic per token, static per tensor, per token per 128)
 
 The 128x256 tile needs the 228 KB of shared memory of sm_90a / sm_100a and is built only there (and not for the
-block kernel: its per-slice partial product next to the accumulator would spill at 256 columns); on the 99 KB
-archs (sm_89, sm_120a, sm_121a) the other tiles run with fewer stages. Every fp8 / bf16 pointer, K and the
+block kernel: its per-slice partial product next to the accumulator would spill at 256 columns; block.t128x128
+spills on sm_100a and is not built there); on the 99 KB archs (sm_89, sm_120a, sm_121a) the other tiles run with
+fewer stages. The 64x128 tiles exist on every FP8 arch. Every fp8 / bf16 pointer, K and the
 operand / input row strides carry div=16 (checked by the runtime); M, N, the output row stride, the scale
 pointers and the scale strides carry none. num_warps / num_stages are first choices made without a device to
 time them (benchmarks/bench_gemm_fp8.py measures; ``vkc tune`` retunes).
@@ -44,6 +45,16 @@ TILES = {
 }
 
 
+def _archs(kind, bm, bn, small_stages):
+    if small_stages is None:
+        return _BIG_SMEM
+    if (kind, bm, bn) == ("block", 128, 128):
+        # sm_100a: the 128x128 partial product leaves tensor memory for registers next to the accumulator and
+        # spills (Triton 3.9, at 8 and at 16 warps); the 64x128 tile runs there
+        return tuple(a for a in FP8_ARCHS if a != "sm_100a")
+    return FP8_ARCHS
+
+
 def _args(params):
     return [Arg(n, t, div=d) for n, t, d in params]
 
@@ -54,7 +65,7 @@ for _kind, _params in (("scaled", _SCALED), ("block", _BLOCK)):
         SPECS.append(KernelSpec(
             name=f"{_kind}.t{_bm}x{_bn}", source="gemm_fp8.py", entry=f"gemm_fp8_{_kind}_kernel",
             args=_args(_params), constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": 128, "GROUP_M": 8},
-            num_warps=_w, num_stages=_st, archs=FP8_ARCHS if _small else _BIG_SMEM,
+            num_warps=_w, num_stages=_st, archs=_archs(_kind, _bm, _bn, _small),
             overrides={a: {"num_stages": _small} for a in _SMALL_SMEM} if _small else {}))
 
 SPECS += [

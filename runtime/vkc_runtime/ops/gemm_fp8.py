@@ -32,7 +32,7 @@ M == 0 (or N == 0) returns without launching. Without ``out`` / ``scale`` the re
 output passed and torch tensors are bound calls (vkc_runtime.bound), except the CuTe lane (below).
 
 Tile rule of the Triton kernels (:func:`pick_tile`): among the compiled tiles of the arch (scaled: 128x256 on
-sm_90a / sm_100a only, 128x128, 64x128; block: 128x128, 64x128) the highest ``useful fraction of the padded M x N
+sm_90a / sm_100a only, 128x128, 64x128; block: 128x128 (not on sm_100a), 64x128) the highest ``useful fraction of the padded M x N
 x last-wave efficiency x tile factor`` (:data:`TILE_FACTOR`: the narrower tiles' lower MMA work per byte loaded);
 ties go to the earlier (wider) tile. The factors are first guesses: benchmarks/bench_gemm_fp8.py times every tile
 next to the rule's pick. The CuTe kernels use ops.gemm's rule.
@@ -64,9 +64,9 @@ GROUP = 128                        # block-wise scales: 128 columns of K (and 12
 FP8_MAX = 448.0
 MIN_SCALE = 1.0 / (448.0 * 512.0)  # the dynamic scales' floor (kernels_src/gemm_fp8/gemm_fp8.py)
 KINDS = ("scaled", "block")
-# kind -> (BLOCK_M, BLOCK_N) tiles, widest first (kernels_src/gemm_fp8/spec.py); 128x256: sm_90a / sm_100a only
+# kind -> (BLOCK_M, BLOCK_N) tiles, widest first (kernels_src/gemm_fp8/spec.py); the op uses those this arch has
+# (scaled 128x256: sm_90a / sm_100a only; block 128x128: not sm_100a; 64x128: every FP8 arch)
 TILES = {"scaled": ((128, 256), (128, 128), (64, 128)), "block": ((128, 128), (64, 128))}
-WIDE = (128, 256)
 TILE_FACTOR = {(128, 256): 1.0, (128, 128): 0.9, (64, 128): 0.75}
 QUANTS = ("token", "tensor", "group")
 _FP8_ARCHS = "sm_89, sm_90a, sm_100a, sm_120a, sm_121a"
@@ -187,11 +187,10 @@ def _vector_step(op, name, t, n: int, what: str) -> int:
 
 
 def _gemm_kernel(op, kind, M, N, dev):
-    common = gemm_base(kind, 128, 128)
-    if not has_kernel(common):
+    tiles = tuple(t for t in TILES[kind] if has_kernel(gemm_base(kind, *t)))
+    if not tiles:
         raise MissingKernelError(f"{op}: no FP8 GEMM for this device's arch (built for {_FP8_ARCHS})",
-                                 missing=[common])
-    tiles = tuple(t for t in TILES[kind] if t != WIDE or has_kernel(gemm_base(kind, *t)))
+                                 missing=[gemm_base(kind, *TILES[kind][-1])])
     bm, bn = pick_tile(M, N, _sm_count(dev if dev >= 0 else 0), tiles)
     return get_kernel(gemm_base(kind, bm, bn)), bm, bn
 
