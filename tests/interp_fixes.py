@@ -1,4 +1,4 @@
-"""Three Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session
+"""Four Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session
 (kernels are unchanged; only `triton.runtime.interpreter` is touched, and only under TRITON_INTERPRET=1):
 
 1. bf16 tensors are kept as raw uint16 bits and `tl.dot` multiplies those bits as integers. Widen bf16
@@ -6,6 +6,8 @@
 2. fp32 -> bf16 casts truncate; the GPU (`cvt.rn.bf16.f32`) rounds to nearest even.
 3. `block_mask & scalar_bool` (a 0-d int1) is an int1 block whose handle holds int32 data, which masked
    loads and stores refuse ("mask has unsupported dtype"); such masks are read as the booleans they stand for.
+4. fp32 -> fp8 e4m3 (`float8e4nv`) casts round half up, flush small values and wrap large ones; the GPU
+   (`cvt.rn.satfinite.e4m3x2.f32`) rounds to nearest even, keeps subnormals and saturates at +-448.
 """
 from __future__ import annotations
 
@@ -39,6 +41,16 @@ def apply() -> None:
             return I.TensorHandle(bits, tl.bfloat16)
         return orig_cast(self, src, dst_type)
 
+    orig_fp_to_fp = I.InterpreterBuilder.create_fp_to_fp
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.float8e4nv:
+            import ml_dtypes
+            f = np.asarray(src.data).astype(np.float32)
+            q = np.where(np.isnan(f), f, np.clip(f, -448.0, 448.0)).astype(ml_dtypes.float8_e4m3fn)
+            return I.TensorHandle(q.view(np.uint8), tl.float8e4nv)
+        return orig_fp_to_fp(self, src, dst_type, rounding_mode)
+
     def boolean(mask):
         if np.asarray(mask.data).dtype != np.bool_:
             return I.TensorHandle(np.asarray(mask.data) != 0, tl.int1)
@@ -58,3 +70,4 @@ def apply() -> None:
     I.InterpreterBuilder.create_masked_store = create_masked_store
     I.InterpreterBuilder.create_dot = create_dot
     I.InterpreterBuilder.cast_impl = cast_impl
+    I.InterpreterBuilder.create_fp_to_fp = create_fp_to_fp

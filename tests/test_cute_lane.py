@@ -22,6 +22,8 @@ from tests.aot_tree import REPO, make_tree
 ARCH = "sm_90a"
 SPECS = discover.cute_specs_for_arch(REPO, ARCH)
 JOB = SPECS[0].job_json()
+FP8 = next(s for s in SPECS if s.abi == "gemm_fp8")
+FP8_JOB = FP8.job_json()
 HOST = layout.current_host_platform()
 
 
@@ -41,8 +43,11 @@ def _dsl() -> str | None:
 
 
 def test_specs_and_symbols():
-    assert [s.base for s in SPECS] == ["gemm.bf16.t128x256", "gemm.bf16.t128x128", "gemm.bf16.t128x64"]
-    assert SPECS[0].symbol == "vkc_cute_gemm_bf16_t128x256"
+    assert [s.base for s in SPECS] == ["gemm.bf16.t128x256", "gemm.bf16.t128x128", "gemm.bf16.t128x64",
+                                       "gemm.fp8.t128x256", "gemm.fp8.t128x128", "gemm.fp8.t128x64"]
+    assert [s.abi for s in SPECS] == ["gemm_bf16"] * 3 + ["gemm_fp8"] * 3
+    assert SPECS[0].symbol == "vkc_cute_gemm_bf16_t128x256" and FP8.symbol == "vkc_cute_gemm_fp8_t128x256"
+    assert FP8_JOB["kernel_class"] == "Sm90FP8Gemm"
     assert JOB["export"] == "gemm_bf16_t128x256" and JOB["module"] == "kernels_src.gemm.sm90_wgmma"
     assert discover.cute_specs_for_arch(REPO, "sm_80") == []
 
@@ -56,8 +61,31 @@ def good_facts(name):
             "wrapper_args": "a, w, c, &stream, &ret", "wrapper_nargs": 5}
 
 
+def good_fp8_facts(name):
+    f = good_facts(name)
+    vec = ["void *data", "int32_t dynamic_shapes[1]", "int64_t dynamic_strides[1]"]
+    f["tensor_structs"].update({f"{name}_Tensor_{t}_t": list(vec) for t in ("scale_a", "scale_w")})
+    f.update(wrapper_args="a, w, c, scale_a, scale_w, &stream, &ret", wrapper_nargs=7)
+    return f
+
+
 def test_header_check_accepts_the_expected_layout():
     assert cute_glue.check_header(JOB, good_facts(JOB["export"])) == []
+    assert cute_glue.check_header(FP8_JOB, good_fp8_facts(FP8_JOB["export"])) == []
+    assert cute_glue.check_header(FP8_JOB, good_facts(FP8_JOB["export"])), "the bf16 layout passed for fp8"
+    assert cute_glue.check_header(JOB, good_fp8_facts(JOB["export"])), "the fp8 layout passed for bf16"
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda f, n: f["tensor_structs"].__setitem__(f"{n}_Tensor_scale_a_t", ["void *data", "int32_t dynamic_shapes[1]"]),
+    lambda f, n: f["tensor_structs"].pop(f"{n}_Tensor_scale_w_t"),
+    lambda f, n: f.__setitem__("wrapper_args", "a, w, c, scale_w, scale_a, &stream, &ret"),
+    lambda f, n: f.__setitem__("wrapper_nargs", 5),
+])
+def test_header_check_refuses_other_fp8_layouts(mutate):
+    f = good_fp8_facts(FP8_JOB["export"])
+    mutate(f, FP8_JOB["export"])
+    assert cute_glue.check_header(FP8_JOB, f), "an unexpected layout was accepted"
 
 
 @pytest.mark.parametrize("mutate", [
@@ -200,6 +228,94 @@ def test_glue_without_driver(glue_real):
     assert lib._cudaGetDevice(ctypes.byref(dev)) == 3 and dev.value == -7
 
 
+# ---------------------------------------------------------------- the gemm_fp8 launcher (fake driver)
+FP8_STUB = r"""
+#include <stdint.h>
+typedef struct { void *data; int32_t shape[2]; int64_t stride[1]; } desc;
+typedef struct { void *data; int32_t shape[1]; int64_t stride[1]; } vdesc;
+int launch_calls;
+int32_t last_nargs, last_shapes[8];
+int64_t last_strides[5];
+void *last_ptrs[5], *last_stream;
+void _mlir_P_cuda_init(void **a) { **(void ***)a[0] = (void *)0x1; **(int32_t **)((char *)a + 8) = 0; }
+void _mlir_P_cuda_load_to_device(void **a) { **(int32_t **)((char *)a + 16) = 0; }
+void _mlir_P__mlir_ciface_fn(void **args, int32_t n) {
+    launch_calls++; last_nargs = n;
+    for (int i = 0; i < 3; i++) {
+        desc *d = (desc *)args[i];
+        last_ptrs[i] = d->data; last_shapes[2 * i] = d->shape[0]; last_shapes[2 * i + 1] = d->shape[1];
+        last_strides[i] = d->stride[0];
+    }
+    for (int i = 3; i < 5; i++) {
+        vdesc *d = (vdesc *)args[i];
+        last_ptrs[i] = d->data; last_shapes[3 + i] = d->shape[0]; last_strides[i] = d->stride[0];
+    }
+    last_stream = *(void **)args[5];
+    *(int32_t *)args[6] = 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def glue_fp8(tmp_path_factory):
+    if not shutil.which("gcc"):
+        pytest.skip("no gcc")
+    d = tmp_path_factory.mktemp("glue_fp8")
+    h = {"init": "_mlir_P_cuda_init", "load_to_device": "_mlir_P_cuda_load_to_device",
+         "ciface": "_mlir_P__mlir_ciface_fn"}
+    (d / "glue.c").write_text(cute_glue.generate([FP8_JOB], {FP8_JOB["base"]: FP8.symbol}, {FP8_JOB["base"]: h}))
+    (d / "stub.c").write_text(FP8_STUB)
+    (d / "fake.c").write_text(FAKE_DRIVER)
+    (d / "exports.map").write_text(cute_glue.version_script([FP8.symbol]).replace(
+        "local: *;", "launch_calls; last_nargs; last_shapes; last_strides; last_ptrs; last_stream; local: *;"))
+    flags = [f for f in cute_lane.CFLAGS if f != "-fvisibility=hidden"]
+    subprocess.run(["gcc", *flags, "-shared", f"-I{REPO / cute_lane.SHIM_DIR}", "-Wl,--no-undefined",
+                    "-Wl,--version-script=exports.map", "-o", "t.so", "glue.c", "fake.c", "stub.c"], cwd=d, check=True)
+    lib = ctypes.CDLL(str(d / "t.so"))
+    fn = getattr(lib, FP8.symbol)
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [P, I] * 5 + [I] * 3 + [P]
+    fn.restype = ctypes.c_int32
+    assert lib.vkc_cute_load(0) == 0
+    return lib, fn
+
+
+FP8_GOOD = (0x1000, 4096, 0x2000, 4096, 0x3000, 2048, 0x4000, 1, 0x5004, 0, 300, 2048, 4096, 0x77)
+
+
+@pytest.mark.parametrize("i, value", [
+    (0, 0x1008), (2, 0x2004), (4, 0x3008),                    # fp8 / bf16 rows: 16-byte aligned
+    (6, 0), (6, 0x4002), (8, 0), (8, 0x5001),                 # scale pointers: non-null, 4-byte aligned
+    (7, -1), (9, -2), (7, 2**31), (7, 2**23),                 # steps: >= 0, last index (m - 1) * step < 2^31
+    (12, 4104), (1, 4104), (3, 4104),                         # k, lda, ldw: multiples of 16 (fp8 TMA rows)
+    (11, 2044), (5, 2044), (10, -1), (12, 0),                 # the bf16 rules still hold
+])
+def test_fp8_glue_refuses_bad_arguments(glue_fp8, i, value):
+    lib, fn = glue_fp8
+    before = counter(lib, "launch_calls")
+    args = list(FP8_GOOD)
+    args[i] = value
+    assert fn(*args) == 1, (i, value)
+    assert counter(lib, "launch_calls") == before
+
+
+def test_fp8_glue_packs_descriptors(glue_fp8):
+    lib, fn = glue_fp8
+    assert fn(*FP8_GOOD) == 0
+    assert counter(lib, "last_nargs") == 7
+    shapes = list((ctypes.c_int32 * 8).in_dll(lib, "last_shapes"))
+    strides = list((ctypes.c_int64 * 5).in_dll(lib, "last_strides"))
+    ptrs = list((ctypes.c_void_p * 5).in_dll(lib, "last_ptrs"))
+    assert shapes == [300, 4096, 2048, 4096, 300, 2048, 300, 2048]   # a, w, c, then sa [m] and sw [n]
+    assert strides == [4096, 4096, 2048, 1, 0] and ptrs == [0x1000, 0x2000, 0x3000, 0x4000, 0x5004]
+    assert ctypes.c_void_p.in_dll(lib, "last_stream").value == 0x77
+    n = counter(lib, "launch_calls")
+    big_step = list(FP8_GOOD)
+    big_step[7] = (2**31 - 1) // 299                             # the largest step whose last index fits
+    assert fn(*big_step) == 0 and counter(lib, "launch_calls") == n + 1
+    assert fn(*([0] * 13 + [None])) == 0 and counter(lib, "launch_calls") == n + 1  # m == 0: nothing
+
+
 # ---------------------------------------------------------------- embedded cubin scanner
 def fake_elf(machine: int, payload: bytes) -> bytes:
     """A minimal ELF64 image: header, payload, one null section header at the end."""
@@ -230,7 +346,7 @@ def test_committed_entries_match_the_specs():
     for s in SPECS:
         k = CUTE[s.base]
         assert [a["host_platform"] for a in k["artifacts"]] == list(layout.HOST_PLATFORMS)
-        assert k["launch"]["symbol"] == s.symbol and k["launch"]["abi"] == "gemm_bf16"
+        assert k["launch"]["symbol"] == s.symbol and k["launch"]["abi"] == s.abi
         assert k["launch"]["local"] == 0 and k["launch"]["stack"] == 0, "spills"
         for art in k["artifacts"]:
             so = hostelf.parse((REPO / art["path"]).read_bytes())

@@ -41,9 +41,14 @@ def test_optional_bases_exist_where_the_fast_path_is_built():
     opt = registry.optional()
     assert opt and not (opt & registry.required())
     have = {m.stem: _kernels(m) for m in MANIFESTS}
-    where = {"gemm": ["sm_90a"]}  # the CuTe GEMM (sm_90a so far); the rest: the TMA prefill, sm_90a and sm_100a
+    # the CuTe GEMM (sm_90a so far); the FP8 GEMMs where FP8 tensor cores exist (their 128x256 tile: the 228 KB
+    # shared-memory archs); the rest: the TMA prefill, sm_90a and sm_100a
+    fp8 = ["sm_100a", "sm_120a", "sm_121a", "sm_89", "sm_90a"]
+    where = {"gemm": ["sm_90a"], "gemm_fp8": fp8, "gemm_fp8.scaled.t128x256": ["sm_100a", "sm_90a"],
+             "gemm_fp8.block.t128x128": [a for a in fp8 if a != "sm_100a"]}
     for b in opt:
-        assert [a for a, ks in have.items() if b in ks] == where.get(b.split(".")[0], ["sm_100a", "sm_90a"]), b
+        want = where.get(b, where.get(b.split(".")[0], ["sm_100a", "sm_90a"]))
+        assert sorted(a for a, ks in have.items() if b in ks) == want, b
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -46,7 +46,8 @@ def test_tile_rule():
     assert G.pick_tile(255, 10240, 132) == 256
     assert G.pick_tile(1, 10240, 132) == 128
     assert G.pick_tile(2048, 5120, 132, tiles=(256,)) == 256
-    assert set(G.OPTIONAL_BASES) == {G.gemm_base(t) for t in G.TILES} and G.BASES == ()
+    assert set(G.OPTIONAL_BASES) == {G.gemm_base(t) for t in G.TILES} | {G.fp8_base(t) for t in G.TILES}
+    assert G.BASES == ()
 
 
 def test_linear_launch_arguments(calls):

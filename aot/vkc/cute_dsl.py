@@ -57,17 +57,25 @@ def fake_args(abi: str):
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-    if abi != "gemm_bf16":
+    if abi not in ("gemm_bf16", "gemm_fp8"):
         raise SystemExit(f"unknown CuTe ABI {abi!r}")
     bf16 = cutlass.BFloat16
+    ab = bf16 if abi == "gemm_bf16" else cutlass.Float8E4M3FN
+    kdiv = 8 if abi == "gemm_bf16" else 16  # 16-byte TMA rows
     # 32-bit extents (the 4.8.1 header declares int32_t shape slots whatever the SymInt width), 64-bit row strides;
     # one SymInt per quantity so A/W share K, A/C share M, W/C share N
-    m, n, k = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(divisibility=8)
-    lda, ldw, ldc = (cute.sym_int64(divisibility=8) for _ in range(3))
-    a = make_fake_tensor(bf16, (m, k), (lda, 1), assumed_align=16)
-    w = make_fake_tensor(bf16, (n, k), (ldw, 1), assumed_align=16)
+    m, n, k = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(divisibility=kdiv)
+    lda, ldw = (cute.sym_int64(divisibility=kdiv) for _ in range(2))
+    ldc = cute.sym_int64(divisibility=8)
+    a = make_fake_tensor(ab, (m, k), (lda, 1), assumed_align=16)
+    w = make_fake_tensor(ab, (n, k), (ldw, 1), assumed_align=16)
     c = make_fake_tensor(bf16, (m, n), (ldc, 1), assumed_align=16)
-    return a, w, c, make_fake_stream()
+    if abi == "gemm_bf16":
+        return a, w, c, make_fake_stream()
+    # scale vectors: M / N fp32 elements at a runtime element step (0: one scale broadcast)
+    sa = make_fake_tensor(cutlass.Float32, (m,), (cute.sym_int64(),), assumed_align=4)
+    sw = make_fake_tensor(cutlass.Float32, (n,), (cute.sym_int64(),), assumed_align=4)
+    return a, w, c, sa, sw, make_fake_stream()
 
 
 def compile_kernel(job: dict, out_dir: Path, host: str) -> dict:

@@ -11,7 +11,9 @@ kernels onto ``device``; idempotent, thread-safe) and one launcher per spec (C s
 ``vkc.cute_spec.ABIS``). A ``gemm_bf16`` launcher returns 0 without launching for m == 0, and
 CUDA_ERROR_INVALID_VALUE (1), before touching any memory, for: null or not 16-byte aligned pointers; m, n or k
 outside [0, 2^31) (n and k must be >= 8); n, k or a row stride not a multiple of 8 elements; lda < k, ldw < k,
-ldc < n or a stride >= 2^36 elements (TMA's 2^40-byte stride limit); a grid of 2^31 tiles or more. Before
+ldc < n or a stride >= 2^36 elements (TMA's 2^40-byte stride limit); a grid of 2^31 tiles or more. A ``gemm_fp8``
+launcher also refuses: k, lda or ldw not a multiple of 16 (fp8 TMA rows); null or not 4-byte aligned scale pointers;
+a negative scale step or one whose last element, (m - 1) * sa_step or (n - 1) * sw_step, is 2^31 or more. Before
 ``vkc_cute_load`` succeeded it returns CUDA_ERROR_NOT_INITIALIZED (3). The runtime op checks the same rules
 first and raises a Python error naming the argument; these are the last line.
 """
@@ -22,13 +24,19 @@ from typing import Any
 from vkc.cute_spec import FIXED_SYMBOLS
 
 MAX_DEVICES = 64
-# gemm_bf16: [rows, cols] row-major, both extents and the row stride dynamic
+# gemm_bf16 / gemm_fp8: [rows, cols] row-major, both extents and the row stride dynamic; gemm_fp8's scale vectors:
+# one extent, one element step
 _GEMM_ROWS = ["void *data", "int32_t dynamic_shapes[2]", "int64_t dynamic_strides[1]"]
+_VECTOR = ["void *data", "int32_t dynamic_shapes[1]", "int64_t dynamic_strides[1]"]
+_WRAPPER_ARGS = {"gemm_bf16": "a, w, c, &stream, &ret", "gemm_fp8": "a, w, c, scale_a, scale_w, &stream, &ret"}
 
 
 def expected_structs(abi: str, export: str) -> dict[str, list[str]]:
-    assert abi == "gemm_bf16", abi
-    return {f"{export}_Tensor_{t}_t": list(_GEMM_ROWS) for t in ("a", "w", "c")}
+    assert abi in _WRAPPER_ARGS, abi
+    out = {f"{export}_Tensor_{t}_t": list(_GEMM_ROWS) for t in ("a", "w", "c")}
+    if abi == "gemm_fp8":
+        out.update({f"{export}_Tensor_{t}_t": list(_VECTOR) for t in ("scale_a", "scale_w")})
+    return out
 
 
 def check_header(job: dict[str, Any], facts: dict[str, Any]) -> list[str]:
@@ -38,7 +46,8 @@ def check_header(job: dict[str, Any], facts: dict[str, Any]) -> list[str]:
         problems.append(f"tensor descriptors {facts['tensor_structs']}")
     if not facts["ciface"] or not facts["init"] or not facts["load_to_device"]:
         problems.append(f"entry points {facts['ciface']}, {facts['init']}, {facts['load_to_device']}")
-    if facts["wrapper_nargs"] != 5 or facts["wrapper_args"] != "a, w, c, &stream, &ret":
+    want = _WRAPPER_ARGS[job["abi"]]
+    if facts["wrapper_nargs"] != want.count(",") + 1 or facts["wrapper_args"] != want:
         problems.append(f"argument packing {facts['wrapper_nargs']}: {facts['wrapper_args']}")
     return [f"{job['base']}: unexpected export_to_c header ({p})" for p in problems]
 
@@ -61,6 +70,7 @@ _PRELUDE = f"""\
 #define VKC_MAX_STRIDE (((int64_t)1) << 36) /* elements: TMA strides stay below 2^40 bytes */
 
 typedef struct {{ void *data; int32_t dynamic_shapes[2]; int64_t dynamic_strides[1]; }} vkc_rows_desc;
+typedef struct {{ void *data; int32_t dynamic_shapes[1]; int64_t dynamic_strides[1]; }} vkc_vector_desc;
 
 typedef struct {{
     void (*init)(void **);
@@ -101,6 +111,18 @@ static int vkc_gemm_args_ok(const void *a, int64_t lda, const void *w, int64_t l
     if (!vkc_ld_ok(lda, k) || !vkc_ld_ok(ldw, k) || !vkc_ld_ok(ldc, n)) return 0;
     return ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n) <= INT32_MAX;
 }}
+
+/* the gemm_fp8 additions: 16-element (16-byte) fp8 rows, scale vectors whose last element index fits int32 */
+static inline int vkc_scale_ok(const void *s, int64_t step, int64_t count) {{
+    return s && !((uintptr_t)s & 3) && step >= 0 && step <= INT32_MAX && (count - 1) * step <= INT32_MAX;
+}}
+static inline int vkc_fp8_args_ok(const void *a, int64_t lda, const void *w, int64_t ldw, const void *c,
+                                  int64_t ldc, const void *sa, int64_t sa_step, const void *sw, int64_t sw_step,
+                                  int64_t m, int64_t n, int64_t k, int64_t tile_m, int64_t tile_n) {{
+    if (!vkc_gemm_args_ok(a, lda, w, ldw, c, ldc, m, n, k, tile_m, tile_n)) return 0;
+    if ((k & 15) || (lda & 15) || (ldw & 15)) return 0;
+    return vkc_scale_ok(sa, sa_step, m) && vkc_scale_ok(sw, sw_step, n);
+}}
 """
 
 
@@ -128,13 +150,45 @@ VKC_CUTE_EXPORT int32_t {symbol}(const void *a, int64_t lda, const void *w, int6
 """
 
 
+def _fp8_launcher(job: dict[str, Any], symbol: str, h: dict[str, Any]) -> str:
+    cfg = job["config"]
+    return f"""
+/* ---- {job['base']}: C[m, n] = (A[m, k] @ W[n, k]^T) * sa[m * sa_step] * sw[n * sw_step], fp8 A / W,
+   tile {cfg['tile_m']}x{cfg['tile_n']} */
+void {h['init']}(void **);
+void {h['load_to_device']}(void **);
+void {h['ciface']}(void **args, int32_t num_args);
+
+VKC_CUTE_EXPORT int32_t {symbol}(const void *a, int64_t lda, const void *w, int64_t ldw, void *c, int64_t ldc,
+                                 const void *sa, int64_t sa_step, const void *sw, int64_t sw_step,
+                                 int64_t m, int64_t n, int64_t k, void *stream) {{
+    if (m == 0) return 0; /* nothing to read or write */
+    if (!vkc_fp8_args_ok(a, lda, w, ldw, c, ldc, sa, sa_step, sw, sw_step, m, n, k, {cfg['tile_m']}, {cfg['tile_n']}))
+        return VKC_INVALID_VALUE;
+    if (!__atomic_load_n(&vkc_loaded, __ATOMIC_ACQUIRE)) return VKC_NOT_INITIALIZED;
+    vkc_rows_desc da = {{(void *)a, {{(int32_t)m, (int32_t)k}}, {{lda}}}};
+    vkc_rows_desc dw = {{(void *)w, {{(int32_t)n, (int32_t)k}}, {{ldw}}}};
+    vkc_rows_desc dc = {{c, {{(int32_t)m, (int32_t)n}}, {{ldc}}}};
+    vkc_vector_desc dsa = {{(void *)sa, {{(int32_t)m}}, {{sa_step}}}};
+    vkc_vector_desc dsw = {{(void *)sw, {{(int32_t)n}}, {{sw_step}}}};
+    int32_t ret = 0;
+    void *args[7] = {{&da, &dw, &dc, &dsa, &dsw, &stream, &ret}};
+    {h['ciface']}(args, 7);
+    return ret;
+}}
+"""
+
+
+_LAUNCHERS = {"gemm_bf16": _gemm_launcher, "gemm_fp8": _fp8_launcher}
+
+
 def generate(jobs: list[dict[str, Any]], symbols: dict[str, str], headers: dict[str, dict[str, Any]]) -> str:
     """The glue C of one shared object: ``jobs`` (``CuteKernelSpec.job_json()``), their exported ``symbols``
     and header facts, both keyed by base."""
     parts = [_PRELUDE]
     for job in jobs:
-        assert job["abi"] == "gemm_bf16", job["abi"]
-        parts.append(_gemm_launcher(job, symbols[job["base"]], headers[job["base"]]))
+        assert job["abi"] in _LAUNCHERS, job["abi"]
+        parts.append(_LAUNCHERS[job["abi"]](job, symbols[job["base"]], headers[job["base"]]))
     table = ",\n".join(f"    {{{headers[j['base']]['init']}, {headers[j['base']]['load_to_device']}, 0, {{0}}}}"
                        for j in jobs)
     parts.append(f"""

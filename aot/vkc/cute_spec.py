@@ -37,6 +37,10 @@ ABIS: dict[str, str] = {
     # C[m, n] (row stride ldc) = A[m, k] (lda) @ W[n, k]^T (ldw); bf16, row-major; returns a CUresult
     "gemm_bf16": ("int32_t {symbol}(const void *a, int64_t lda, const void *w, int64_t ldw, void *c, int64_t ldc, "
                   "int64_t m, int64_t n, int64_t k, void *stream)"),
+    # the same with fp8 e4m3 A / W and fp32 scales: C = (A @ W^T) * sa[m * sa_step] * sw[n * sw_step]
+    "gemm_fp8": ("int32_t {symbol}(const void *a, int64_t lda, const void *w, int64_t ldw, void *c, int64_t ldc, "
+                 "const void *sa, int64_t sa_step, const void *sw, int64_t sw_step, "
+                 "int64_t m, int64_t n, int64_t k, void *stream)"),
 }
 LOAD_SYMBOL = "vkc_cute_load"            # int32_t vkc_cute_load(int32_t device)
 STATUS_SYMBOL = "vkc_cute_driver_status"  # int vkc_cute_driver_status(void)

@@ -1,11 +1,14 @@
-"""sm_90a BF16 GEMM with TMA loads, WGMMA and a TMA-store epilogue (CuTe DSL).
+"""sm_90a BF16 and FP8 GEMMs with TMA loads, WGMMA and a TMA-store epilogue (CuTe DSL).
 
-    C[M, N] = A[M, K] @ W[N, K]^T        A, W, C bf16 row-major; fp32 accumulation
+    C[M, N] = A[M, K] @ W[N, K]^T                           Sm90BF16Gemm: A, W, C bf16 row-major; fp32 accumulation
+    C[M, N] = (A[M, K] @ W[N, K]^T) * sa[m * sa_step] * sw[n * sw_step]
+                                                            Sm90FP8Gemm: A, W fp8 e4m3, C bf16, sa / sw fp32 scales
+                                                            (per tensor: step 0; per token / per channel: step >= 1)
 
 W is [N, K] as Hugging Face stores a Linear weight, so both operands are K-major and feed WGMMA straight from
 shared memory. M, N, K and the three row strides are runtime values (one compiled kernel per tile
 configuration); the host guarantees K, N and the strides are multiples of 8 elements (16-byte TMA row pitch) and
-K >= 8. The tensor-memory accelerator clips every load and store to the tensor bounds (zero-filled loads past M,
+K >= 8 (FP8: K and the A / W row strides multiples of 16 elements). The tensor-memory accelerator clips every load and store to the tensor bounds (zero-filled loads past M,
 N or K, no stores past M or N), so any such shape is safe and a partial last k-slice adds zeros.
 
 CTA organisation (one output tile per CTA, not persistent, so nothing depends on the SM count):
@@ -15,7 +18,9 @@ CTA organisation (one output tile per CTA, not persistent, so nothing depends on
 * warp groups 1..2 are the math warp groups: each owns ``tile_m / 2`` rows of the tile, waits for a stage,
   issues the WGMMAs of that stage, keeps one batch of WGMMAs in flight and hands the stage before it back to the
   loader; after the k loop they convert the fp32 accumulators to bf16 in chunks (stmatrix into a small staging
-  ring in shared memory) that one warp stores to global memory with TMA.
+  ring in shared memory) that one warp stores to global memory with TMA. The FP8 kernel first multiplies each
+  accumulator by the scales of its row and column (row / column clamped to M - 1 / N - 1, so every scale read is
+  inside the scale vectors; rows and columns past M / N are never stored).
 
 Tiles are visited in groups of ``group_m`` tile rows (all tile columns of a group before the next group) so the
 A rows and W columns that a wave of CTAs reads stay in L2.
@@ -52,6 +57,11 @@ class Sm90BF16Gemm:
     """Callable with ``(a, w, c, stream)``; pass it to ``cute.compile`` with fake tensors."""
 
     TILE_K = 64  # one 128-byte swizzle row of bf16 per k-slice
+    SCALED = False  # the FP8 subclass scales the accumulators in the epilogue
+
+    @staticmethod
+    def operand_type():
+        return cutlass.BFloat16
 
     def __init__(self, *, tile_m: int, tile_n: int, stages: int, epi_stages: int, group_m: int):
         """The keyword arguments are a spec's ``config`` (kernels_src/gemm/spec.py)."""
@@ -70,8 +80,15 @@ class Sm90BF16Gemm:
     # ---------------------------------------------------------------- host side (traced once per tile configuration)
     @cute.jit
     def __call__(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, stream: cuda.CUstream):
+        self._launch(a, w, c, c, c, stream)  # no scales: c stands in for them (never read)
+
+    @cute.jit
+    def _launch(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor, scale_w: cute.Tensor,
+                stream: cuda.CUstream):
+        """The host-side body of ``__call__`` (traced inside it): layouts, TMA atoms, the launch."""
         cfg = self.cfg
-        ab_t = cutlass.BFloat16
+        ab_t = self.operand_type()
+        c_t = cutlass.BFloat16
         a_major = utils.LayoutEnum.from_tensor(a)
         w_major = utils.LayoutEnum.from_tensor(w)
         c_major = utils.LayoutEnum.from_tensor(c)
@@ -82,8 +99,8 @@ class Sm90BF16Gemm:
 
         a_ring = sm90.make_smem_layout_a(a_major, self.tile, ab_t, cfg.stages)
         w_ring = sm90.make_smem_layout_b(w_major, self.tile, ab_t, cfg.stages)
-        epi_tile = sm90.compute_tile_shape_or_override(self.tile, ab_t, is_cooperative=True)
-        c_ring = sm90.make_smem_layout_epi(ab_t, c_major, epi_tile, cfg.epi_stages)
+        epi_tile = sm90.compute_tile_shape_or_override(self.tile, c_t, is_cooperative=True)
+        c_ring = sm90.make_smem_layout_epi(c_t, c_major, epi_tile, cfg.epi_stages)
 
         one_a = cute.slice_(a_ring, (None, None, 0))
         one_w = cute.slice_(w_ring, (None, None, 0))
@@ -100,7 +117,7 @@ class Sm90BF16Gemm:
             bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             sa: cute.struct.Align[cute.struct.MemRange[ab_t, cute.cosize(a_ring)], SMEM_ALIGN]
             sw: cute.struct.Align[cute.struct.MemRange[ab_t, cute.cosize(w_ring)], SMEM_ALIGN]
-            sc: cute.struct.Align[cute.struct.MemRange[ab_t, cute.cosize(c_ring)], SMEM_ALIGN]
+            sc: cute.struct.Align[cute.struct.MemRange[c_t, cute.cosize(c_ring)], SMEM_ALIGN]
 
         self.smem_struct = Smem
         self.stage_bytes = stage_bytes
@@ -108,14 +125,15 @@ class Sm90BF16Gemm:
 
         m_tiles = (c.shape[0] + cfg.tile_m - 1) // cfg.tile_m
         n_tiles = (c.shape[1] + cfg.tile_n - 1) // cfg.tile_n
-        self.device(load_a, tma_a, load_w, tma_w, store_c, tma_c, mma, a_ring, w_ring, c_ring).launch(
+        self.device(load_a, tma_a, load_w, tma_w, store_c, tma_c, mma, a_ring, w_ring, c_ring, scale_a, scale_w).launch(
             grid=(m_tiles * n_tiles, 1, 1), block=(self.threads, 1, 1), stream=stream)
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
     def device(self, load_a: cute.CopyAtom, tma_a: cute.Tensor, load_w: cute.CopyAtom, tma_w: cute.Tensor,
                store_c: cute.CopyAtom, tma_c: cute.Tensor, mma: cute.TiledMma,
-               a_ring: cute.ComposedLayout, w_ring: cute.ComposedLayout, c_ring: cute.ComposedLayout):
+               a_ring: cute.ComposedLayout, w_ring: cute.ComposedLayout, c_ring: cute.ComposedLayout,
+               scale_a: cute.Tensor, scale_w: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
@@ -215,6 +233,19 @@ class Sm90BF16Gemm:
             warpgroup.wait_group(0)
             ring.consumer_release(give)
 
+            if cutlass.const_expr(self.SCALED):
+                # acc *= sa[row] * sw[col]; coordinates of this thread's accumulators within the tile
+                coords = mma.get_slice(mtid).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+                m0 = tile_m_idx * cfg.tile_m
+                n0 = tile_n_idx * cfg.tile_n
+                m_last = tma_c.shape[0] - 1
+                n_last = tma_c.shape[1] - 1
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    crd = coords[i]
+                    row = cutlass.min(m0 + crd[0], m_last)
+                    col = cutlass.min(n0 + crd[1], n_last)
+                    acc[i] = acc[i] * (scale_a[row] * scale_w[col])
+
             # ---- epilogue: fp32 accumulators -> bf16 -> staging ring (stmatrix) -> global (TMA store)
             c_major = utils.LayoutEnum.ROW_MAJOR
             r2s = cute.make_tiled_copy_S(
@@ -257,3 +288,20 @@ class Sm90BF16Gemm:
                 math_sync.arrive_and_wait()
             if storer:
                 stores.producer_tail()
+
+
+class Sm90FP8Gemm(Sm90BF16Gemm):
+    """FP8 e4m3 operands (both K-major, as WGMMA needs for 8-bit types), bf16 out, scales in the epilogue.
+    Callable with ``(a, w, c, sa, sw, stream)``: sa [M] fp32 (element stride sa_step, 0 = one scale), sw [N] fp32."""
+
+    TILE_K = 128  # one 128-byte swizzle row of fp8 per k-slice
+    SCALED = True
+
+    @staticmethod
+    def operand_type():
+        return cutlass.Float8E4M3FN
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor, scale_w: cute.Tensor,
+                 stream: cuda.CUstream):
+        self._launch(a, w, c, scale_a, scale_w, stream)

@@ -2,6 +2,10 @@
 
     out[M, N] = x[M, K] @ weight[N, K]^T        bf16 in and out, fp32 accumulation
 
+and the launcher of the CuTe FP8 GEMM (:func:`launch_fp8`: fp8 e4m3 operands, per-tensor or per-token x
+per-channel fp32 scales in the epilogue), which :func:`vkc_runtime.ops.gemm_fp8.linear_fp8` validates for and calls
+on sm_90a (that module owns the FP8 API and its checks).
+
 The kernels are CuTe DSL WGMMA/TMA GEMMs (``kernels_src/gemm/``, artifact kind ``cute-so``), built for sm_90a
 only so far: on other archs :func:`linear` raises MissingKernelError (the bases are ``OPTIONAL_BASES``, so the
 import-time completeness check does not require them). M, N and K are runtime values.
@@ -26,7 +30,8 @@ from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
 from ._check import OpError, row_stride, same_device, stream_of, tensor
 
-__all__ = ["linear", "pick_tile", "gemm_base", "TILES", "TILE_FACTOR", "BASES", "OPTIONAL_BASES", "OpError"]
+__all__ = ["linear", "pick_tile", "gemm_base", "fp8_base", "has_fp8", "launch_fp8", "TILES", "TILE_FACTOR", "BASES",
+           "OPTIONAL_BASES", "OpError"]
 
 BF16 = "bfloat16"
 TILE_M = 128
@@ -41,8 +46,13 @@ def gemm_base(tile_n: int) -> str:
     return f"gemm.bf16.t{TILE_M}x{tile_n}"
 
 
+def fp8_base(tile_n: int) -> str:
+    """The base name of the FP8 (e4m3, scaled) GEMM kernel with a 128 x ``tile_n`` tile."""
+    return f"gemm.fp8.t{TILE_M}x{tile_n}"
+
+
 BASES: tuple[str, ...] = ()  # nothing required on every arch yet
-OPTIONAL_BASES = tuple(gemm_base(t) for t in TILES)  # sm_90a
+OPTIONAL_BASES = tuple(gemm_base(t) for t in TILES) + tuple(fp8_base(t) for t in TILES)  # sm_90a
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -126,3 +136,20 @@ def linear(x, weight, out=None, *, stream=None):
     k = k0 if tn == TILES[0] else get_kernel(gemm_base(tn))
     k.launch(xt.ptr, lda, wt.ptr, ldw, yt.ptr, ldc, M, N, K, s)
     return res
+
+
+def has_fp8() -> bool:
+    """Whether this device's arch has the CuTe FP8 GEMM (sm_90a)."""
+    return has_kernel(fp8_base(TILES[0]))
+
+
+def launch_fp8(x_ptr: int, lda: int, w_ptr: int, ldw: int, out_ptr: int, ldc: int, sa_ptr: int, sa_step: int,
+               sw_ptr: int, sw_step: int, M: int, N: int, K: int, stream: int) -> None:
+    """out = (x @ w^T) * sa[m * sa_step] * sw[n * sw_step] with the CuTe FP8 GEMM, on arguments the caller validated
+    (vkc_runtime.ops.gemm_fp8.linear_fp8: fp8 x [M, K] / w [N, K] with 16-byte rows and K % 16 == 0, bf16 out with
+    N and ldc multiples of 8, fp32 scale vectors whose last element index fits int32); the C launcher re-checks and
+    returns CUDA_ERROR_INVALID_VALUE (LaunchError) rather than touch memory. Tile: :func:`pick_tile`."""
+    k0 = get_kernel(fp8_base(TILES[0]))
+    tn = pick_tile(M, N, _sm_count(k0.device))
+    k = k0 if tn == TILES[0] else get_kernel(fp8_base(tn))
+    k.launch(x_ptr, lda, w_ptr, ldw, out_ptr, ldc, sa_ptr, sa_step, sw_ptr, sw_step, M, N, K, stream)
