@@ -142,6 +142,8 @@ def gemm_tactic(m: int, n: int, k: int) -> tactics.Tactic | None:
     if not driver.available():
         return None
     ctx = driver.current_context()
+    if ctx == 0:
+        return None  # no context: nothing was launched here yet (the op makes one before asking)
     c = _caches.get(ctx)
     if c is None:
         if in_capture():
