@@ -171,9 +171,9 @@ def warmup_gemm(shapes: Iterable[tuple[int, int, int]], *, stream: int = 0, time
     try:
         return c.warmup(keys, prof.make_run, timer)
     finally:
-        prof.close()
         if own:
-            timer.close()
+            timer.close()  # first: opens a pending stream gate, so freeing the buffers cannot wait on it
+        prof.close()
 
 
 def status() -> dict[str, Any]:
