@@ -2,11 +2,13 @@
 
     .venv/bin/python tools/plans/make_defaults.py            # rewrite every arch's file
     .venv/bin/python tools/plans/make_defaults.py --check    # exit 1 when a committed file differs
+    .venv/bin/python tools/plans/make_defaults.py --from plans.json   # sm_90a default := a tuned plan file
 
 sm_90a: the documented tile rule of ``vkc_runtime.ops.gemm.pick_tile`` evaluated at the H200's 132 SMs for every
 M bucket of the Qwen3.6-27B bf16 projection shapes below (not yet timed: replace with a tuned plan from an
-H200 warm-up, ``VKC_PLAN_CACHE=<file> VKC_PLAN_DEFAULTS=0``, then copy its plans here). Archs without GEMM
-tactics get an empty plan that says so. tests/test_plans_defaults.py runs ``--check``'s comparison.
+H200 warm-up: ``vkc tune plans --shape M,N,K ... --out plans.json``, then ``--from plans.json``). Archs without
+GEMM tactics get an empty plan that says so. tests/test_plans_defaults.py runs ``--check``'s comparison for
+rule-made files and validates tuned ones.
 """
 from __future__ import annotations
 
@@ -44,16 +46,39 @@ def document(arch: str) -> bytes:
     return store.dumps(meta, plans)
 
 
+def from_tuned(path: Path) -> tuple[str, bytes]:
+    """A default plan made of a tuned native plan file (validated against its own metadata)."""
+    meta = store.strict_json(path.read_text())["_metadata"]
+    arch = meta["sm"]
+    plans = store.parse(path.read_text(), meta)
+    dmeta = {"format": defaults.DEFAULT_FORMAT, "sm": arch, "tactic_set": tactics.tactic_set(arch),
+             "bucket_version": BUCKET_VERSION, "device_name": meta["device_name"], "sm_count": meta["sm_count"],
+             "source": f"tuned: vkc tune plans on {meta['device_name']} (plan fingerprint {store.fingerprint(meta)}, "
+                       f"delay {meta['timing']['delay_us']} us)",
+             "note": f"{len(plans)} tuned keys"}
+    return arch, store.dumps(dmeta, plans.values())
+
+
 def main(argv: list[str]) -> int:
+    if "--from" in argv:
+        arch, data = from_tuned(Path(argv[argv.index("--from") + 1]))
+        defaults.path_for(arch).write_bytes(data)
+        print(f"wrote {defaults.path_for(arch)}")
+        return 0
     bad = 0
     for arch in tactics.TACTICS:
         p = defaults.path_for(arch)
         data = document(arch)
         if "--check" in argv:
+            if p.is_file() and not str(defaults.read(arch)[0].get("source", "")).startswith(("rule:", "none")):
+                continue  # a tuned default: validated by defaults.read, not regenerated
             if not p.is_file() or p.read_bytes() != data:
                 print(f"{p}: differs from tools/plans/make_defaults.py", file=sys.stderr)
                 bad = 1
         else:
+            if p.is_file() and not str(defaults.read(arch)[0].get("source", "")).startswith(("rule:", "none")):
+                print(f"kept {p} (tuned)")
+                continue
             p.write_bytes(data)
             print(f"wrote {p} ({len(json.loads(data)['plans'])} plans)")
     return bad
