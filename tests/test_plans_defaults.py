@@ -73,7 +73,8 @@ def test_default_rejected_when_tactic_set_changes(tmp_path, monkeypatch):
 @pytest.mark.parametrize("arch", list(T.TACTICS))
 def test_table_describes_the_compiled_kernels(arch):
     doc = json.loads((REPO / "manifests" / f"{arch}.json").read_text())
-    assert T.check_manifest(arch, doc["kernels"]) == []
+    assert T.check_manifest(arch, doc["kernels"], doc["tactics"]) == []     # block: digest of the same descriptors
+    assert doc["tactics"]["digest"] == T.tactic_set(arch)["digest"]
     compiled = sorted(b for b in doc["kernels"] if b.startswith("gemm."))
     assert compiled == sorted(t.base for t in T.tactics_for(arch)), "every compiled GEMM variant needs a tactic id"
     assert [t.id for t in T.tactics_for(arch)] == list(range(len(T.tactics_for(arch))))
@@ -82,7 +83,8 @@ def test_table_describes_the_compiled_kernels(arch):
 def test_check_manifest_catches_a_changed_kernel():
     doc = json.loads((REPO / "manifests" / "sm_90a.json").read_text())
     doc["kernels"]["gemm.bf16.t128x128"]["inputs"]["config"]["stages"] = 5
-    assert "tactic 1" in T.check_manifest("sm_90a", doc["kernels"])[0]
+    assert "tactic 0" in T.check_manifest("sm_90a", doc["kernels"])[0]
+    assert "tactic set" in T.check_manifest("sm_90a", {}, dict(doc["tactics"], digest="0" * 64))[0]
     del doc["kernels"]["gemm.bf16.t128x64"]
     assert any("does not list" in p for p in T.check_manifest("sm_90a", doc["kernels"]))
 
@@ -142,7 +144,7 @@ def test_linear_launches_the_planned_tactic(planned):
 
 
 def test_linear_frozen_miss_raises_before_launch(planned):
-    _install("frozen", {gemm_key(300, 2048, 4096): 1})
+    _install("frozen", {gemm_key(300, 2048, 4096): 0})
     G.linear(Dev((300, 4096)), Dev((2048, 4096)), Dev((300, 2048)), stream=0)
     with pytest.raises(PlanMissError):
         G.linear(Dev((1024, 4096)), Dev((2048, 4096)), Dev((1024, 2048)), stream=0)

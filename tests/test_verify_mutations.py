@@ -202,6 +202,11 @@ def test_generator_change(tree):
     assert_caught(tree, "generator", "generator (aot/ sources) changed since regen")
 
 
+def test_tactic_set_drift(tree):
+    edit_manifest(tree, "sm_80", lambda d: d["tactics"].update(count=1, digest="0" * 64))
+    assert_caught(tree, "tactics", "GEMM tactic set recorded as {'version': 1, 'count': 1, 'digest': '000000000000'}")
+
+
 def test_contract_change_is_a_generator_change(tree):
     with open(tree / "contract/vkc_contract/layout.py", "a") as f:
         f.write("\n# edited\n")

@@ -64,7 +64,7 @@ def _build(ctx: int, log: Callable[[str], None] | None) -> PlanCache:
     arch, dev = info.arch, info.device
     cfg = _config.from_env()
     ents = {b: info.aset.entry(b) for b in info.aset.bases()}
-    problems = tactics.check_manifest(arch, ents)
+    problems = tactics.check_manifest(arch, ents, info.aset.manifest.get("tactics") or {})
     if problems:
         raise PlanError("the GEMM tactic table does not describe the compiled kernels: " + "; ".join(problems))
     try:

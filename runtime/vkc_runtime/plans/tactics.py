@@ -3,26 +3,25 @@
 A *tactic* is one compiled kernel of a GEMM family (``kernels_src/gemm/spec.py``: one CuTe spec per tile
 configuration). Its descriptor states everything that changes the result bits or the speed: the tile
 (M x N x K), the cluster shape, the pipeline stages, the epilogue stages, the tile-group swizzle, whether the
-kernel is persistent, the split-K factor, the operand/accumulator/output dtypes and the operand layout. The
-ids are the positions in :data:`TACTICS` of the arch (stable: a new kernel gets the next id; a changed or
-reordered kernel changes the digest, which rejects every plan written for the old set as a unit).
+kernel is persistent, the split-K factor, the operand/accumulator/output dtypes and the operand layout. Ids
+follow ``vkc_contract.tactics``: the position among the arch's GEMM kernels sorted by base name.
 
-:func:`descriptor_digest` is the deterministic sha256 of an arch's descriptor list (canonical JSON, ids
-included); the manifest of the arch records the same digest (``tactics`` in ``manifests/<arch>.json``), and
-:func:`check_manifest` compares this table with the manifest's compiled kernel configs, so the table cannot
-silently describe other kernels than the ones vendored.
+:func:`descriptor_digest` (``vkc_contract.tactics``) is the deterministic sha256 of an arch's descriptor list;
+``vkc regen`` records the same digest, computed from the compiled kernels' specs, in the manifest's
+``tactics`` block (``vkc verify`` re-derives it), and :func:`check_manifest` compares this table with the
+manifest (block and compiled configs), so the table cannot silently describe other kernels than the vendored
+ones. A changed, added or reordered kernel changes the digest, which rejects every plan made for the old set.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
+
+from vkc_contract.tactics import TACTIC_SET_VERSION, descriptor_digest
 
 __all__ = ["Tactic", "TACTIC_SET_VERSION", "RUNNER_BF16", "RUNNER_NVFP4", "LAYOUT_TN", "TACTICS", "tactics_for",
            "descriptor_digest", "tactic_set", "by_id", "id_of_base", "check_manifest"]
 
-TACTIC_SET_VERSION = 1          # bump when the descriptor fields themselves change meaning
 RUNNER_BF16 = "vkc.cute.gemm_bf16"   # the runner: the CuTe bf16 GEMM launcher ABI ("gemm_bf16")
 RUNNER_NVFP4 = "vkc.gemm_nvfp4"      # reserved: no NVFP4 W4A4 GEMM is built yet (flashinfer.py)
 LAYOUT_TN = "x_mk.w_nk"         # x [M, K] row-major, weight [N, K] row-major (HF Linear): out = x @ w^T
@@ -63,7 +62,7 @@ def _sm90_bf16(i: int, tile_n: int, stages: int) -> Tactic:
 # Per arch, in id order. Archs without a compiled GEMM have an empty set (the op raises MissingKernelError).
 TACTICS: dict[str, tuple[Tactic, ...]] = {
     "sm_80": (), "sm_86": (), "sm_89": (),
-    "sm_90a": (_sm90_bf16(0, 256, 4), _sm90_bf16(1, 128, 6), _sm90_bf16(2, 64, 8)),
+    "sm_90a": (_sm90_bf16(0, 128, 6), _sm90_bf16(1, 256, 4), _sm90_bf16(2, 64, 8)),  # base-name order
     "sm_100a": (), "sm_120a": (), "sm_121a": (),
 }
 
@@ -73,12 +72,6 @@ def tactics_for(arch: str) -> tuple[Tactic, ...]:
         return TACTICS[arch]
     except KeyError:
         raise KeyError(f"no tactic table for arch {arch!r} (known: {', '.join(TACTICS)})") from None
-
-
-def descriptor_digest(descriptors: Iterable[Mapping[str, Any]]) -> str:
-    """sha256 of the canonical JSON list of descriptors (sorted keys, in id order)."""
-    body = json.dumps([dict(d) for d in descriptors], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def tactic_set(arch: str) -> dict[str, Any]:
@@ -101,9 +94,17 @@ def id_of_base(arch: str, base: str) -> int:
     raise KeyError(f"{arch}: no GEMM tactic launches {base!r}")
 
 
-def check_manifest(arch: str, kernels: Mapping[str, Any]) -> list[str]:
-    """Problems between this arch's table and a manifest's ``kernels`` (the compiled configs)."""
+def check_manifest(arch: str, kernels: Mapping[str, Any], block: Mapping[str, Any] | None = None) -> list[str]:
+    """Problems between this arch's table and a manifest: its ``tactics`` block (when given) and its ``kernels``
+    (the compiled configs)."""
     P = []
+    if block is not None:
+        mine = tactic_set(arch)
+        got = {k: block.get(k) for k in mine}
+        if got != mine:
+            P.append(f"{arch}: the manifest records tactic set {got}, this runtime's table is {mine}")
+        if list(block.get("bases") or []) != [t.base for t in tactics_for(arch)]:
+            P.append(f"{arch}: the manifest's tactic bases {block.get('bases')} are not this table's ids")
     for t in tactics_for(arch):
         k = kernels.get(t.base)
         if k is None:
