@@ -78,7 +78,8 @@ def _manifest_doc(root: Path, arch: str) -> tuple[list[Problem], dict[str, Any] 
     except KeyError as e:
         want = {"error": str(e)}
     if doc["tactics"] != want:
-        short = lambda t: {k: (v[:12] if k == "digest" else v) for k, v in t.items() if k != "bases"}  # noqa: E731
+        short = lambda t: (f"v{t.get('version')} count {t.get('count')} digest {str(t.get('digest'))[:12]} "  # noqa: E731
+                           f"bases {t.get('bases')}" if "error" not in t else t["error"])
         P.append(problem("tactics", arch, got=short(doc["tactics"]), want=short(want), fix=fix))
     return P, doc
 

@@ -3,8 +3,8 @@
 ======================  ===========================================================================================
 ``VKC_PLAN_CACHE_MODE``  ``readwrite`` (default): load the native file, tune missing declared keys in a warm-up,
                          publish after it; ``frozen``: load only, a missing declared key fails the warm-up before
-                         anything is tuned or written, and a per-call miss raises; ``off``: no file is read or
-                         written and nothing is tuned (the bundled default plan and the documented rule only)
+                         anything is tuned or written, and a per-call miss raises; ``off``: no plan file is read
+                         or written (a warm-up's tuning stays in this process; default plan and rule as usual)
 ``VKC_PLAN_CACHE``       the native plan file (overrides the default path below)
 ``VKC_PLAN_FLASHINFER``  a FlashInfer ``autotune_configs.json`` imported read-only before the native file
 ``VKC_PLAN_TUNE_DELAY_US`` the stream delay before the timed repeats of a miss, in microseconds (default 5000;
