@@ -30,7 +30,8 @@ from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
 from ._check import OpError, row_stride, same_device, stream_of, tensor
 
-__all__ = ["linear", "pick_tile", "plan_tactic", "gemm_base", "TILES", "TILE_FACTOR", "BASES", "OPTIONAL_BASES", "OpError"]
+__all__ = ["linear", "pick_tile", "plan_tactic", "gemm_base", "TILES", "TILE_FACTOR", "BASES", "OPTIONAL_BASES",
+           "OpError"]
 
 BF16 = "bfloat16"
 TILE_M = 128
@@ -134,6 +135,7 @@ def linear(x, weight, out=None, *, stream=None):
     tn = t.tile_n if t is not None else pick_tile(M, N, _sm_count(k0.device))
     if _cdiv(M, TILE_M) * _cdiv(N, tn) > MAX_DIM:
         raise OpError(f"{op}: M = {M}, N = {N} need more than {MAX_DIM} tiles")
-    k = k0 if tn == TILES[0] else get_kernel(gemm_base(tn))
+    base = t.base if t is not None else gemm_base(tn)
+    k = k0 if base == OPTIONAL_BASES[0] else get_kernel(base)
     k.launch(xt.ptr, lda, wt.ptr, ldw, yt.ptr, ldc, M, N, K, s)
     return res
