@@ -151,6 +151,12 @@ def test_linear_frozen_miss_raises_before_launch(planned):
     assert [b for b, _ in planned] == ["gemm.bf16.t128x128"]
 
 
+def test_declared_shapes_cover_every_bucket_up_to_the_largest_step():
+    got = P.declared([(5120, 6144)], 2048)
+    assert got == [(1 << i, 5120, 6144) for i in range(12)]
+    assert {gemm_key(m, 5120, 6144) for m in range(1, 2049)} == {gemm_key(*s) for s in got}
+
+
 def test_no_driver_means_the_rule(monkeypatch):
     monkeypatch.setattr(D, "available", lambda: False)
     assert P.gemm_tactic(300, 2048, 4096) is None

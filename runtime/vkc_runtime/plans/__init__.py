@@ -28,8 +28,8 @@ from .keys import PlanKey, m_bucket
 from .store import PlanFileError
 
 __all__ = ["PlanCache", "PlanError", "PlanMissError", "PlanConfigError", "PlanFileError", "PlanKey", "capturing",
-           "in_capture", "cache_for_context", "gemm_key", "gemm_tactic", "warmup_gemm", "status", "reset",
-           "kernel_set"]
+           "in_capture", "cache_for_context", "gemm_key", "gemm_tactic", "warmup_gemm", "declared", "status",
+           "reset", "kernel_set"]
 
 _lock = threading.Lock()
 _caches: dict[int, PlanCache] = {}
@@ -44,6 +44,14 @@ def reset() -> None:
 
 def gemm_key(m: int, n: int, k: int) -> PlanKey:
     return PlanKey(tactics.RUNNER_BF16, "bf16", tactics.LAYOUT_TN, n, k, m_bucket(m))
+
+
+def declared(nks: Iterable[tuple[int, int]], max_m: int) -> list[tuple[int, int, int]]:
+    """The warm-up shapes an engine declares: every M bucket up to ``max_m`` (its largest step) per (N, K)."""
+    from .keys import M_BUCKETS  # noqa: PLC0415
+
+    top = m_bucket(max_m)
+    return [(b, n, k) for n, k in nks for b in M_BUCKETS if b <= top]
 
 
 def kernel_set(arch: str, entry_of: Callable[[str], dict[str, Any]]) -> str:
