@@ -51,9 +51,10 @@ def main(argv: list[str]) -> int:
                    "torch_tflops": flop / torch_ms / 1e9, "floor_ms": floor, "tiles": {}}
             for tile in (None, *G.TILES):
                 name = "picked" if tile is None else f"t128x{tile}"
-                old = G.pick_tile
-                if tile is not None:
+                old, old_plan = G.pick_tile, G.plan_tactic
+                if tile is not None:  # forced: neither the rule nor a GEMM plan decides
                     G.pick_tile = lambda m_, n_, s_, tiles=G.TILES, t_=tile: t_
+                    G.plan_tactic = lambda m_, n_, k_: None
                 try:
                     out.fill_(float("nan"))
                     G.linear(xs[0], ws[0], out, stream=torch.cuda.current_stream())
@@ -61,7 +62,7 @@ def main(argv: list[str]) -> int:
                     err = C.rel_err(out, ref)
                     t = timing.graph_ms(lambda i, st: G.linear(xs[i], ws[i], out, stream=st), vkc=True, n_sets=n_sets)
                 finally:
-                    G.pick_tile = old
+                    G.pick_tile, G.plan_tactic = old, old_plan
                 pct = (100.0 * flop / t / 1e9 / C.BF16_DENSE_TFLOPS) if m >= SMALL_M else C.pct(floor, t)
                 row["tiles"][name] = {"ms": t, "tflops": flop / t / 1e9, "ratio_vs_cublas": torch_ms / t,
                                       "rel_err_vs_cublas": err, "pct_limit": pct}

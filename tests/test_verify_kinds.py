@@ -15,6 +15,7 @@ import pytest
 
 from vkc import discover, hostelf, manifest, verify
 from vkc_contract import layout
+from vkc_contract.tactics import manifest_block as tactics_block
 from vkc_contract.hashing import sha256_bytes
 from tests.aot_tree import REPO, assert_caught, assert_found, edit_manifest, problems
 
@@ -84,6 +85,7 @@ def make_root(root: Path, data: bytes, sass: str | None = ARCH) -> Path:
            "toolchain": tc, "sources": {},
            "kernels": {"gemm.bf16": {"inputs": {"family": "gemm"}, "artifacts": [so_entry(rel, data, HOST, SYMBOLS[:1], sass)]},
                        "gemm.fp8": {"inputs": {"family": "gemm"}, "artifacts": [so_entry(rel, data, HOST, SYMBOLS[1:], sass)]}}}
+    doc["tactics"] = tactics_block(doc["kernels"])  # no GEMM launcher ABI in these entries: an empty tactic set
     manifest.atomic_write(manifest.manifest_path(root, ARCH), manifest.canonical(manifest.seal(doc)))
     return root
 

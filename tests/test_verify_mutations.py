@@ -202,6 +202,12 @@ def test_generator_change(tree):
     assert_caught(tree, "generator", "generator (aot/ sources) changed since regen")
 
 
+def test_tactic_set_drift(tree):
+    edit_manifest(tree, "sm_80", lambda d: d["tactics"].update(count=1, digest="0" * 64))
+    assert_caught(tree, "tactics", "GEMM tactic set recorded as v1 count 1 digest 000000000000 bases [], the "
+                                   "manifest's kernels give v1 count 0 digest 4f53cda18c2b")
+
+
 def test_contract_change_is_a_generator_change(tree):
     with open(tree / "contract/vkc_contract/layout.py", "a") as f:
         f.write("\n# edited\n")

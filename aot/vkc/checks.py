@@ -43,6 +43,7 @@ CHECKS: dict[str, str] = {
     "spec-added": "spec {name} has no artifact (added since regen); {fix}",
     "spec-removed": "manifest has {name} but no spec defines it (removed since regen); {fix}",
     "spec-input": "{name}: spec input {key!r} changed ({old!r} -> {new!r}); {fix}",
+    "tactics": "GEMM tactic set recorded as {got}, the manifest's kernels give {want}; {fix}",
     "params-signature": "{name}: parameter list does not follow its signature; {fix}",
     "untracked": "{n} file(s) not tracked by git ({shown}); CI clones would miss them: "
                  "run `git add vendored/{arch} manifests/{arch}.json`",

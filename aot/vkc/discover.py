@@ -200,6 +200,7 @@ GENERATOR_FILES = (
     "aot/vkc/cute_spec.py", "aot/vkc/cute_dsl.py", "aot/vkc/cute_glue.py", "aot/vkc/cute_lane.py",
     "aot/vkc/hostelf.py",
     "contract/vkc_contract/abi.py", "contract/vkc_contract/arch.py", "contract/vkc_contract/layout.py",
+    "contract/vkc_contract/tactics.py",
 )
 
 

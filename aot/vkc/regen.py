@@ -17,6 +17,7 @@ from vkc_contract.arch import ALL_ARCHS
 from vkc_contract.arch import get as get_arch
 from vkc_contract.hashing import sha256_bytes, sha256_file
 from vkc_contract.layout import ARTIFACT_KINDS, TRITON_CUBIN, kind_relpath
+from vkc_contract.tactics import manifest_block as tactics_block
 
 from vkc import cute_lane, discover, manifest, toolchain
 from vkc.spec import ResolvedSpec
@@ -137,6 +138,7 @@ def build_manifest(root: Path, arch: str, bases: list[discover.Base], results: d
         },
         "sources": discover.hash_sources(root, sorted(all_deps)),
         "kernels": kernels,
+        "tactics": tactics_block(kernels),  # the GEMM tactic set (vkc_contract.tactics; the runtime's plans check it)
     }
     return manifest.seal(doc)
 

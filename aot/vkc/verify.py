@@ -23,6 +23,7 @@ from vkc_contract.arch import get as get_arch
 from vkc_contract.hashing import sha256_file
 
 from vkc_contract.layout import CUTE_SO
+from vkc_contract.tactics import manifest_block as tactics_block
 
 from vkc import cute_lane, discover, kinds, manifest, toolchain
 from vkc.checks import CHECKS, Problem, problem  # noqa: F401 - CHECKS re-exported for the tests
@@ -72,6 +73,14 @@ def _manifest_doc(root: Path, arch: str) -> tuple[list[Problem], dict[str, Any] 
         P.append(problem("manifest-arch", arch, rel=rel, got=doc["arch"], fix=fix))
     if doc["target"]["cc"] != a.triton_cc:
         P.append(problem("target-cc", arch, got=doc["target"]["cc"], want=a.triton_cc, fix=fix))
+    try:
+        want = tactics_block(doc["kernels"])
+    except KeyError as e:
+        want = {"error": str(e)}
+    if doc["tactics"] != want:
+        short = lambda t: (f"v{t.get('version')} count {t.get('count')} digest {str(t.get('digest'))[:12]} "  # noqa: E731
+                           f"bases {t.get('bases')}" if "error" not in t else t["error"])
+        P.append(problem("tactics", arch, got=short(doc["tactics"]), want=short(want), fix=fix))
     return P, doc
 
 

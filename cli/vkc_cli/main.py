@@ -266,7 +266,8 @@ def inspect_cmd(arch: list[str], as_json: bool, root: str | None) -> None:
 
 @main.group()
 def tune() -> None:
-    """AOT tuning: build candidates (CPU), time them (GPU), apply the winners as tuning data for regen."""
+    """AOT tuning: build candidates (CPU), time them (GPU), apply the winners as tuning data for regen; `plans`:
+    GEMM tactic plans for the runtime (GPU)."""
 
 
 @tune.command("build")
@@ -333,6 +334,32 @@ def tune_apply(results, mirror, root) -> None:
         click.echo(f"{c['family']}.{spec} ({c['arch']}): {c['knob']}={c['value']}   geomean us: {others}")
     for path in T.apply(_root(root), choices, pairs):
         click.echo(f"wrote {path}; now run `vkc regen --arch ...` and commit")
+
+
+@tune.command("plans")
+@click.option("--shape", "shapes", multiple=True, required=True, metavar="M,N,K", help="a GEMM to plan (repeatable)")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="plan file (default: VKC_PLAN_CACHE, else the per-fingerprint XDG cache path)")
+def tune_plans(shapes, out) -> None:
+    """Time every GEMM tactic for each shape's key on this GPU and publish the winners into a plan file (GPU;
+    the committed default plan is bypassed, keys already in the file are kept)."""
+    parsed = []
+    for s_ in shapes:
+        try:
+            m, n, k = (int(v) for v in s_.split(","))
+        except ValueError:
+            raise click.BadParameter(f"expected M,N,K integers, got {s_!r}", param_hint="--shape") from None
+        parsed.append((m, n, k))
+    if out:
+        os.environ["VKC_PLAN_CACHE"] = str(Path(out).resolve())
+    os.environ["VKC_PLAN_CACHE_MODE"] = "readwrite"
+    os.environ["VKC_PLAN_DEFAULTS"] = "0"
+    from vkc_runtime import plans  # noqa: PLC0415
+
+    rep = plans.warmup_gemm(parsed, log=click.echo)
+    click.echo(f"vkc tune plans: tuned {rep['tuned']}, loaded {rep['loaded']}, saved {rep['saved']} -> {rep['path']}")
+    for key, tid in plans.cache_for_context().selected().items():
+        click.echo(f"  {key}: tactic {tid}")
 
 
 @main.command()

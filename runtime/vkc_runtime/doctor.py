@@ -130,6 +130,11 @@ def report(deep: bool = False) -> dict[str, Any]:
     else:
         r["required_missing"] = None
     r["import_check"] = registry.last_check()
+    try:
+        from . import plans
+        r["plans"] = plans.status()
+    except Exception as e:  # pragma: no cover - reported, never fatal for doctor
+        r["plans"] = {"error": f"{type(e).__name__}: {e}"}
     return r
 
 
@@ -142,6 +147,8 @@ def verdict(r: dict[str, Any]) -> tuple[int, list[str]]:
         broken.append(f"no artifact root ({ar.get('error') or 'none found'})")
     if r.get("ops_import_error"):
         broken.append(f"vkc_runtime.ops does not import: {r['ops_import_error']}")
+    if (r.get("plans") or {}).get("config_error"):
+        broken.append(f"GEMM plan settings: {r['plans']['config_error']}")
 
     def arch_problems(a: str) -> list[str]:
         e = r["arches"].get(a, {})
@@ -227,9 +234,33 @@ def format_report(r: dict[str, Any]) -> str:
         if r.get("required_missing") is not None else ""))
     ic = r.get("import_check") or {}
     w(f"import check: {ic.get('status')}" + (f" ({ic['reason']})" if ic.get("reason") else ""))
+    w(_plans_line(r.get("plans") or {}, s.get("arch")))
     if r["env"]:
         w("env: " + "  ".join(f"{k}={v}" for k, v in r["env"].items()))
     return "\n".join(out)
+
+
+def _plans_line(p: dict[str, Any], arch: str | None) -> str:
+    """The GEMM plan cache in one line: settings, where files go, the selected arch's default plan."""
+    if "error" in p:
+        return f"gemm plans: ERROR {p['error']}"
+    if "config_error" in p:
+        return f"gemm plans: bad setting: {p['config_error']}"
+    c = p["config"]
+    where = c["path"] or (f"{p['cache_root']}/vkc/gemm_plans/... (per compatibility fingerprint)" if p["cache_root"]
+                          else "process-local (no cache root)")
+    line = f"gemm plans: mode {c['mode']}, file {where}, tune delay {c['delay_us']} us"
+    if c["flashinfer"]:
+        line += f", FlashInfer import {c['flashinfer']}"
+    if arch and arch in p.get("defaults", {}):
+        d = p["defaults"][arch]
+        ts = p["tactics"].get(arch, {})
+        line += (f"; {arch}: {ts.get('count', 0)} tactics (digest {str(ts.get('digest'))[:12]}), default plan "
+                 + (f"ERROR {d['error']}" if "error" in d else f"{d['plans']} plans" if c["defaults"] else "off"))
+    for cache in p.get("caches", []):
+        line += (f"\n  started: {cache['arch']} {cache['mode']} {cache['path']} fingerprint {cache['fingerprint']} "
+                 f"loaded {cache['loaded']} tuned {cache['tuned']} rejected {cache['rejected']} saved {cache['saved']}")
+    return line
 
 
 def main(argv=None) -> int:

@@ -70,6 +70,7 @@ def check(out, ref, buf, what):
 
 
 def forced(G, monkeypatch, tile):
+    monkeypatch.setattr(G, "plan_tactic", lambda m, n, k: None)  # no plan overrides the forced rule
     monkeypatch.setattr(G, "pick_tile", lambda m, n, sms, tiles=G.TILES: tile)
 
 

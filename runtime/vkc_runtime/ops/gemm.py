@@ -22,16 +22,20 @@ Tile rule (:func:`pick_tile`): among the compiled tiles (128x256, 128x128, 128x6
 tile width), the wave efficiency is tiles / (waves x SMs) on this device's SM count, and the tile factor
 (:data:`TILE_FACTOR`) discounts the narrower tiles' lower MMA work per shared-memory byte. Ties go to the wider
 tile. The factors are first guesses (benchmarks/bench_gemm.py times every tile: re-fit them from its JSON).
+
+Plans (:func:`plan_tactic`): when the resolved GEMM plan of the device (:mod:`vkc_runtime.plans`: the committed
+default plan of the arch, a native plan file, a warm-up's tuned entries) covers the call's (M bucket, N, K), its
+tactic is launched instead; the rule above is the default when no plan says otherwise.
 """
 from __future__ import annotations
 
-from .. import driver, memory
+from .. import driver, memory, plans
 from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
 from ._check import OpError, row_stride, same_device, stream_of, tensor
 
-__all__ = ["linear", "pick_tile", "gemm_base", "fp8_base", "has_fp8", "launch_fp8", "TILES", "TILE_FACTOR", "BASES",
-           "OPTIONAL_BASES", "OpError"]
+__all__ = ["linear", "pick_tile", "plan_tactic", "gemm_base", "fp8_base", "has_fp8", "launch_fp8", "TILES",
+           "TILE_FACTOR", "BASES", "OPTIONAL_BASES", "OpError"]
 
 BF16 = "bfloat16"
 TILE_M = 128
@@ -77,6 +81,12 @@ def _sm_count(device: int) -> int:
     if s is None:
         s = _sms[device] = driver.sm_count(device)
     return s
+
+
+def plan_tactic(m: int, n: int, k: int):
+    """The tactic (:class:`vkc_runtime.plans.tactics.Tactic`) the resolved plan names for this call, or None: then
+    :func:`pick_tile` decides. No plan file is read or written inside a graph capture."""
+    return plans.gemm_tactic(m, n, k)
 
 
 def _span(t, ld: int) -> tuple[int, int]:
@@ -130,10 +140,12 @@ def linear(x, weight, out=None, *, stream=None):
         raise MissingKernelError(f"{op}: no bf16 GEMM kernel for this device's arch (the CuTe GEMM is built for "
                                  f"sm_90a only so far)", missing=[OPTIONAL_BASES[0]])
     k0 = get_kernel(OPTIONAL_BASES[0])
-    tn = pick_tile(M, N, _sm_count(k0.device))
+    t = plan_tactic(M, N, K)
+    tn = t.tile_n if t is not None else pick_tile(M, N, _sm_count(k0.device))
     if _cdiv(M, TILE_M) * _cdiv(N, tn) > MAX_DIM:
         raise OpError(f"{op}: M = {M}, N = {N} need more than {MAX_DIM} tiles")
-    k = k0 if tn == TILES[0] else get_kernel(gemm_base(tn))
+    base = t.base if t is not None else gemm_base(tn)
+    k = k0 if base == OPTIONAL_BASES[0] else get_kernel(base)
     k.launch(xt.ptr, lda, wt.ptr, ldw, yt.ptr, ldc, M, N, K, s)
     return res
 
