@@ -119,6 +119,7 @@ def test_every_launch_is_on_the_backend_stream(launches, ckpt):
 
 
 def test_gemv_workspace_grows_eagerly_never_in_capture(launches):
+    from vkc_runtime import memory
     from vkc_runtime.ops import gemv
     be = StreamBackend()
     M, N, K = 1, 1024, 5120  # 16 output programs of the wide tile on 264 slots (recorder occupancy 2): K split
@@ -126,12 +127,21 @@ def test_gemv_workspace_grows_eagerly_never_in_capture(launches):
     assert need > 0 and need % (M * N) == 0
     assert gemv.split_workspace_elems(16, 248320, 5120) == 0  # the LM head: enough programs, no split
     be._capturing = True
-    assert not be._gemv_ok(M, N, K) and be._gemv_ws is None  # unseen in a capture: the GEMM, nothing allocated
+    assert be._gemv_plan(M, N, K) == (False, None) and be._gemv_ws is None  # unseen in a capture: the GEMM
     be._capturing = False
-    assert be._gemv_ok(M, N, K) and be._gemv_ws.size == need
-    ws = be._gemv_ws
-    assert be._gemv_ok(M, N, K) and be._gemv_ws is ws
-    assert not be._gemv_ok(M, N, 5112)  # K % 16 != 0: the GEMM
+    ok, ws = be._gemv_plan(M, N, K)
+    assert ok and ws is be._gemv_ws and ws.size == need
+    assert be._gemv_plan(M, N, K) == (True, ws)
+    assert be._gemv_plan(M, N, 5112) == (False, None)  # K % 16 != 0: the GEMM
+    # a call that does not split gets no workspace, whatever its M * N against the workspace's size
+    assert gemv.split_workspace_elems(16, 248320, 256) == 0 and 16 * 248320 > ws.size
+    assert be._gemv_plan(16, 248320, 256) == (True, None)
+    x, w, out = (memory.DeviceArray((16, 256), "bfloat16", ptr=1 << 40, device=0),
+                 memory.DeviceArray((248320, 256), "bfloat16", ptr=1 << 41, device=0),
+                 memory.DeviceArray((16, 248320), "bfloat16", ptr=1 << 42, device=0))
+    be._small_m = GEMV_MAX_M
+    be.linear(x, w, out)  # the real gemv validation: a small workspace passed with a non-split call once raised
+    assert [b for b, _ in launches if b.startswith("gemv.")] and not be.gemm.calls
 
 
 def test_eager_steps_keep_the_gemm(launches, ckpt):

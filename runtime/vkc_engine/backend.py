@@ -308,8 +308,10 @@ class VkcBackend:
 
     def linear(self, x, w, out):
         m = self._small_m
-        if m and x.shape[0] <= m and self._gemv_ok(x.shape[0], w.shape[0], w.shape[1]):
-            return self._gemv.gemv(x, w, out, stream=self._s, workspace=self._gemv_ws)
+        if m and x.shape[0] <= m:
+            ok, ws = self._gemv_plan(x.shape[0], w.shape[0], w.shape[1])
+            if ok:
+                return self._gemv.gemv(x, w, out, stream=self._s, workspace=ws)
         return self._gemm.linear(x, w, out, stream=self._s)
 
     def qk_norm_rope(self, qg, k, positions, qw, kw, Hq, Hkv, D, eps, theta, q_out, k_out):
@@ -428,9 +430,10 @@ class VkcBackend:
 
 
     # ---------------------------------------------------------------------------------------- graphs
-    def _gemv_ok(self, M: int, N: int, K: int) -> bool:
-        """Whether ops.gemv takes this call (the small-M rule): K % 16 == 0 and its split-K fits the workspace,
-        which grows here on eager calls (the graph runner warms every bucket up before the first capture)."""
+    def _gemv_plan(self, M: int, N: int, K: int):
+        """(whether ops.gemv takes this call, the workspace to pass it): the small-M rule -- K % 16 == 0 and its
+        split-K fits the workspace, which grows here on eager calls (the graph runner warms every bucket up
+        before the first capture); a call that does not split gets no workspace."""
         key = (M, N, K)
         if self._gemv_need is None:
             self._gemv_need = {}
@@ -442,14 +445,16 @@ class VkcBackend:
                 need = self._gemv.split_workspace_elems(M, N, K, device=self.device)
             self._gemv_need[key] = need
         if need < 0:
-            return False
+            return False, None
+        if need == 0:
+            return True, None
         have = 0 if self._gemv_ws is None else self._gemv_ws.size
         if need > have:
             if self._capturing:
-                return False  # not seen by the warm-up: the GEMM, which needs no workspace
+                return False, None  # not seen by the warm-up: the GEMM, which needs no workspace
             self.synchronize()  # a launch queued on the old workspace must finish before it is freed
             self._gemv_ws = self._mem.DeviceArray.empty((max(need, 2 * have),), F32, device=self.device)
-        return True
+        return True, self._gemv_ws
 
     def graph_ops(self):
         """Context manager: the op choices of captured decode steps (the small-M linear rule). Use it around
