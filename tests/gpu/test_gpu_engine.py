@@ -433,7 +433,11 @@ def test_step_breakdown_per_family(setup, mode):
         _restore(llm, snap)
         n_attn, n_gdn = len(llm.cfg.layer_indices("full_attention")), len(llm.cfg.layer_indices("linear_attention"))
         assert fams["attn_decode"][1] == n_attn and fams["gdn_decode"][1] == n_gdn, fams
-        assert fams["linear"][1] == 4 * llm.cfg.num_layers + 1  # mixer in/out + MLP gate_up/down, the LM head
+        L = llm.cfg.num_layers
+        if llm.cfg.is_moe:  # mixer in/out per layer, the LM head; one MoE block per layer
+            assert fams["linear"][1] == 2 * L + 1 and fams["moe"][1] == L, fams
+        else:  # mixer in/out + MLP gate_up/down, the LM head
+            assert fams["linear"][1] == 4 * L + 1, fams
         assert all(ms >= 0 for ms, _ in fams.values()) and sum(ms for ms, _ in fams.values()) > 0
         assert "attn_prefill" not in fams and "sample" not in fams
         assert be._prof is None and "linear" not in be.__dict__  # profiling is off again
