@@ -223,6 +223,21 @@ def test_enforce_eager_and_backends_without_graphs(ck):
     assert len(out.token_ids) == 3
 
 
+class _RejectingCapture(NumpyGraphBackend):
+    def capture(self, fn):
+        raise RuntimeError("cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901)")
+
+
+def test_a_rejected_capture_falls_back_to_eager_unless_strict(ck):
+    logs = []
+    llm = _llm(ck, _RejectingCapture(), log=logs.append)
+    assert llm.graphs is None and any("capture failed" in m for m in logs)
+    out = llm.generate([3, 4, 5], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3
+    with pytest.raises(RuntimeError, match="INVALIDATED"):
+        _llm(ck, _RejectingCapture(), strict_graphs=True)
+
+
 def test_close_releases_every_graph(ck):
     be = NumpyGraphBackend()
     llm = _llm(ck, be)

@@ -60,13 +60,14 @@ class LLM:
     exactly. ``load_format="dummy"``: random weights of the config's shapes instead of the safetensors (speed
     runs; vkc_engine.dummy). ``progress(done, total)`` is called while weights load. ``enforce_eager``: no CUDA
     graphs (otherwise, on a backend that supports them, pure-decode steps replay graphs captured here:
-    vkc_engine.graphs).
+    vkc_engine.graphs). A capture the driver rejects is logged and the engine runs eagerly, unless
+    ``strict_graphs`` (then it raises; the tests use it).
     """
 
     def __init__(self, model_dir, *, backend=None, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, block_size: int = 64, memory_fraction: float = 0.85,
                  num_blocks: int | None = None, load_format: str = "safetensors", progress=None, log=None,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, strict_graphs: bool = False):
         t0 = time.perf_counter()
         self.model_dir = Path(model_dir)
         self.cfg = load_config(self.model_dir)
@@ -115,7 +116,12 @@ class LLM:
         self.graphs = None
         if not enforce_eager and getattr(be, "supports_graphs", False):
             from .graphs import DecodeGraphs  # noqa: PLC0415
-            self.graphs = DecodeGraphs(self, log=self.log)
+            try:
+                self.graphs = DecodeGraphs(self, log=self.log)
+            except RuntimeError as e:  # a capture the driver invalidated (vkc_runtime.CudaError): run eagerly
+                self.log(f"CUDA graphs: capture failed ({e}); decode steps run eagerly")
+                if strict_graphs:
+                    raise
         self.load_seconds = time.perf_counter() - t0
 
     def close(self) -> None:

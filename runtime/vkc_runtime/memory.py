@@ -25,10 +25,16 @@ float8_e4m3fn float8_e5m2``.
 needed) describes bfloat16 as typestr ``"<V2"`` (an opaque 2-byte element: numpy has no bfloat16 and
 reporting ``<u2``/``<i2`` would let consumers silently treat the bits as integers). Consumers that need
 real bf16 should use ``__dlpack__`` (kDLBfloat, needs the native module), e.g. ``torch.from_dlpack(a)``.
+
+Frees during a graph capture: ``cuMemFree`` is not capturable (it would invalidate a capture in progress, and the
+error would surface at a later launch), so a :class:`DeviceArray` collected while a ``vkc_runtime.Graph``
+capture runs (:func:`frees_deferred`) is freed when the last such capture ends.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import weakref
 from typing import Any
 
@@ -46,7 +52,35 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------------- DeviceArray
+_defer_lock = threading.Lock()
+_defer_depth = 0
+_deferred: list[tuple[int, int]] = []
+
+
+@contextlib.contextmanager
+def frees_deferred():
+    """Hold back device frees (module doc) for the duration of the block; nested and concurrent blocks keep them
+    until the last one ends."""
+    global _defer_depth
+    with _defer_lock:
+        _defer_depth += 1
+    try:
+        yield
+    finally:
+        with _defer_lock:
+            _defer_depth -= 1
+            todo = _deferred[:] if _defer_depth == 0 else []
+            if todo:
+                _deferred.clear()
+        for ptr, ctx in todo:
+            _free_device(ptr, ctx)
+
+
 def _free_device(ptr: int, ctx: int) -> None:
+    with _defer_lock:
+        if _defer_depth:
+            _deferred.append((ptr, ctx))
+            return
     try:
         cu = driver.cu
         pushed = False

@@ -187,9 +187,12 @@ class Graph:
             raise RuntimeError("this Graph already holds a captured graph; call reset() or use a new Graph")
         if is_capturing(h):
             raise RuntimeError(f"stream {h:#x} is already capturing")
+        from .memory import frees_deferred  # noqa: PLC0415 - memory does not import stream
+
         driver.call(cu.cuStreamBeginCapture, h, getattr(cu.CUstreamCaptureMode, _MODES[mode]))
         try:
-            yield self
+            with frees_deferred():  # a DeviceArray collected inside the capture must not cuMemFree there
+                yield self
         except BaseException:
             self._abort(h)
             raise

@@ -42,7 +42,8 @@ def _tols(name):
 
 def _engine(d, **kw):
     from vkc_engine import LLM
-    args = dict(max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=MAX_LEN, num_blocks=480, block_size=64)
+    args = dict(max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=MAX_LEN, num_blocks=480, block_size=64,
+                strict_graphs=True)
     args.update(kw)
     return LLM(d, **args)
 
