@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, ".")
-from kernels_src.gemv.gemv import _UNPACK8, gemv_bf16_kernel, gemv_w4a16_kernel  # noqa: E402
+from kernels_src.gemv.gemv import _UNPACK8, _UNPACK8_F32, gemv_bf16_kernel, gemv_w4a16_kernel  # noqa: E402
 
 
 @triton.jit
@@ -286,19 +286,7 @@ def w4_fma64(x_ptr, w_ptr, s_ptr, out_ptr, alpha, M, N, K, stride_xm, stride_wn,
         tl.atomic_add(out_ptr.to(tl.pointer_type(tl.float32)) + n, y, mask=n_ok)
 
 
-_UNPACK8F = tl.constexpr(_UNPACK8.value.replace("""mov.b32 {$0, $2}, p0;
-mov.b32 {$4, $6}, p1;
-mov.b32 {$1, $3}, q0;
-mov.b32 {$5, $7}, q1;""", """shl.b32 $0, p0, 16;
-and.b32 $2, p0, 0xFFFF0000;
-shl.b32 $4, p1, 16;
-and.b32 $6, p1, 0xFFFF0000;
-shl.b32 $1, q0, 16;
-and.b32 $3, q0, 0xFFFF0000;
-shl.b32 $5, q1, 16;
-and.b32 $7, q1, 0xFFFF0000;"""))
-
-assert "shl.b32 $0, p0, 16" in _UNPACK8F.value
+_UNPACK8F = _UNPACK8_F32  # the shipped fp32-output decoder (kernels_src/gemv/gemv.py)
 
 
 @triton.jit

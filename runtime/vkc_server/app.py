@@ -255,6 +255,19 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
         return {"content": [dict(entry(lp.token_id, lp.logprob),
                                  top_logprobs=[entry(t, v) for t, v in lp.top[:n_top]]) for lp in lps]}
 
+    async def finished_outputs(request: Request, q: asyncio.Queue, index: dict[str, int], t0: float):
+        """A non-streaming request's final RequestOutput per request id, or None when the client left."""
+        final = {}
+        async with guarded(index) as done:
+            try:
+                async for o in outputs(request, q, index, t0):
+                    if o.finished:
+                        final[o.request_id] = o
+                        done.add(o.request_id)
+            except _ClientGone:
+                return None
+        return final
+
     def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
@@ -322,15 +335,9 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
             return StreamingResponse(events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
-        final = {}
-        async with guarded(index) as done:
-            try:
-                async for o in outputs(request, q, index, t0):
-                    if o.finished:
-                        final[o.request_id] = o
-                        done.add(o.request_id)
-            except _ClientGone:
-                return Response(status_code=499)
+        final = await finished_outputs(request, q, index, t0)
+        if final is None:
+            return Response(status_code=499)
         choices = []
         for rid, i in sorted(index.items(), key=lambda kv: kv[1]):
             o = final[rid]
@@ -392,15 +399,9 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
             return StreamingResponse(events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
-        final = {}
-        async with guarded(index) as done:
-            try:
-                async for o in outputs(request, q, index, t0):
-                    if o.finished:
-                        final[o.request_id] = o
-                        done.add(o.request_id)
-            except _ClientGone:
-                return Response(status_code=499)
+        final = await finished_outputs(request, q, index, t0)
+        if final is None:
+            return Response(status_code=499)
         choices = []
         for rid, i in sorted(index.items(), key=lambda kv: kv[1]):
             o = final[rid]
