@@ -1,6 +1,7 @@
 """DeviceArray frees during a vkc graph capture wait for its end (cuMemFree would invalidate the capture)."""
 from types import SimpleNamespace
 
+from vkc_runtime import deferred as D
 from vkc_runtime import memory as M
 
 
@@ -15,9 +16,9 @@ def _record(monkeypatch):
 
 def test_frees_inside_nested_blocks_run_when_the_last_ends(monkeypatch):
     calls = _record(monkeypatch)
-    with M.frees_deferred():
+    with D.frees_deferred():
         M._free_device(0x100, 7)
-        with M.frees_deferred():
+        with D.frees_deferred():
             M._free_device(0x200, 7)
         assert calls == []  # the outer capture still runs
     assert calls == [("free", (0x100,)), ("free", (0x200,))]
@@ -28,7 +29,7 @@ def test_frees_inside_nested_blocks_run_when_the_last_ends(monkeypatch):
 def test_an_exception_inside_still_releases_the_held_frees(monkeypatch):
     calls = _record(monkeypatch)
     try:
-        with M.frees_deferred():
+        with D.frees_deferred():
             M._free_device(0x400, 7)
             raise RuntimeError("capture failed")
     except RuntimeError:

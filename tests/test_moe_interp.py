@@ -121,7 +121,7 @@ def test_route_vs_float64(M_, M, E, k, H, renorm, shared):
     compare_route(ids, wts, x, gw, k, renorm, sg)
     if renorm:
         np.testing.assert_allclose(wts[:, :k].sum(1), 1.0, atol=1e-6)
-    assert reg.launched[-2] == f"moe.route.logits.{'small' if M <= 64 else 'large'}"
+    assert reg.launched[-2] == "moe.route.logits.small"  # every M (ops/moe/common.py SMALL_M)
     assert reg.launched[-1] == "moe.route.topk.e32"
 
 
@@ -158,6 +158,16 @@ def test_route_split_rule_and_large_tiles(M_):
     x, gw = bf16(g, 2, 2048), bf16(g, 16, 2048, scale=0.05)
     ids, wts = run_route(moe, ar, x, gw, 4, True)
     compare_route(ids, wts, x, gw, 4, True)
+    # the large-tile kernel (compiled, not picked by the op: ops/moe/common.py) still runs right here
+    mp = pytest.MonkeyPatch()
+    mp.setattr(importlib.import_module("vkc_runtime.ops.moe.common"), "SMALL_M", 64)
+    try:
+        x2, gw2 = bf16(g, 100, 64), bf16(g, 32, 64, scale=0.3)
+        ids, wts = run_route(moe, ar, x2, gw2, 4, True)
+        compare_route(ids, wts, x2, gw2, 4, True)
+        assert reg.launched[-2] == "moe.route.logits.large"
+    finally:
+        mp.undo()
 
 
 def run_align(moe, ar, ids, E, bm, extra=0):
@@ -259,7 +269,8 @@ def test_block_with_standin_gemm(M_, M, shared):
     from types import SimpleNamespace
     blk = importlib.import_module("vkc_runtime.ops.moe.block")
     mp = pytest.MonkeyPatch()
-    mp.setattr(blk, "_grouped", SimpleNamespace(grouped_gemm=standin(ar)))
+    from vkc_runtime.ops.moe.grouped_ops import choose_block_m
+    mp.setattr(blk, "_grouped", SimpleNamespace(grouped_gemm=standin(ar), choose_block_m=choose_block_m))
     g = torch.Generator().manual_seed(M)
     E, k, H, I = 8, 2, 64, 32
     Ep = E + int(shared)

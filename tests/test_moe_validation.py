@@ -55,7 +55,7 @@ def test_route_grids_and_arguments(rec):
     rec.calls.clear()
     call_route(route_args(M=8192, E=16, H=64, k=4, renormalize=False, workspace=ws(8192, 16, 4, 64)))
     (b1, g1, a1), (b2, g2, a2) = rec.calls
-    assert (b1, g1) == ("moe.route.logits.large", (64, 1, 1)) and a1[8] == 64
+    assert (b1, g1) == ("moe.route.logits.small", (512, 1, 1)) and a1[8] == 128  # small tiles at every M
     assert (b2, g2) == ("moe.route.topk.e32", (128, 1, 1)) and a2[8] == 0
 
 
@@ -156,8 +156,8 @@ def test_combine(rec):
 
 def test_block_rule_and_checks(rec, monkeypatch):
     assert moe.block_m_for(1, 9, 257) == 16 and moe.block_m_for(256, 9, 257) == 16
-    assert moe.block_m_for(2048, 9, 257) == 64 and moe.block_m_for(8192, 9, 257) == 64
-    assert set(moe.BLOCK_MS) == {16, 64}
+    assert moe.block_m_for(2048, 9, 257) == 64 and moe.block_m_for(8192, 9, 257) == 128
+    assert set(moe.BLOCK_MS) == {16, 64, 128}
     from vkc_runtime.ops.moe import block
     w = ws(4, 8, 2, 64, 32, True)
     args = (Dev((4, 64)), Dev((8, 64)), Dev((9, 64, 64)), Dev((9, 64, 32)), 2)
@@ -246,7 +246,7 @@ def test_workspace_loads_every_kernel_before_capture(monkeypatch, fake_cu):
         moe.align(ids, 257, 64, sorted_ids=Dev((cap,), I32), block_expert=Dev((cap // 64,), I32),
                   num_padded=Dev((1,), I32), workspace=w, stream=s)
         moe.combine(Dev((P, 2048)), ids, wts, 257, out=Dev((M, 2048)), stream=s)
-    assert [c[0] for c in r.calls] == ["moe.route.logits.large", "moe.route.topk.e256", "moe.align.hist",
+    assert [c[0] for c in r.calls] == ["moe.route.logits.small", "moe.route.topk.e256", "moe.align.hist",
                                        "moe.align.scatter", "moe.combine"]
 
 

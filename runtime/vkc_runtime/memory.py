@@ -28,19 +28,17 @@ real bf16 should use ``__dlpack__`` (kDLBfloat, needs the native module), e.g. `
 
 Frees during a graph capture: ``cuMemFree`` is not capturable (it would invalidate a capture in progress, and the
 error would surface at a later launch), so a :class:`DeviceArray` collected while a ``vkc_runtime.Graph``
-capture runs (:func:`frees_deferred`) is freed when the last such capture ends.
+capture runs is freed when the last such capture ends (vkc_runtime.deferred).
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
-from . import driver
+from . import deferred, driver
 from .interop import _from_cai, _from_dlpack, _from_torch, _is_capsule, is_torch_tensor, parse_dlpack_capsule
 from .tensor import (DTYPES, TensorRef, _c_strides, _DL_CUDA, dtype_name, from_bf16_bits, itemsize,  # noqa: F401
                      to_bf16_bits)
@@ -52,35 +50,9 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------------- DeviceArray
-_defer_lock = threading.Lock()
-_defer_depth = 0
-_deferred: list[tuple[int, int]] = []
-
-
-@contextlib.contextmanager
-def frees_deferred():
-    """Hold back device frees (module doc) for the duration of the block; nested and concurrent blocks keep them
-    until the last one ends."""
-    global _defer_depth
-    with _defer_lock:
-        _defer_depth += 1
-    try:
-        yield
-    finally:
-        with _defer_lock:
-            _defer_depth -= 1
-            todo = _deferred[:] if _defer_depth == 0 else []
-            if todo:
-                _deferred.clear()
-        for ptr, ctx in todo:
-            _free_device(ptr, ctx)
-
-
 def _free_device(ptr: int, ctx: int) -> None:
-    with _defer_lock:
-        if _defer_depth:
-            _deferred.append((ptr, ctx))
-            return
+    if deferred.defer(lambda: _free_device(ptr, ctx)):
+        return
     try:
         cu = driver.cu
         pushed = False

@@ -26,7 +26,7 @@ import contextlib
 import threading
 import weakref
 
-from . import driver
+from . import deferred, driver
 from .errors import CudaError
 
 __all__ = ["resolve_stream", "Stream", "Graph", "is_capturing", "capture_status", "LEGACY_DEFAULT_STREAMS"]
@@ -187,11 +187,9 @@ class Graph:
             raise RuntimeError("this Graph already holds a captured graph; call reset() or use a new Graph")
         if is_capturing(h):
             raise RuntimeError(f"stream {h:#x} is already capturing")
-        from .memory import frees_deferred  # noqa: PLC0415 - memory does not import stream
-
         driver.call(cu.cuStreamBeginCapture, h, getattr(cu.CUstreamCaptureMode, _MODES[mode]))
         try:
-            with frees_deferred():  # a DeviceArray collected inside the capture must not cuMemFree there
+            with deferred.frees_deferred():  # a DeviceArray collected inside the capture must not cuMemFree there
                 yield self
         except BaseException:
             self._abort(h)
