@@ -287,6 +287,17 @@ def err(e):
     return f"{type(e).__name__}: {str(e)[:300]}"
 
 
+def best_alternative(row, alts):
+    """Store ``alts`` (name -> time in µs, or an error record) in ``row`` with the fastest timed one and its % of
+    ``row["floor_us"]``."""
+    row["alternatives"] = alts
+    timed = {k: v for k, v in alts.items() if isinstance(v, float)}
+    if timed:
+        best = min(timed, key=timed.get)
+        row["best_alternative"] = best
+        row["best_alternative_pct_floor"] = 100 * row["floor_us"] / timed[best]
+
+
 # ------------------------------------------------------------------------------------------------ GPU helpers
 
 @contextlib.contextmanager

@@ -156,12 +156,7 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
                                               inner=INNER, reps=10) * 1e3
             except Exception as e:  # noqa: BLE001 - recorded, never silently dropped
                 alts[plan_name(p)] = BC.err(e)
-        row["alternatives"] = alts
-        timed = {k: v for k, v in alts.items() if isinstance(v, float)}
-        if timed:
-            best = min(timed, key=timed.get)
-            row["best_alternative"] = best
-            row["best_alternative_pct_floor"] = 100 * row["floor_us"] / timed[best]
+        BC.best_alternative(row, alts)
     del xs
     return row
 

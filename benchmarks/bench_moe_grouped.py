@@ -183,12 +183,7 @@ def bench_case(M, w1, w2, copy_tbs, num_sms):
                                                       reps=10) * 1e3
                 except Exception as e:  # noqa: BLE001
                     alts[tile_name(b, tl)] = BC.err(e)
-        row["alternatives"] = alts
-        timed = {k: v for k, v in alts.items() if isinstance(v, float)}
-        if timed:
-            best = min(timed, key=timed.get)
-            row["best_alternative"] = best
-            row["best_alternative_pct_floor"] = 100 * row["floor_us"] / timed[best]
+        BC.best_alternative(row, alts)
     del c
     return row
 

@@ -1,0 +1,25 @@
+"""The GEMM families' output check (gemm, gemm_fp8): vs a float64 reference, globally and per row, with the
+poisoned guard of a padded output buffer untouched; the errors are recorded under the family."""
+from __future__ import annotations
+
+from tests.gpu.errlog import record
+
+TOL = 1e-2          # global relative error (bf16 output rounding alone gives ~2e-3)
+ROW_TOL = 2e-2      # worst row
+
+
+def check_gemm_out(family: str, out, ref, buf, what: str) -> None:
+    """``out`` [m, n] (a view into ``buf`` [m + 2, >= n], NaN-poisoned outside it, or None) vs ``ref`` float64."""
+    import torch  # noqa: PLC0415 - GPU tests only
+
+    m, n = out.shape
+    o = out.double()
+    assert not torch.isnan(o).any(), f"{what}: NaN in the output (unwritten or bad math)"
+    err = float(torch.linalg.norm(o - ref) / torch.linalg.norm(ref))
+    row_err = float((torch.linalg.norm(o - ref, dim=1) / torch.linalg.norm(ref, dim=1).clamp_min(1e-30)).max())
+    if buf is not None:
+        outside = torch.cat([buf[0], buf[-1], buf[1:m + 1, n:].reshape(-1)])
+        assert torch.isnan(outside.float()).all(), f"{what}: wrote outside out"
+    record(family, what=what, rel_err=err, worst_row=row_err)
+    assert err < TOL, f"{what}: rel err {err:.3e}"
+    assert row_err < ROW_TOL, f"{what}: worst row rel err {row_err:.3e}"
