@@ -10,7 +10,7 @@ Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
 [{batch, ms_per_step, tok_s, breakdown?}], "gemv_max_m"}. ``--gemv-max-m``: the captured steps' small-M linear
 rule (vkc_engine.backend.GEMV_MAX_M: ops.gemv for M <= this, 0 = the CuTe GEMM always). ``--breakdown`` adds per
-decode batch where a step's time goes, per kernel family (backend.FAMILIES): ``eager`` -- ms per step between the
+decode batch (and for the long prefill, as ``prefill_long.breakdown``, eager) where a step's time goes, per kernel family (backend.FAMILIES): ``eager`` -- ms per step between the
 CUDA events recorded before each op of eager steps (graphs off for them), so host gaps are charged to the op they
 delay; ``graph`` -- the step's graph captured with an event node before each op and replayed once: device time
 only (the events add a little). Each lists {family: [ms, calls]} and ``total``. ``run(model_dir, ...,
@@ -89,7 +89,7 @@ def _breakdown(llm, steps: int) -> dict:
     return res
 
 
-def _prefill(llm, n, sp):
+def _prefill(llm, n, sp, breakdown=False):
     V = llm.cfg.vocab_size
     ids = [int(i) % V for i in range(1, n + 1)]
     _sync(llm)
@@ -97,7 +97,12 @@ def _prefill(llm, n, sp):
     llm.generate(ids, sp)  # one prefill step (the whole prompt fits the token budget) + sampling
     _sync(llm)
     ms = (time.perf_counter() - t) * 1e3
-    return {"tokens": n, "ms": ms, "tok_s": n / ms * 1e3}
+    res = {"tokens": n, "ms": ms, "tok_s": n / ms * 1e3}
+    if breakdown:  # the same prompt once more with an event before every op (device-bound: host gaps are nil)
+        llm.backend.profile_start()
+        llm.generate(ids, sp)
+        res["breakdown"] = _per_step(llm.backend.profile_stop(), 1)
+    return res
 
 
 def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, load_format="dummy",
@@ -116,7 +121,7 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
     llm.generate([int(i) % V for i in range(1, min(prefill, 64) + 1)], sp)  # warm-up: kernel loads
     res["prefill"] = _prefill(llm, prefill, sp)
     if long_prefill:
-        res["prefill_long"] = _prefill(llm, long_prefill, sp)
+        res["prefill_long"] = _prefill(llm, long_prefill, sp, breakdown)
     for B in batches:
         dp = SamplingParams(temperature=0, max_tokens=steps + 2 + (min(steps, 4) + 1 if breakdown else 0),
                             ignore_eos=True)
@@ -145,7 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--long-prefill", type=int, default=8192, help="one prompt of this many tokens (0: skip)")
     ap.add_argument("--graphs", choices=("on", "off"), default="on", help="CUDA graphs for decode steps")
-    ap.add_argument("--breakdown", action="store_true", help="per-kernel-family time of a decode step")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="per-kernel-family time of a decode step and of the long prefill")
     ap.add_argument("--gemv-max-m", type=int, default=None, choices=range(0, 65), metavar="0..64",
                     help="ops.gemv for M <= this in captured steps (default: the backend's rule)")
     ap.add_argument("--steps", type=int, default=16)

@@ -274,6 +274,8 @@ def test_bench_engine_options_on_the_numpy_backend(ck):
     res = run(ck, batches=(1, 3), prefill=20, long_prefill=40, steps=2, backend=NumpyGraphBackend(),
               load_format="safetensors", breakdown=True)
     assert res["graphs"] is True and res["prefill_long"]["tokens"] == 40 and res["prefill"]["tokens"] == 20
+    pb = res["prefill_long"]["breakdown"]  # one eager prefill step: every layer's ops counted once
+    assert pb["attn_prefill"][1] == 2 and pb["linear"][1] == 4 * 4 + 1 and "attn_decode" not in pb
     for d in res["decode"]:
         bd = d["breakdown"]
         assert "graph_error" not in bd, bd
