@@ -150,6 +150,7 @@ BAD = {
     "experts": (dict(w=W((513, 2 * I, 64)), a=Dev((1, 64))), "experts"),
     "odd_rows": (dict(w=W((E, 2 * I + 1, H)), out=Dev((KP, I))), "even number"),
     "out_cols": (dict(out=Dev((KP, 2 * I))), "columns"),
+    "n_not_16": (dict(w=W((E, 2 * 40, H)), out=Dev((KP, 40))), "multiple of 16"),
     "a_rows": (dict(out=Dev((KP + 1, I))), "a_row_div"),
     "a_stride": (dict(a=Dev((2, H), strides=(H + 8, 1))), "strides"),
     "a_misaligned": (dict(a=Dev((1, H), offset=1)), "16-byte aligned"),

@@ -14,7 +14,8 @@ Layouts and requirements (checked before any launch, :class:`OpError` otherwise)
   a            [a_rows, K] bf16, last dim contiguous, row stride % 16 elements, 16-byte aligned, K % 16 == 0;
                cdiv(P, a_row_div) <= a_rows (so every valid f names a row of a)
   w            [E', R, K] bf16, last dim contiguous, strides % 16 elements, 16-byte aligned, 1 <= E' <= 512
-  out          [P, N] bf16, last dim contiguous, row stride % 16 elements, 16-byte aligned, overlapping no input
+  out          [P, N] bf16, N % 16 == 0, last dim contiguous, row stride % 16 elements, 16-byte aligned,
+               overlapping no input
   sorted_ids   int32 [cap], contiguous, cap % block_m == 0 (align's output: ``align_capacity`` sizes it)
   block_expert int32 [>= cap // block_m], contiguous;  num_padded int32 [1];  row_scale fp32 [P], contiguous
 The index arrays' values are not read on the host (no sync); the kernel skips what is out of range
@@ -192,6 +193,8 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
     if ot.shape[1] != N:
         raise OpError(f"{op}: out has {ot.shape[1]} columns, expected N={N}"
                       + (" (w.shape[1] // 2 with act='silu_mul')" if act else ""))
+    if N % 16:
+        raise OpError(f"{op}: N={N} output columns must be a multiple of 16 (the kernels' store promise)")
     st = _index(op, "sorted_ids", sorted_ids, "int32")
     cap = st.shape[0]
     if cap % block_m:
