@@ -12,6 +12,9 @@ and transformers' own ``save_pretrained`` store them (``"per_expert"``: ``mlp.ex
 A tiny byte-level BPE tokenizer.json goes with it. Returns the fp32 HF model holding
 exactly the saved values (the reference). The model's vocabulary is the tokenizer's rounded up to a multiple of
 64 (as the real 248320 is; ids past the tokenizer decode to nothing).
+
+The engine CPU tests' common set-up: :func:`checkpoint` (a module fixture's directory + model),
+:func:`numpy_llm` (the engine on tests/engine_numpy_backend.py), :func:`rel_err`, :func:`random_prompt`.
 """
 from __future__ import annotations
 
@@ -179,3 +182,32 @@ def hf_greedy(model, ids, n: int):
         margins.append(float(top2[1] - top2[0]))
         seq.append(int(np.argmax(lg)))
     return seq[len(ids):], margins
+
+
+def checkpoint(tmp_path_factory, name: str, **kw):
+    """(directory, HF model, tokenizer) of :func:`make_checkpoint` in a fresh temporary directory ``name``."""
+    d = tmp_path_factory.mktemp(name)
+    model, tok = make_checkpoint(d, **kw)
+    return d, model, tok
+
+
+def numpy_llm(d, **kw):
+    """The engine on the float32 numpy backend (tests/engine_numpy_backend.py) with the CPU tests' small batch
+    and cache; ``kw`` overrides any LLM argument."""
+    from tests.engine_numpy_backend import NumpyBackend
+    from vkc_engine import LLM
+    args = dict(backend=NumpyBackend(), max_num_seqs=4, max_num_batched_tokens=48, max_model_len=256,
+                num_blocks=80, block_size=16)
+    args.update(kw)
+    return LLM(d, **args)
+
+
+def rel_err(got, ref) -> float:
+    """max |got - ref| / max |ref|."""
+    import numpy as np
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
+    import numpy as np
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]

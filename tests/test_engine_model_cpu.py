@@ -4,48 +4,28 @@ teacher-forced logits at every position, chunked prefill, greedy decode through 
 preemption, both name layouts, sharding, tied embeddings, stop conditions and streaming."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from tests.engine_fixtures import HEADS_27B, HEADS_35B, hf_greedy, hf_logits, make_checkpoint
-from tests.engine_numpy_backend import NumpyBackend
+from tests.engine_fixtures import HEADS_27B, HEADS_35B, checkpoint, hf_greedy, hf_logits
+from tests.engine_fixtures import numpy_llm as _llm, random_prompt as _prompt, rel_err as _rel
 
 pytest.importorskip("transformers")
 
-from vkc_engine import LLM, SamplingParams  # noqa: E402
+from vkc_engine import SamplingParams  # noqa: E402
 
 TOL = 2e-5  # max |engine - HF| / max |HF| of fp32 vs fp64-accumulated numpy: far below any wiring error
 
 
 @pytest.fixture(scope="module")
 def ck27(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ck27")
-    model, tok = make_checkpoint(d, heads=HEADS_27B, seed=1)
-    return d, model, tok
+    return checkpoint(tmp_path_factory, "ck27", heads=HEADS_27B, seed=1)
 
 
 @pytest.fixture(scope="module")
 def ck35vlm(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ck35vlm")
-    model, tok = make_checkpoint(d, heads=HEADS_35B, vlm=True, shards=3, tie=True, seed=2,
-                                 layer_types=["full_attention", "linear_attention", "linear_attention",
-                                              "full_attention", "linear_attention"])
-    return d, model, tok
-
-
-def _llm(d, **kw):
-    args = dict(backend=NumpyBackend(), max_num_seqs=4, max_num_batched_tokens=48, max_model_len=256,
-                num_blocks=80, block_size=16)
-    args.update(kw)
-    return LLM(d, **args)
-
-
-def _rel(got, ref):
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
-
-
-def _prompt(n, V, seed):
-    return [int(t) for t in np.random.default_rng(seed).integers(0, V, n)]
+    return checkpoint(tmp_path_factory, "ck35vlm", heads=HEADS_35B, vlm=True, shards=3, tie=True, seed=2,
+                      layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention",
+                                   "linear_attention"])
 
 
 @pytest.mark.parametrize("n", [1, 17, 100])

@@ -10,13 +10,14 @@ import json
 import numpy as np
 import pytest
 
-from tests.engine_fixtures import HEADS_35B, MOE_SMALL, hf_greedy, hf_logits, make_checkpoint
+from tests.engine_fixtures import HEADS_35B, MOE_SMALL, checkpoint, hf_greedy, hf_logits, make_checkpoint, numpy_llm
+from tests.engine_fixtures import random_prompt as _prompt, rel_err as _rel
 from tests.engine_numpy_backend import NumpyBackend
 from tests.test_engine_loader import BASE
 
 pytest.importorskip("transformers")
 
-from vkc_engine import LLM, SamplingParams  # noqa: E402
+from vkc_engine import SamplingParams  # noqa: E402
 from vkc_engine.config import ConfigError, parse_config  # noqa: E402
 from vkc_engine.loader import CheckpointError  # noqa: E402
 
@@ -30,34 +31,22 @@ MOE_CFG = {**{k: v for k, v in BASE.items() if k != "intermediate_size"}, "model
 @pytest.fixture(scope="module")
 def ck_fused(tmp_path_factory):
     """Text-only, fused expert tensors, E 8 / k 2, shared expert folded (equal widths)."""
-    d = tmp_path_factory.mktemp("moe_fused")
-    model, _ = make_checkpoint(d, heads=HEADS_35B, layer_types=LAYERS3, moe=MOE_SMALL, expert_layout="fused", seed=21)
+    d, model, _ = checkpoint(tmp_path_factory, "moe_fused", heads=HEADS_35B, layer_types=LAYERS3, moe=MOE_SMALL,
+                             expert_layout="fused", seed=21)
     return d, model
 
 
 @pytest.fixture(scope="module")
 def ck_released(tmp_path_factory):
     """VLM-wrapped, per-expert tensors, sharded, E 16 / k 4, shared expert folded: the released layout."""
-    d = tmp_path_factory.mktemp("moe_released")
     moe = dict(MOE_SMALL, num_experts=16, num_experts_per_tok=4)
-    model, _ = make_checkpoint(d, heads=HEADS_35B, layer_types=LAYERS3, moe=moe, expert_layout="per_expert",
-                               vlm=True, shards=2, seed=22)
+    d, model, _ = checkpoint(tmp_path_factory, "moe_released", heads=HEADS_35B, layer_types=LAYERS3, moe=moe,
+                             expert_layout="per_expert", vlm=True, shards=2, seed=22)
     return d, model
 
 
 def _llm(d, **kw):
-    args = dict(backend=NumpyBackend(), max_num_seqs=4, max_num_batched_tokens=48, max_model_len=256,
-                num_blocks=40, block_size=16)
-    args.update(kw)
-    return LLM(d, **args)
-
-
-def _rel(got, ref):
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
-
-
-def _prompt(n, V, seed):
-    return [int(t) for t in np.random.default_rng(seed).integers(0, V, n)]
+    return numpy_llm(d, **{"num_blocks": 40, **kw})
 
 
 # ------------------------------------------------------------------------------------------------ config

@@ -55,8 +55,14 @@ def test_route_grids_and_arguments(rec):
     rec.calls.clear()
     call_route(route_args(M=8192, E=16, H=64, k=4, renormalize=False, workspace=ws(8192, 16, 4, 64)))
     (b1, g1, a1), (b2, g2, a2) = rec.calls
-    assert (b1, g1) == ("moe.route.logits.small", (512, 1, 1)) and a1[8] == 128  # small tiles at every M
+    assert (b1, g1) == ("moe.route.logits.large", (64, 1, 1)) and a1[8] == 64  # M > SMALL_M: large tiles
     assert (b2, g2) == ("moe.route.topk.e32", (128, 1, 1)) and a2[8] == 0
+    for M, want in ((128, ("moe.route.logits.small", (8, 8, 2), 1024)),
+                    (129, ("moe.route.logits.large", (2, 2, 16), 128))):
+        rec.calls.clear()
+        call_route(route_args(M=M, shared=True))  # the 35B-A3B router on both sides of SMALL_M = 128
+        (b1, g1, a1), (b2, g2, a2) = rec.calls
+        assert (b1, g1, a1[8]) == want and a2[5] == want[1][2], (M, b1, g1, a1, a2)
 
 
 @pytest.mark.parametrize("over,msg", [
@@ -246,7 +252,7 @@ def test_workspace_loads_every_kernel_before_capture(monkeypatch, fake_cu):
         moe.align(ids, 257, 64, sorted_ids=Dev((cap,), I32), block_expert=Dev((cap // 64,), I32),
                   num_padded=Dev((1,), I32), workspace=w, stream=s)
         moe.combine(Dev((P, 2048)), ids, wts, 257, out=Dev((M, 2048)), stream=s)
-    assert [c[0] for c in r.calls] == ["moe.route.logits.small", "moe.route.topk.e256", "moe.align.hist",
+    assert [c[0] for c in r.calls] == ["moe.route.logits.large", "moe.route.topk.e256", "moe.align.hist",
                                        "moe.align.scatter", "moe.combine"]
 
 

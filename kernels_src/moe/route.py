@@ -8,7 +8,8 @@ still spreads the 1 MB router weight over ~128 programs):
                         logits of rows [i*BM, ...) and experts [j*BE, ...) over K range
                         [s*k_split, min((s+1)*k_split, H)) to ``part[s, m, e]`` (fp32, row length E + 1);
                         the programs with j == 0 also write column E: the partial of ``x . shared_gate_w``
-                        (has_shared != 0). bf16 operands, fp32 accumulation (tl.dot), exact products.
+                        (has_shared != 0), in a second K loop over the same range after the dot's loop.
+                        bf16 operands, fp32 accumulation (tl.dot), exact products.
   router_topk_kernel    grid (cdiv(M, BR),): the logits are the fixed-order sum over s of the partials;
                         p = softmax(logits) over [0, E) in fp32; the top_k picks are iterative argmaxes of p
                         (ties: the lower expert id, like a stable descending sort); their weights p_j, divided
@@ -16,6 +17,12 @@ still spreads the 1 MB router weight over ~128 programs):
                         pick: the probability's bits above the inverted id); with has_shared the pick
                         ``k_out - 1 == top_k`` is expert id E with weight sigmoid(x . shared_gate_w).
                         Writes ids int32 / weights fp32 [M, k_out] (row-major, contiguous).
+
+Pipelining: a tile loaded for the tl.dot has no other use inside the dot's loop. Triton 3.9's software
+pipeliner gives a load used both by an asynchronous wgmma (sm_90a, the 128 x 128 tiles) and in registers one
+buffer too few, so the prefetch of tile i + 2 overwrote the x tile the wgmma of tile i was still reading (wrong,
+run-to-run different logits; upstream triton-lang/triton issue 6691, PR 7110); the shared-expert gate re-reads
+x in a loop of its own. tests/test_moe_route_pipeline.py checks the sm_90a TTGIR for it.
 
 Bounds: x rows past M, experts past E and K past H are masked; the partials buffer holds
 n_split * M * (E + 1) floats (the op checks it). A picked id is clamped to [0, E - 1] (NaN logits give an
@@ -41,21 +48,24 @@ def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_sp
     k1 = tl.minimum(k0 + k_split, H)
     xp = x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :]
     wp = w_ptr + re[:, None].to(tl.int64) * H + rk[None, :]
-    do_sh = (has_shared != 0) & (pid_e == 0)
     acc = tl.zeros((BM, BE), dtype=tl.float32)
-    sh = tl.zeros((BM,), dtype=tl.float32)
     for k in range(k0, k1, BK):
         km = (k + rk) < k1
         xt = tl.load(xp + k, mask=mm[:, None] & km[None, :], other=0.0)
         wt = tl.load(wp + k, mask=me[:, None] & km[None, :], other=0.0)
         acc = tl.dot(xt, tl.trans(wt), acc)
-        if do_sh:
-            sg = tl.load(sg_ptr + k + rk, mask=km, other=0.0).to(tl.float32)
-            sh += tl.sum(xt.to(tl.float32) * sg[None, :], 1)
     ld = E + 1
     base = part_ptr + s.to(tl.int64) * M * ld
     tl.store(base + rm[:, None].to(tl.int64) * ld + re[None, :], acc, mask=mm[:, None] & me[None, :])
-    if do_sh:
+    if (has_shared != 0) & (pid_e == 0):
+        # a loop of its own: an x tile that feeds the dot must have no other use in the dot's loop (module
+        # docstring, "Pipelining")
+        sh = tl.zeros((BM,), dtype=tl.float32)
+        for k in range(k0, k1, BK):
+            km = (k + rk) < k1
+            xs = tl.load(xp + k, mask=mm[:, None] & km[None, :], other=0.0).to(tl.float32)
+            sg = tl.load(sg_ptr + k + rk, mask=km, other=0.0).to(tl.float32)
+            sh += tl.sum(xs * sg[None, :], 1)
         tl.store(base + rm.to(tl.int64) * ld + E, sh, mask=mm)
 
 

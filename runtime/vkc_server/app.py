@@ -268,9 +268,49 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
                 return None
         return final
 
+    async def collected(request: Request, q: asyncio.Queue, index: dict[str, int], t0: float, head: dict,
+                        n_prompt: int, choice):
+        """A non-streaming request's body: ``choice(o, i)`` of each final output in choice order and the usage;
+        499 when the client left."""
+        final = await finished_outputs(request, q, index, t0)
+        if final is None:
+            return Response(status_code=499)
+        choices = [choice(final[rid], i) for rid, i in sorted(index.items(), key=lambda kv: kv[1])]
+        return dict(head, choices=choices, usage=usage(n_prompt, sum(len(o.token_ids) for o in final.values())))
+
     def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
+
+    def streamed(request: Request, req, q: asyncio.Queue, index: dict[str, int], t0: float, head: dict,
+                 n_prompt: int, chunk, first=()) -> StreamingResponse:
+        """A streaming request's SSE response: a chunk per choice in ``first``, then one per output that
+        ``chunk(o)`` turns into a choice (None: nothing to send), the error chunk when the engine refused a
+        choice, the usage chunk when ``stream_options.include_usage``, ``[DONE]``. A client that leaves ends
+        it (what has not finished is aborted)."""
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        async def events():
+            ntok = 0
+            async with guarded(index) as done:
+                for c in first:
+                    yield sse(dict(head, choices=[c]))
+                try:
+                    async for o in outputs(request, q, index, t0):
+                        ntok += len(o.delta_token_ids)
+                        c = chunk(o)
+                        if o.finished:
+                            done.add(o.request_id)
+                        if c is not None:
+                            yield sse(dict(head, choices=[c]))
+                except _ClientGone:
+                    return
+                except APIError as e:
+                    yield sse(e.body())
+                if include_usage:
+                    yield sse(dict(head, choices=[], usage=usage(n_prompt, ntok)))
+                yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     # ----------------------------------------------------------------------------------------- endpoints
     @app.get("/health")
@@ -307,43 +347,23 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
         head = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": req.model}
 
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            sent = {rid: 0 for rid in index}
 
-            async def events():
-                sent = {rid: 0 for rid in index}
-                ntok = 0
-                async with guarded(index) as done:
-                    try:
-                        async for o in outputs(request, q, index, t0):
-                            ntok += len(o.delta_token_ids)
-                            lp = None
-                            if req.logprobs is not None and o.delta_logprobs:
-                                lp = completion_logprobs(o.delta_logprobs, sent[o.request_id])
-                            sent[o.request_id] += len(o.delta_text)
-                            if o.finished:
-                                done.add(o.request_id)
-                            if o.delta_text or lp is not None or o.finished:
-                                yield sse(dict(head, choices=[{"index": index[o.request_id], "text": o.delta_text,
-                                                               "logprobs": lp, "finish_reason": o.finish_reason}]))
-                    except _ClientGone:
-                        return
-                    except APIError as e:
-                        yield sse(e.body())
-                    if include_usage:
-                        yield sse(dict(head, choices=[], usage=usage(n_prompt, ntok)))
-                    yield "data: [DONE]\n\n"
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            def chunk(o):
+                lp = None
+                if req.logprobs is not None and o.delta_logprobs:
+                    lp = completion_logprobs(o.delta_logprobs, sent[o.request_id])
+                sent[o.request_id] += len(o.delta_text)
+                if o.delta_text or lp is not None or o.finished:
+                    return {"index": index[o.request_id], "text": o.delta_text, "logprobs": lp,
+                            "finish_reason": o.finish_reason}
+                return None
+            return streamed(request, req, q, index, t0, head, n_prompt, chunk)
 
-        final = await finished_outputs(request, q, index, t0)
-        if final is None:
-            return Response(status_code=499)
-        choices = []
-        for rid, i in sorted(index.items(), key=lambda kv: kv[1]):
-            o = final[rid]
+        def choice(o, i):
             lp = completion_logprobs(o.logprobs or [], 0) if req.logprobs is not None else None
-            choices.append({"index": i, "text": o.text, "logprobs": lp, "finish_reason": o.finish_reason})
-        return dict(head, choices=choices, usage=usage(n_prompt, sum(len(o.token_ids) for o in final.values())))
+            return {"index": i, "text": o.text, "logprobs": lp, "finish_reason": o.finish_reason}
+        return await collected(request, q, index, t0, head, n_prompt, choice)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -370,44 +390,21 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str], api_key: st
                 "created": int(time.time()), "model": req.model}
 
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            def chunk(o):
+                lp = chat_logprobs(o.delta_logprobs, n_top) if want_lp is not None and o.delta_logprobs else None
+                if o.delta_text or lp is not None or o.finished:
+                    delta = {"content": o.delta_text} if o.delta_text or not o.finished else {}
+                    return {"index": index[o.request_id], "delta": delta, "logprobs": lp,
+                            "finish_reason": o.finish_reason}
+                return None
+            roles = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None} for i in range(req.n)]
+            return streamed(request, req, q, index, t0, head, len(ids), chunk, first=roles)
 
-            async def events():
-                ntok = 0
-                for i in range(req.n):
-                    yield sse(dict(head, choices=[{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                   "logprobs": None, "finish_reason": None}]))
-                async with guarded(index) as done:
-                    try:
-                        async for o in outputs(request, q, index, t0):
-                            ntok += len(o.delta_token_ids)
-                            lp = chat_logprobs(o.delta_logprobs, n_top) if want_lp is not None and \
-                                o.delta_logprobs else None
-                            if o.finished:
-                                done.add(o.request_id)
-                            if o.delta_text or lp is not None or o.finished:
-                                delta = {"content": o.delta_text} if o.delta_text or not o.finished else {}
-                                yield sse(dict(head, choices=[{"index": index[o.request_id], "delta": delta,
-                                                               "logprobs": lp, "finish_reason": o.finish_reason}]))
-                    except _ClientGone:
-                        return
-                    except APIError as e:
-                        yield sse(e.body())
-                    if include_usage:
-                        yield sse(dict(head, choices=[], usage=usage(len(ids), ntok)))
-                    yield "data: [DONE]\n\n"
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-
-        final = await finished_outputs(request, q, index, t0)
-        if final is None:
-            return Response(status_code=499)
-        choices = []
-        for rid, i in sorted(index.items(), key=lambda kv: kv[1]):
-            o = final[rid]
+        def choice(o, i):
             lp = chat_logprobs(o.logprobs or [], n_top) if want_lp is not None else None
-            choices.append({"index": i, "message": {"role": "assistant", "content": o.text}, "logprobs": lp,
-                            "finish_reason": o.finish_reason})
-        return dict(head, choices=choices, usage=usage(len(ids), sum(len(o.token_ids) for o in final.values())))
+            return {"index": i, "message": {"role": "assistant", "content": o.text}, "logprobs": lp,
+                    "finish_reason": o.finish_reason}
+        return await collected(request, q, index, t0, head, len(ids), choice)
 
     return app

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .. import memory
+from .. import driver, memory
 from ..stream import resolve_stream
 
 
@@ -79,6 +79,18 @@ def stream_of(stream: Any) -> int:
 # -- small helpers shared by the ops modules ------------------------------------------------------------
 
 BF16 = "bfloat16"
+
+
+_sms: dict[int, int] = {}
+
+
+def sm_count(dev: int) -> int:
+    """SMs of device ordinal ``dev`` (a negative ordinal, a host-only tensor's: device 0), cached per device
+    for the ops' launch rules (asked on every call)."""
+    n = _sms.get(dev)
+    if n is None:
+        n = _sms.setdefault(dev, int(driver.sm_count(max(int(dev), 0))))
+    return n
 
 
 def cdiv(a: int, b: int) -> int:

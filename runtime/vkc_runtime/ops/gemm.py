@@ -29,10 +29,11 @@ tactic is launched instead; the rule above is the default when no plan says othe
 """
 from __future__ import annotations
 
-from .. import driver, memory, plans
+from .. import memory, plans
 from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
 from ._check import OpError, row_stride, same_device, stream_of, tensor
+from ._check import sm_count as _sm_count
 
 __all__ = ["linear", "pick_tile", "plan_tactic", "gemm_base", "fp8_base", "has_fp8", "launch_fp8", "TILES",
            "TILE_FACTOR", "BASES", "OPTIONAL_BASES", "OpError"]
@@ -71,16 +72,6 @@ def pick_tile(m: int, n: int, sms: int, tiles=TILES) -> int:
         waves = _cdiv(total, sms)
         return (n / (n_tiles * tn)) * (total / (waves * sms)) * TILE_FACTOR[tn], tn
     return max(tiles, key=score)
-
-
-_sms: dict[int, int] = {}
-
-
-def _sm_count(device: int) -> int:
-    s = _sms.get(device)
-    if s is None:
-        s = _sms[device] = driver.sm_count(device)
-    return s
 
 
 def plan_tactic(m: int, n: int, k: int):

@@ -47,12 +47,13 @@ Small M (decode): these GEMMs run for any M >= 1, but no FP8 GEMV (weights read 
 """
 from __future__ import annotations
 
-from .. import driver, memory
+from .. import memory
 from ..bound import CallCache, Launch, disjoint
 from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
 from . import gemm as _cute
 from ._check import BF16, OpError, bindable, cdiv, fits_i32, grid_y, row_stride, same_device, stream_of, tensor
+from ._check import sm_count as _sm_count
 
 __all__ = ["linear_fp8", "linear_fp8_block", "quantize_fp8_per_token", "quantize_fp8_per_tensor",
            "quantize_fp8_per_token_group", "pick_tile", "TILES", "TILE_FACTOR", "GROUP", "FP8_MAX", "MIN_SCALE",
@@ -86,16 +87,6 @@ OPTIONAL_BASES = tuple(gemm_base(k, bm, bn) for k in KINDS for bm, bn in TILES[k
     tuple(quant_base(q) for q in QUANTS)
 
 _calls = CallCache(per_key=8)
-_sms: dict[int, int] = {}
-
-
-def _sm_count(dev: int) -> int:
-    n = _sms.get(dev)
-    if n is None:
-        n = _sms.setdefault(dev, int(driver.sm_count(dev)))
-    return n
-
-
 def pick_tile(m: int, n: int, sms: int, tiles=TILES["scaled"]) -> tuple[int, int]:
     """The (BLOCK_M, BLOCK_N) tile for an [m, n] output on ``sms`` SMs among ``tiles`` (module docstring)."""
     def score(t):
@@ -191,7 +182,7 @@ def _gemm_kernel(op, kind, M, N, dev):
     if not tiles:
         raise MissingKernelError(f"{op}: no FP8 GEMM for this device's arch (built for {_FP8_ARCHS})",
                                  missing=[gemm_base(kind, *TILES[kind][-1])])
-    bm, bn = pick_tile(M, N, _sm_count(dev if dev >= 0 else 0), tiles)
+    bm, bn = pick_tile(M, N, _sm_count(dev), tiles)
     return get_kernel(gemm_base(kind, bm, bn)), bm, bn
 
 

@@ -47,11 +47,12 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
-from .. import driver, memory
+from .. import memory
 from ..bound import CallCache, Launch, disjoint
 from ..kernels import get_kernel
 from ..stream import is_capturing
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
+from ._check import sm_count as _sm_count
 
 __all__ = ["gemv", "gemv_w4a16", "max_m", "plan", "Plan", "workspace", "workspace_elems", "split_workspace_elems",
            "BASES", "M_BUCKETS", "BUCKETS", "bucket",
@@ -163,7 +164,7 @@ def split_workspace_elems(M: int, N: int, K: int, *, kind: str = "bf16", device:
     bm = bucket(kind, M)
     dec = DEFAULT_DECODER if kind == "w4a16" else None
     kerns = [get_kernel(_base(kind, bm, bn, bk, dec), device=device) for bn, bk in TILES[kind]]
-    p = plan(kind, int(M), int(N), int(K), _sm_count(max(kerns[0].device, 0)),
+    p = plan(kind, int(M), int(N), int(K), _sm_count(kerns[0].device),
              tuple(max(1, k.max_active_blocks()) for k in kerns))
     return p.split * int(M) * int(N) if p.split > 1 else 0
 
@@ -177,15 +178,7 @@ def workspace(max_m_rows: int, max_n: int, *, device: int | None = None) -> memo
 
 _default_ws: dict[int, memory.DeviceArray] = {}
 _retired: list = []  # replaced default workspaces stay allocated (a launch in flight may still use one)
-_sms: dict[int, int] = {}
 _calls = CallCache()
-
-
-def _sm_count(dev: int) -> int:
-    n = _sms.get(dev)
-    if n is None:
-        n = _sms.setdefault(dev, int(driver.sm_count(dev)))
-    return n
 
 
 def _no_overlap(op, a, b, an, bn):
@@ -245,7 +238,7 @@ def _prepare(op, x, out, N, K, dev_refs):
 def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspace_arg, s, out, slots_in, forced,
          decoder=None):
     dev = same_device(op, xt, yt, *wrefs)
-    sms = _sm_count(dev if dev >= 0 else 0)
+    sms = _sm_count(dev)
     bm = bucket(kind, M)
     kerns = [get_kernel(_base(kind, bm, bn, bk, decoder)) for bn, bk in TILES[kind]]
     p = forced if forced is not None else plan(kind, M, N, K, sms, tuple(max(1, k.max_active_blocks()) for k in kerns))

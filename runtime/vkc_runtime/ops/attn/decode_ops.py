@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ... import driver, memory
+from ... import memory
 from ...bound import CallCache, Launch
 from ...kernels import get_kernel
 from .._check import OpError, cdiv, fits_i32, same_device, stream_of, tensor
+from .._check import sm_count as _sm_count
 from .common import (BF16, HEAD_DIMS, LayerCalls, block_tables_arg, cache_pair, check_capacity, decode_base,
                      decode_bases, group_size, plan_caches, plan_dims, q_out_gate)
 
@@ -274,11 +275,3 @@ def _decode_launches(op, p: _DecodeBatch, qt, cache, ot, gate, scale):
                    (po, pl, ot, gt, Hq, splits, sob, soh, sgb, sgh))], gslot
 
 
-_sms: dict[int, int] = {}
-
-
-def _sm_count(dev: int) -> int:
-    n = _sms.get(dev)
-    if n is None:
-        n = _sms.setdefault(dev, int(driver.sm_count(dev)))
-    return n

@@ -7,10 +7,10 @@ from .._check import OpError, cdiv, tensor
 MAX_EXPERTS = 512   # E' (routed + folded shared) <= the align kernels' EB
 MAX_TOPK = 16       # k' <= the router's KB slots
 TOPK_EB = (32, 256, 512)
-# the router's small-tile logits kernel up to this many tokens: every M for now -- route.logits.large gave
-# wrong (and run-to-run different) top-k ids at M = 100 and 2048 on the H200 (tests/gpu/test_gpu_moe.py,
-# 2026-12-01); it stays compiled, unused, until that is found
-SMALL_M = 1 << 30
+# the router's small-tile logits kernel (BM 16) up to this many tokens, the large-tile one (BM 128) above; a
+# first choice made without a device to time (the H200 crossover goes in BENCHMARKS.md). route.logits.large
+# once raced on sm_90a and gave wrong ids: kernels_src/moe/route.py, "Pipelining".
+SMALL_M = 128
 SPLIT_TARGET = 128  # programs the router's logits launch aims for (about one per SM of an H100/H200)
 MAX_SPLIT = 16
 HIST_CHUNK = 2048   # align.hist's CH (pairs per program): align histograms directly when P <= this

@@ -43,8 +43,8 @@ calls (vkc_runtime.bound).
 """
 from __future__ import annotations
 
-from ... import driver
 from .._check import BF16, OpError, cdiv, fits_i32, grid_y, row_stride, same_device, stream_of, tensor
+from .._check import sm_count as _sm_count
 from ...bound import CallCache, Launch, disjoint
 from ...kernels import get_kernel
 
@@ -113,15 +113,7 @@ def load_kernels(*, device: int | None = None) -> None:
         get_kernel(b, device=device).load()
 
 
-_sms: dict[int, int] = {}
 _calls = CallCache()
-
-
-def _sm_count(dev: int) -> int:
-    n = _sms.get(dev)
-    if n is None:
-        n = _sms.setdefault(dev, int(driver.sm_count(dev)))
-    return n
 
 
 def _span(t) -> tuple[int, int]:
@@ -235,7 +227,7 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
                           f"{TILES[block_m][act]}")
         bn, bk = _tile
     else:
-        bn, bk = plan(block_m, act, nb, N, _sm_count(dev if dev >= 0 else 0))
+        bn, bk = plan(block_m, act, nb, N, _sm_count(dev))
     k = get_kernel(_base(block_m, bn, bk, act))
     grid = (cdiv(N, bn), grid_y(op, nb), 1)
     args = (at, wt, ot, st, bt, nt, rt if rt is not None else st, P, E, N, K, a_rows, a_row_div, sa, swe, swn, so,
