@@ -101,9 +101,10 @@ def _a16(op: str, name: str, t, strides) -> None:
 
 
 def _rows(op: str, name: str, t, shape) -> int:
-    """The row stride of a [rows, cols] bf16 operand (checked: % 16 elements, 16-byte aligned, rows apart)."""
+    """The row stride of a [rows, cols] bf16 operand (checked: % 16 elements, 16-byte aligned, rows apart; one
+    row: never used by the kernel, passed as cols rounded up to 16)."""
     rows, cols = shape
-    st = row_stride(t) if rows > 1 else cols
+    st = row_stride(t) if rows > 1 else cdiv(cols, 16) * 16
     _a16(op, name, t, (st,))
     if rows > 1 and st < cols:
         raise OpError(f"{op}: {name} rows overlap (row stride {st} < {cols})")
