@@ -195,8 +195,8 @@ def test_block_decode_path(M_, monkeypatch, M, E, k, H, I, shared):
 def test_block_rule_takes_grouped_above_decode_max_m(M_, monkeypatch):
     """M = DECODE_MAX_M + 1 runs the grouped path (DECODE_MAX_M lowered to keep the case small)."""
     moe, reg, ar = M_
-    from vkc_runtime.ops.moe import block, grouped_ops
-    monkeypatch.setattr(block, "DECODE_MAX_M", 2)
+    from vkc_runtime.ops.moe import decode_ops, grouped_ops
+    monkeypatch.setattr(decode_ops, "DECODE_MAX_M", 2)
     monkeypatch.setattr(grouped_ops, "_sm_count", lambda dev: 132)
     g = torch.Generator().manual_seed(_seed())
     ins = _inputs(g, 3, 8, 2, 64, 32, True)

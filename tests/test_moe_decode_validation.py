@@ -23,14 +23,31 @@ def ptr(d):
     return d.__cuda_array_interface__["data"][0]
 
 
+_far = [1 << 44]
+
+
+def far(shape, typestr=BF16, strides=None):
+    """A Dev stand-in at an address of its own (the 35B-A3B expert weights span more than Dev's 256 MB step)."""
+    _far[0] += 1 << 36
+    return Dev(shape, typestr, strides=strides, device_ptr=_far[0])
+
+
+def far_t(shape):
+    """The same for a TorchLike tensor."""
+    t = T(shape)
+    _far[0] += 1 << 36
+    t._ptr = _far[0]
+    return t
+
+
 def gate_up_args(M=1, k=9, Ep=257, H=2048, I=512, **over):
-    a = dict(x=Dev((M, H)), w1=Dev((Ep, 2 * I, H)), topk_ids=Dev((M, k), I32), out=Dev((M * k, I)))
+    a = dict(x=Dev((M, H)), w1=far((Ep, 2 * I, H)), topk_ids=Dev((M, k), I32), out=Dev((M * k, I)))
     a.update(over)
     return a
 
 
 def down_args(M=1, k=9, Ep=257, H=2048, I=512, **over):
-    a = dict(h=Dev((M * k, I)), w2=Dev((Ep, H, I)), topk_ids=Dev((M, k), I32), topk_weights=Dev((M, k), F32),
+    a = dict(h=Dev((M * k, I)), w2=far((Ep, H, I)), topk_ids=Dev((M, k), I32), topk_weights=Dev((M, k), F32),
              out=Dev((M, H)))
     a.update(over)
     return a
@@ -68,9 +85,9 @@ def _gate_up_bad():
     x = Dev((1, 2048))
     return [
         (dict(x=Dev((1, 2048), F32)), "x must be bfloat16"),
-        (dict(w1=Dev((257, 1023, 2048))), "2I rows"),
+        (dict(w1=far((257, 1023, 2048))), "2I rows"),
         (dict(w1=Dev((257, 48, 2048)), out=Dev((9, 24))), "I=24"),
-        (dict(w1=Dev((257, 1024, 1024))), "w1 has shape"),
+        (dict(w1=far((257, 1024, 1024))), "w1 has shape"),
         (dict(x=Dev((1, 40)), w1=Dev((257, 1024, 40))), "H=40"),
         (dict(topk_ids=Dev((2, 9), I32)), "topk_ids has 2 rows"),
         (dict(topk_ids=Dev((1, 17), I32)), "1..16 columns"),
@@ -79,7 +96,7 @@ def _gate_up_bad():
         (dict(out=Dev((9, 512), F32)), "out must be bfloat16"),
         (dict(x=Dev((1, 2048), offset=1)), "x must be 16-byte aligned"),
         (dict(x=Dev((3, 2048), strides=(2056, 1)), topk_ids=Dev((3, 9), I32), out=Dev((27, 512))), "x strides"),
-        (dict(w1=Dev((257, 1024, 2048), strides=(1024 * 2056, 2056, 1))), "w1 strides"),
+        (dict(w1=far((257, 1024, 2048), strides=(1024 * 2056, 2056, 1))), "w1 strides"),
         (dict(x=x, out=Dev((9, 512), device_ptr=ptr(x))), "out must not overlap x"),
         (dict(_tile=(32, 512)), "not a compiled gate_up tile"),
     ]
@@ -97,7 +114,7 @@ def _down_bad():
     return [
         (dict(h=Dev((8, 512))), "h has shape"),
         (dict(h=Dev((9, 24)), w2=Dev((257, 2048, 24))), "I=24"),
-        (dict(w2=Dev((257, 2048, 256))), "w2 has shape"),
+        (dict(w2=far((257, 2048, 256))), "w2 has shape"),
         (dict(topk_weights=None), "topk_weights is required"),
         (dict(topk_weights=Dev((1, 9), I32)), "topk_weights must be float32"),
         (dict(topk_weights=Dev((1, 8), F32)), "topk_weights has shape"),
@@ -170,9 +187,9 @@ def test_bound_calls_replay_what_validation_launches(rec, monkeypatch):
     bound.clear_bound_calls()
 
     def calls():
-        x, w1, ids, h = T((2, 2048)), T((257, 1024, 2048)), T((2, 9), "torch.int32"), T((18, 512))
+        x, w1, ids, h = T((2, 2048)), far_t((257, 1024, 2048)), T((2, 9), "torch.int32"), T((18, 512))
         D.decode_gate_up(x, w1, ids, out=h)
-        D.decode_down(h, T((257, 2048, 512)), ids, T((2, 9), "torch.float32"), out=T((2, 2048)))
+        D.decode_down(h, far_t((257, 2048, 512)), ids, T((2, 9), "torch.float32"), out=T((2, 2048)))
         return x
 
     x1 = calls()
@@ -183,7 +200,7 @@ def test_bound_calls_replay_what_validation_launches(rec, monkeypatch):
     assert [(b, g) for b, g, _ in rec.calls] == [(b, g) for b, g, _ in first]
     assert rec.calls[0][2][0] == x2.data_ptr() != x1.data_ptr()
     assert rec.calls[0][2][4:] == first[0][2][4:]
-    w = T((257, 1024, 2048))
+    w = far_t((257, 1024, 2048))
     with pytest.raises(moe.OpError, match="out must not overlap w1"):  # the replay re-checks the relation
         D.decode_gate_up(T((2, 2048)), w, T((2, 9), "torch.int32"), out=_alias(w, (18, 512)))
     bound.clear_bound_calls()
@@ -205,7 +222,7 @@ def test_workspace_loads_the_decode_kernels_before_capture(monkeypatch, fake_cu)
     assert set(D.DECODE_BASES) <= set(r.loads)
     s = Stream()
     with Graph().capture(s):
-        moe.sparse_moe_block(Dev((4, 2048)), Dev((256, 2048)), Dev((257, 1024, 2048)), Dev((257, 2048, 512)), 8,
+        moe.sparse_moe_block(Dev((4, 2048)), Dev((256, 2048)), far((257, 1024, 2048)), far((257, 2048, 512)), 8,
                              renormalize=True, shared_gate_w=Dev((1, 2048)), workspace=w, out=Dev((4, 2048)), stream=s)
     assert [c[0] for c in r.calls] == ["moe.route.logits.small", "moe.route.topk.e256", "moe.decode.gate_up.n8.k512",
                                        "moe.decode.down.n4.k512.s4"]

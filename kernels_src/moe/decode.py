@@ -9,12 +9,14 @@ all a handful of tokens needs: the time is the weight bytes, read with 16-byte l
         (grouped.py) on the same fp32 values, so both paths give h within fp32 summation-order noise.
         Axis 0 is the pair, so the programs of one n-block of all pairs run side by side: at M > 1 pairs on
         the same expert (the shared expert: every token) read that block's rows from L2 rather than HBM.
+        Small BLOCK_N (8 or 16 rows of gate and as many of up) keeps many programs even at M = 1 (9 pairs x
+        I / 8 = 576 at I = 512), each with a whole BLOCK_N x BLOCK_K tile of each half in flight per iteration.
   moe_decode_down_kernel     grid (M, cdiv(H, BLOCK_N)):
         out[t, n] = bf16( sum over slot groups of sum_{j in group} w[t, j] * (h[t k' + j] . w2[e_j, n, :]) )
         The k' slots are taken SB at a time as one [SB, BLOCK_N, BLOCK_K] tile, so an iteration has SB
-        experts' rows in flight, not one: at M = 1 the grid is only cdiv(H, BLOCK_N) programs (256 at
-        H = 2048, BLOCK_N = 8: about two per SM of a 132-SM GPU), and per-program memory parallelism is what
-        keeps HBM busy. BLOCK_N = 8 rather than 16 doubles the programs at M = 1 (128 would leave SMs idle);
+        experts' rows in flight, not one: at M = 1 the grid is only cdiv(H, BLOCK_N) programs, and per-program
+        memory parallelism is what keeps HBM busy. Small BLOCK_N (4 or 8 rows, the spec's tiles) gives 512 or
+        256 programs at H = 2048, so even M = 1 fills a 132-SM GPU (16 rows would give 128: SMs idle);
         splitting over slots with fp32 partials and a second reduce launch would add a launch and a buffer
         for the same bytes. Within a group the per-slot dot products are summed over K (fp32), weighted,
         then summed over the group's slots; groups are added in slot order. No atomics: the same inputs give

@@ -11,8 +11,10 @@ Bases (vkc_runtime/ops/moe/decode_ops.py picks one tile per kernel; TILES there 
 
 The bf16 pointers, K (the reduction length) and the weights' / x's / h's / out's strides carry div=16
 (checked by the runtime); the ids / weights pointers, P, E, N and k_out carry none.
-No shared memory beyond the reductions' scratch, so no per-arch overrides. num_warps are first choices made
-without a device to time them (benchmarks/bench_moe.py times both tiles of each kernel).
+No shared memory beyond the reductions' scratch, so no per-arch overrides. The down kernels are capped at 128
+registers (``maxnreg``; ptxas 13.4 gives the 4-warp one 133 for sm_90a otherwise, which would fit 3 programs per
+SM instead of 4; no spills at 128). num_warps are first choices made without a device to time them
+(benchmarks/bench_moe.py times both tiles of each kernel).
 
 Grids (axis 0 first): gate_up (P, cdiv(N, BLOCK_N)); down (M, cdiv(H, BLOCK_N)).
 """
@@ -43,5 +45,5 @@ SPECS = [KernelSpec(name=f"decode.gate_up.n{bn}.k{bk}", source="decode.py", entr
          for bn, bk, w in GATE_UP_TILES]
 SPECS += [KernelSpec(name=f"decode.down.n{bn}.k{bk}.s{sb}", source="decode.py", entry="moe_decode_down_kernel",
                      args=_args(_DOWN), constexprs={"BLOCK_N": bn, "BLOCK_K": bk, "SB": sb}, num_warps=w,
-                     num_stages=1)
+                     num_stages=1, options={"maxnreg": 128})
           for bn, bk, sb, w in DOWN_TILES]

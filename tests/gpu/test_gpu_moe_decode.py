@@ -15,7 +15,7 @@ import pytest
 
 from tests import bounds_cases as B
 from tests.gpu.test_gpu_moe import (E, H, I, K, _capture_equal_eager, _poison_ws, close_rows, expert_weights,
-                                    near_ties, ref_block, ref_route, router_inputs, run_block)
+                                    near_ties, ref_block, ref_route, router_inputs)
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

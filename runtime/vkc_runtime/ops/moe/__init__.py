@@ -17,12 +17,14 @@ Layouts (device arrays, row-major; P = M * k' (token, pick) pairs, flat pair ind
 Ops: :func:`route` (2 launches: split-K fp32 logits, then softmax / top-k / renormalise / shared fold in a
 fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`grouped_gemm` (ops/moe/grouped_ops.py), :func:`combine` (1),
 :func:`decode_gate_up` / :func:`decode_down` (ops/moe/decode_ops.py: per-pair GEMVs for a few tokens, 1 launch
-each), :func:`sparse_moe_block` (M <= DECODE_MAX_M: route -> decode_gate_up -> decode_down; else route -> align ->
-grouped_gemm(silu_mul) -> grouped_gemm -> combine) with its :func:`moe_workspace`. Limits: E' <= 512, k' <= 16.
+each), :func:`sparse_moe_block` (M <= decode_ops.DECODE_MAX_M: route -> decode_gate_up -> decode_down; else
+route -> align -> grouped_gemm(silu_mul) -> grouped_gemm -> combine) with its :func:`moe_workspace`. Limits:
+E' <= 512, k' <= 16.
 
-Device-side values: ids outside [0, E') are dropped by align (their pairs are in no group) and skipped by
-combine (never read) and by the decode kernels (a zero h row, no contribution); every store of align is masked to its buffers whatever the ids; the router's ids are
-always in [0, E] (NaN logits give unspecified ids in range). Validated on the host before any launch: dtypes,
+Device-side values: ids outside [0, E') are dropped by align (their pairs are in no group), skipped by
+combine (never read) and by the decode kernels (a zero h row, no contribution); every store of align is masked
+to its buffers whatever the ids; the router's ids are always in [0, E] (NaN logits give unspecified ids in
+range). Validated on the host before any launch: dtypes,
 shapes, contiguity, alignment, int32 ranges, buffer capacities.
 
 Graph capture: pass ``out=`` / the output arrays and a workspace (route's partial logits, align's histogram

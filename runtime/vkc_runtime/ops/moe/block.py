@@ -29,7 +29,8 @@ from ...kernels import get_kernel, has_kernel
 from ...tensor import TensorRef
 from .._check import BF16, OpError, same_device, stream_of, tensor
 from .common import BASES as _ROUTE_BASES, MAX_TOPK, align_capacity, check_experts, contiguous, hist_chunks, HIST_BINS
-from .decode_ops import DECODE_BASES, DECODE_MAX_M, decode_down, decode_gate_up
+from . import decode_ops as _decode
+from .decode_ops import DECODE_BASES, decode_down, decode_gate_up
 from .route_ops import align, combine, route, route_scratch_floats
 
 try:
@@ -39,7 +40,7 @@ except ModuleNotFoundError as _e:  # the grouped GEMMs' module (helper moegemm's
         raise
     _grouped = None
 
-__all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS", "PATHS", "DECODE_MAX_M"]
+__all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS", "PATHS", "choose_path"]
 
 PATHS = ("decode", "grouped")
 
@@ -143,8 +144,9 @@ def _prefix(op: str, name: str, buf, shape: tuple, dtype: str) -> TensorRef:
 
 
 def choose_path(M: int) -> str:
-    """The block's path for M tokens: "decode" for M <= DECODE_MAX_M, else "grouped" (module doc)."""
-    return "decode" if M <= DECODE_MAX_M else "grouped"
+    """The block's path for M tokens: "decode" for M <= decode_ops.DECODE_MAX_M (read at each call: the one
+    place the constant lives), else "grouped" (module doc)."""
+    return "decode" if M <= _decode.DECODE_MAX_M else "grouped"
 
 
 def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=None, workspace, out, stream=None,
