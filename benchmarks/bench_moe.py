@@ -8,10 +8,16 @@ torch's pieces with the same routing: the router (F.linear + fp32 softmax + topk
 gate), the grouping (stable argsort of the expert ids, counts by scatter_add, cumsum offsets, a row gather),
 torch._grouped_mm x2 with SiLU-and-mul between, and the combine (un-permute, weighted fp32 sum); and all of
 them in sequence ("torch_block").
+Paths (rows ``op: moe_block_paths``, M in PATH_MS = 1, 2, 4, 8, 16, first): the block's decode path (route ->
+decode_gate_up -> decode_down, ops/moe/decode_ops.py) and its grouped path (route -> align -> grouped GEMMs ->
+combine) forced with ``path=`` on the same inputs, side by side with the floor and % of it, the path the rule
+(``DECODE_MAX_M``) takes, the decode path's pieces, and each compiled decode tile forced (``alternatives``:
+gate_up / down alone, on the routing of the set): the figures to set DECODE_MAX_M and the tile rule from.
+``decode_pair_bytes``: what the decode kernels would read if no pair's weights came from L2 (pairs x expert).
 Floor: the active weights (distinct experts hit, averaged over the input sets, x (2I*H + H*I) bf16) plus the
 router weight, x and out, read once at 4.26 TB/s (the H200's measured copy bandwidth; the run's own copy
 measurement is recorded too). Inputs: n_sets token sets (randn), rotated so that the weights of a set are not
-in L2 when it runs. Usage: python benchmarks/bench_moe.py OUT.json
+in L2 when it runs. Usage: python benchmarks/bench_moe.py OUT.json [paths]   ("paths": the path rows only)
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from timing import graph_ms, method  # noqa: E402
 E, K, H, I = 256, 8, 2048, 512
 EP, KOUT = E + 1, K + 1
 MS = (1, 16, 256, 2048, 8192)
+PATH_MS = (1, 2, 4, 8, 16)
 FLOOR_TBS = 4.26
 GRAPH_INNER = 10
 LIMIT = "active-weight HBM floor: distinct experts' weights + router + x + out at 4.26 TB/s"
@@ -91,6 +98,7 @@ def bench_case(M, W, copy_tbs):
     bm = moe.block_m_for(M, KOUT, EP)
     cap = moe.align_capacity(M * KOUT, EP, bm)
     row["block_m"] = bm
+    row["path"] = moe.choose_path(M)
     ids = torch.empty(M, KOUT, dtype=torch.int32, device="cuda")
     wts = torch.empty(M, KOUT, device="cuda")
     st = torch.empty(cap, dtype=torch.int32, device="cuda")
@@ -157,7 +165,90 @@ def bench_case(M, W, copy_tbs):
     return row
 
 
-def main(out_path: str) -> None:
+def _sets(M, W):
+    gw, sg = W[0], W[1]
+    g = torch.Generator(device="cuda").manual_seed(1000 + M)
+    n_sets = max(2, min(16, -(-int(BC.L2_BYTES * 2.5) // max(1, M * H * 2 + 9 * EXPERT_BYTES))))
+    xs = [torch.randn(M, H, device="cuda", generator=g).to(torch.bfloat16) for _ in range(n_sets)]
+    routes = [torch_route(x, gw, sg) for x in xs]
+    return n_sets, xs, routes
+
+
+def bench_paths(M, W, copy_tbs):
+    """The decode and grouped paths of the block at M tokens, same inputs (module doc)."""
+    gw, sg, w1, w2 = W[:4]
+    n_sets, xs, routes = _sets(M, W)
+    active = sum(len(torch.unique(ids)) for ids, _ in routes) / n_sets
+    nbytes = active * EXPERT_BYTES + (E + 1) * H * 2 + 2 * M * H * 2
+    row = {"op": "moe_block_paths", "M": M, "E": E, "top_k": K, "shared": True, "H": H, "I": I, "n_sets": n_sets,
+           "active_experts": active, "bytes": nbytes, "decode_pair_bytes": M * KOUT * EXPERT_BYTES,
+           "floor_us": nbytes / (FLOOR_TBS * 1e12) * 1e6, "floor_copy_us": BC.floor_ms(nbytes, copy_tbs) * 1e3,
+           "rule_path": moe.choose_path(M), "decode_max_m": moe.DECODE_MAX_M}
+    ws = moe.moe_workspace(M, E, K, H, I, shared=True)
+    out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
+    h = torch.empty(M * KOUT, I, dtype=torch.bfloat16, device="cuda")
+    rid = [r[0].int().contiguous() for r in routes]
+    rw = [r[1].contiguous() for r in routes]
+    outs = {}
+    for path in moe.PATHS:
+        def blk(i, s, path=path):
+            moe.sparse_moe_block(xs[i], gw, w1, w2, K, renormalize=True, shared_gate_w=sg, workspace=ws, out=out,
+                                 stream=s, path=path)
+        _time(row, path, blk, True, n_sets)
+        try:
+            blk(0, None)
+            torch.cuda.synchronize()
+            outs[path] = out.clone()
+        except Exception as e:  # noqa: BLE001
+            row[f"{path}_run_error"] = BC.err(e)
+    if len(outs) == 2:
+        row["rel_err_decode_vs_grouped"] = BC.rel_err(outs["decode"], outs["grouped"])
+    for key in ("decode", "grouped"):
+        t = row.get(f"{key}_graph_us")
+        if t:
+            row[f"{key}_pct_floor"] = BC.pct(row["floor_us"], t)
+    if row.get("decode_graph_us") and row.get("grouped_graph_us"):
+        row["grouped_over_decode"] = row["grouped_graph_us"] / row["decode_graph_us"]
+    from vkc_runtime.ops.moe import decode_ops as D
+    ids = torch.empty(M, KOUT, dtype=torch.int32, device="cuda")
+    wts = torch.empty(M, KOUT, device="cuda")
+
+    def v_route(i, s):
+        moe.route(xs[i], gw, K, renormalize=True, shared_gate_w=sg, topk_ids=ids, topk_weights=wts, workspace=ws,
+                  stream=s)
+    _time(row, "route", v_route, True, n_sets)
+    alts = {}
+    for kind, tiles in D.TILES.items():
+        for tile in tiles:
+            if kind == "gate_up":
+                def fn(i, s, tile=tile):
+                    moe.decode_gate_up(xs[i], w1, rid[i], out=h, stream=s, _tile=tile)
+            else:
+                def fn(i, s, tile=tile):
+                    moe.decode_down(h, w2, rid[i], rw[i], out=out, stream=s, _tile=tile)
+            sub = {}
+            _time(sub, "t", fn, True, n_sets)
+            alts[D._base(kind, tile)] = sub.get("t_graph_us", sub.get("t_graph_error"))
+            if tile == tiles[0] and "t_graph_us" in sub:
+                row[f"decode_{kind}_graph_us"] = sub["t_graph_us"]
+    row["alternatives"] = alts
+    return row
+
+
+def _print_paths(rows):
+    print(f"{'M':>4}{'floor':>8}{'decode':>8}{'%fl':>6}{'grouped':>9}{'%fl':>6}{'g/d':>6}{'route':>7}{'gate_up':>8}"
+          f"{'down':>7}  rule")
+    for r in rows:
+        def f(k):
+            v = r.get(k)
+            return f"{v:.1f}" if isinstance(v, float) else "-"
+        print(f"{r['M']:>4}{f('floor_us'):>8}{f('decode_graph_us'):>8}{f('decode_pct_floor'):>6}"
+              f"{f('grouped_graph_us'):>9}{f('grouped_pct_floor'):>6}{f('grouped_over_decode'):>6}"
+              f"{f('route_graph_us'):>7}{f('decode_gate_up_graph_us'):>8}{f('decode_down_graph_us'):>7}  "
+              f"{r['rule_path']}  {r.get('alternatives')}")
+
+
+def main(out_path: str, only_paths: bool = False) -> None:
     torch.manual_seed(0)
     copy_tbs = BC.measured_copy_tbs()
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -167,7 +258,15 @@ def main(out_path: str) -> None:
     w2 = (torch.randn(EP, H, I, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
     W = (gw, sg, w1, w2, w1.transpose(1, 2), w2.transpose(1, 2))
     rows, cmp = [], BC.Comparisons()
-    for M in MS:
+    for M in PATH_MS:
+        r = bench_paths(M, W, copy_tbs)
+        rows.append(r)
+        cmp.add("moe", f"M={M} E={E}+1 k={K} H={H} I={I}", "device", "sparse_moe_block[decode]",
+                r.get("decode_graph_us"), "sparse_moe_block[grouped]", r.get("grouped_graph_us"), unit="us",
+                pct_limit=BC.pct(r["floor_us"], r.get("decode_graph_us")), limit=LIMIT)
+    path_rows = list(rows)
+    _print_paths(path_rows)
+    for M in () if only_paths else MS:
         r = bench_case(M, W, copy_tbs)
         rows.append(r)
         case = f"M={M} E={E}+1 k={K} H={H} I={I}"
@@ -185,7 +284,8 @@ def main(out_path: str) -> None:
     BC.write(out_path, BC.result("moe", method=meth, limits=limits, rows=rows, comparisons=cmp))
     print(f"{'M':>5}{'floor':>8}{'block':>8}{'%fl':>6}{'route':>7}{'align':>7}{'comb':>7}{'t_blk':>8}{'t_mm':>8}"
           f"{'x':>6}")
-    for r in rows:
+    _print_paths(path_rows)
+    for r in rows[len(path_rows):]:
         def f(k):
             v = r.get(k)
             return f"{v:.1f}" if isinstance(v, float) else "-"
@@ -195,4 +295,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench_moe.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench_moe.json", only_paths="paths" in sys.argv[2:])

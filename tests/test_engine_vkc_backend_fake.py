@@ -222,9 +222,9 @@ def _dense_cfg():
 
 
 def test_moe_model_through_the_real_moe_ops(fake_vkc, tmp_path, monkeypatch):
-    """With vkc_runtime.ops.moe (router + grouped GEMMs) in the tree: every MoE call of the engine passes the
-    real ops' host validation and launches declared kernels (small decode/mixed steps and a 1000-token prefill,
-    which takes the larger block_m tiles)."""
+    """With vkc_runtime.ops.moe (router + grouped GEMMs + the decode path) in the tree: every MoE call of the
+    engine passes the real ops' host validation and launches declared kernels (small decode/mixed steps and a
+    1000-token prefill, which takes the larger block_m tiles)."""
     moe = pytest.importorskip("vkc_runtime.ops.moe")
     if not getattr(moe, "GROUPED_BASES", ()):
         pytest.skip("vkc_runtime.ops.moe has no grouped GEMMs in this tree")
@@ -243,7 +243,9 @@ def test_moe_model_through_the_real_moe_ops(fake_vkc, tmp_path, monkeypatch):
               max_model_len=1100, num_blocks=40, block_size=64)
     assert big.prompt_logits(list(range(1, 1001))).shape == (1000, big.cfg.vocab_size)
     names = {c[0] for c in rec.calls}
-    assert {n.split(".")[1] for n in names} == {"route", "align", "grouped", "combine"}
+    # decode steps of <= 3 rows take the block's decode path (ops/moe/decode_ops.py), the prefills the grouped one
+    assert {n.split(".")[1] for n in names} == {"route", "align", "grouped", "combine", "decode"}
+    assert any(n.startswith("moe.decode.") for n in small)
     assert len({n for n in names if n.startswith("moe.grouped.")}) > len(
         {n for n in small if n.startswith("moe.grouped.")})  # the long prefill picks other tiles
 

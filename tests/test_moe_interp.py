@@ -342,7 +342,8 @@ def test_block_with_standin_gemm(M_, M, shared):
     out = ar.poison((M, H), torch.bfloat16)
     try:
         moe.sparse_moe_block(Cai(ar.put(x)), Cai(ar.put(gw)), Cai(ar.put(w1)), Cai(ar.put(w2)), k, renormalize=True,
-                             shared_gate_w=None if sg is None else Cai(ar.put(sg)), workspace=ws, out=Cai(out))
+                             shared_gate_w=None if sg is None else Cai(ar.put(sg)), workspace=ws, out=Cai(out),
+                             path="grouped")  # M = 3 would take the decode path (tests/test_moe_decode_interp.py)
     finally:
         mp.undo()
     ref = R.block(np64(x), np64(gw), np64(w1), np64(w2), k, True, None if sg is None else np64(sg))

@@ -232,15 +232,15 @@ def test_bound_calls_replay_what_validation_launches(rec, monkeypatch):
 
 
 def test_workspace_loads_every_kernel_before_capture(monkeypatch, fake_cu):
-    """moe_workspace loads the routing kernels (and grouped_ops' where built in); captured route / align /
-    combine then load nothing."""
+    """moe_workspace loads the routing kernels, the decode path's and grouped_ops' (where built in); captured
+    route / align / combine then load nothing."""
     from vkc_runtime import Graph, Stream
     from tests.ops_fakes import install_recorder
     monkeypatch.setenv("VKC_FASTPATH", "0")
     r = install_recorder(monkeypatch, moe)
     r.is_capturing = lambda: any(fake_cu.capturing.values())
     w = moe.moe_workspace(3000, 256, 8, 2048, 512, shared=True)
-    assert set(r.loads) == set(C.BASES) | set(moe.GROUPED_BASES)
+    assert set(r.loads) == set(C.BASES) | set(moe.GROUPED_BASES) | set(moe.DECODE_BASES)
     M = 3000
     P = M * 9
     cap = moe.align_capacity(P, 257, 64)

@@ -1,5 +1,6 @@
 """AOT specs of the moe family: the router, the grouping by expert and the combine (route.py, align.py,
-combine.py); the grouped GEMMs' specs come from grouped_spec.py and are appended.
+combine.py); the grouped GEMMs' specs come from grouped_spec.py and the decode kernels' from decode_spec.py,
+appended.
 
 Bases:
   route.logits.small   BM 16, BE 32, BK 128 (decode: many programs over E tiles and K splits)
@@ -25,10 +26,10 @@ from pathlib import Path
 from vkc.spec import Arg, KernelSpec
 
 
-def _grouped_specs() -> list:
-    """grouped_spec.py's SPECS (loaded by path: vkc loads spec files by path, not as a package)."""
-    path = Path(__file__).with_name("grouped_spec.py")
-    spec = importlib.util.spec_from_file_location("_vkc_spec_moe_grouped", path)
+def _grouped_specs(file: str = "grouped_spec.py") -> list:
+    """``file``'s SPECS (loaded by path: vkc loads spec files by path, not as a package)."""
+    path = Path(__file__).with_name(file)
+    spec = importlib.util.spec_from_file_location(f"_vkc_spec_moe_{file[:-len('_spec.py')]}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return list(mod.SPECS)
@@ -69,4 +70,5 @@ SPECS = [
     KernelSpec(name="combine", source="combine.py", entry="combine_kernel", args=_COMBINE,
                constexprs={"BH": 512}, num_warps=4, num_stages=1),
     *_grouped_specs(),
+    *_grouped_specs("decode_spec.py"),
 ]

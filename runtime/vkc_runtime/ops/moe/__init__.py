@@ -16,12 +16,15 @@ Layouts (device arrays, row-major; P = M * k' (token, pick) pairs, flat pair ind
 
 Ops: :func:`route` (2 launches: split-K fp32 logits, then softmax / top-k / renormalise / shared fold in a
 fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`grouped_gemm` (ops/moe/grouped_ops.py), :func:`combine` (1),
-:func:`sparse_moe_block` (route -> align -> grouped_gemm(silu_mul) -> grouped_gemm -> combine) with its
-:func:`moe_workspace`. Limits: E' <= 512, k' <= 16.
+:func:`decode_gate_up` / :func:`decode_down` (ops/moe/decode_ops.py: per-pair GEMVs for a few tokens, 1 launch
+each), :func:`sparse_moe_block` (M <= decode_ops.DECODE_MAX_M: route -> decode_gate_up -> decode_down; else
+route -> align -> grouped_gemm(silu_mul) -> grouped_gemm -> combine) with its :func:`moe_workspace`. Limits:
+E' <= 512, k' <= 16.
 
-Device-side values: ids outside [0, E') are dropped by align (their pairs are in no group) and skipped by
-combine (never read); every store of align is masked to its buffers whatever the ids; the router's ids are
-always in [0, E] (NaN logits give unspecified ids in range). Validated on the host before any launch: dtypes,
+Device-side values: ids outside [0, E') are dropped by align (their pairs are in no group), skipped by
+combine (never read) and by the decode kernels (a zero h row, no contribution); every store of align is masked
+to its buffers whatever the ids; the router's ids are always in [0, E] (NaN logits give unspecified ids in
+range). Validated on the host before any launch: dtypes,
 shapes, contiguity, alignment, int32 ranges, buffer capacities.
 
 Graph capture: pass ``out=`` / the output arrays and a workspace (route's partial logits, align's histogram
@@ -30,8 +33,9 @@ With torch tensors, a workspace (route, align) and the same layout as a recent c
 are bound calls (vkc_runtime.bound). The results are deterministic (no atomics; fixed summation orders).
 """
 from .._check import OpError
-from .block import (BLOCK_MS, GROUPED_BASES, GROUPED_OPTIONAL_BASES, MoeWorkspace, block_m_for, moe_workspace,
-                    sparse_moe_block)
+from .block import (BLOCK_MS, GROUPED_BASES, GROUPED_OPTIONAL_BASES, PATHS, MoeWorkspace, block_m_for, choose_path,
+                    moe_workspace, sparse_moe_block)
+from .decode_ops import DECODE_BASES, DECODE_MAX_M, decode_down, decode_gate_up
 from .common import BASES as ROUTE_BASES, MAX_EXPERTS, MAX_TOPK, align_capacity
 from .route_ops import align, combine, route
 
@@ -42,10 +46,11 @@ except ModuleNotFoundError as _e:  # pragma: no cover - a tree without them
         raise
 
 __all__ = ["route", "align", "combine", "align_capacity", "moe_workspace", "MoeWorkspace", "sparse_moe_block",
-           "grouped_gemm", "choose_block_m",
+           "grouped_gemm", "choose_block_m", "decode_gate_up", "decode_down", "DECODE_MAX_M", "DECODE_BASES",
+           "choose_path", "PATHS",
            "block_m_for", "BLOCK_MS", "MAX_EXPERTS", "MAX_TOPK", "OpError", "BASES", "OPTIONAL_BASES"]
 
-# every kernel the family's ops may launch: the routing ones and, where ops/moe/grouped_ops.py is built in,
-# its grouped GEMMs
-BASES = ROUTE_BASES + GROUPED_BASES
+# every kernel the family's ops may launch: the routing ones, the decode path's and, where ops/moe/grouped_ops.py
+# is built in, its grouped GEMMs
+BASES = ROUTE_BASES + GROUPED_BASES + DECODE_BASES
 OPTIONAL_BASES = GROUPED_OPTIONAL_BASES

@@ -1,6 +1,16 @@
-"""The whole MoE block (:func:`sparse_moe_block`) and its workspace (:func:`moe_workspace`): route -> align ->
-grouped GEMM (gate_up, SiLU-and-mul) -> grouped GEMM (down) -> combine, five ops and six or seven launches
-on one stream, no host sync, every buffer from the workspace (graph-capturable).
+"""The whole MoE block (:func:`sparse_moe_block`) and its workspace (:func:`moe_workspace`), two paths, each on
+one stream, no host sync, every buffer from the workspace (graph-capturable):
+
+  decode  (M <= ``DECODE_MAX_M`` tokens, ops/moe/decode_ops.py): route -> decode_gate_up (gate_up GEMV + SwiGLU
+          per (token, pick) pair) -> decode_down (down GEMV + the weighted sum per token): four launches, no
+          grouping by expert, no MMA tile padded to 16 rows for one real row;
+  grouped (larger M): route -> align -> grouped GEMM (gate_up, SiLU-and-mul) -> grouped GEMM (down) -> combine,
+          five ops and six or seven launches.
+
+``path=`` forces one ("decode" / "grouped"; benchmarks and tests); the default is the M rule, a pure function of
+the call's M, so a captured graph replays the path it was captured with. Both give the same function within
+bf16 rounding (the decode path rounds h to bf16 like the grouped GEMM's epilogue, but sums the k' weighted
+down projections in fp32 before one bf16 rounding, where the grouped path rounds each pick's row first).
 
 Tile rule (``block_m_for``): the grouped GEMMs' row tile, chosen by their module's rule
 (``grouped_ops.choose_block_m``: it follows the mean number of pairs per expert P / E', P = M * k'; small
@@ -19,6 +29,8 @@ from ...kernels import get_kernel, has_kernel
 from ...tensor import TensorRef
 from .._check import BF16, OpError, same_device, stream_of, tensor
 from .common import BASES as _ROUTE_BASES, MAX_TOPK, align_capacity, check_experts, contiguous, hist_chunks, HIST_BINS
+from . import decode_ops as _decode
+from .decode_ops import DECODE_BASES, decode_down, decode_gate_up
 from .route_ops import align, combine, route, route_scratch_floats
 
 try:
@@ -28,7 +40,9 @@ except ModuleNotFoundError as _e:  # the grouped GEMMs' module (helper moegemm's
         raise
     _grouped = None
 
-__all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS"]
+__all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS", "PATHS", "choose_path"]
+
+PATHS = ("decode", "grouped")
 
 BLOCK_MS = tuple(_grouped.BLOCK_MS) if _grouped is not None else (16, 64)
 
@@ -48,7 +62,7 @@ class MoeWorkspace:
       part fp32                                          router partial logits (max over M of n_split * M * (E + 1))
       hist int32 [cdiv(Pk, 2048) * 512] (>= 1)           align's per-chunk histograms
       sorted_ids int32, block_expert int32 (largest align_capacity over BLOCK_MS), num_padded int32 [1]
-      h bf16 [Pk * intermediate], y bf16 [Pk * hidden]    GEMM outputs
+      h bf16 [Pk * intermediate], y bf16 [Pk * hidden]    GEMM outputs (h: the decode path's too)
     One workspace must not serve two streams at the same time."""
     max_tokens: int
     num_experts: int   # routed experts E
@@ -100,7 +114,7 @@ def moe_workspace(max_tokens: int, num_experts: int, top_k: int, hidden: int, in
         return memory.DeviceArray.empty((max(int(n), 1),), dt, device=device)
 
     ids = e(Pk, "int32")  # makes the device's context current: the kernel lookups below need it
-    for b in _ROUTE_BASES + GROUPED_BASES:
+    for b in _ROUTE_BASES + GROUPED_BASES + DECODE_BASES:
         get_kernel(b, device=device).load()
     for b in GROUPED_OPTIONAL_BASES:
         if has_kernel(b, device=device):
@@ -129,14 +143,22 @@ def _prefix(op: str, name: str, buf, shape: tuple, dtype: str) -> TensorRef:
     return TensorRef(t.ptr, tuple(shape), tuple(strides), dtype, t.device, buf)
 
 
-def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=None, workspace, out, stream=None):
+def choose_path(M: int) -> str:
+    """The block's path for M tokens: "decode" for M <= decode_ops.DECODE_MAX_M (read at each call: the one
+    place the constant lives), else "grouped" (module doc)."""
+    return "decode" if M <= _decode.DECODE_MAX_M else "grouped"
+
+
+def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=None, workspace, out, stream=None,
+                     path: str | None = None):
     """The MoE block of Qwen3.5/3.6 MoE for ``x`` bf16 [M, H] -> ``out`` bf16 [M, H]: router ``gate_w`` [E, H],
     experts ``w1`` [E', 2I, H] (gate rows then up rows) and ``w2`` [E', H, I], with the shared expert stacked
     as expert E (E' = E + 1) and ``shared_gate_w`` [1, H] when given (its weight sigmoid(x . shared_gate_w)).
-    ``workspace``: :func:`moe_workspace` for at least M tokens, the same E, top_k, H, I and shared."""
+    ``workspace``: :func:`moe_workspace` for at least M tokens, the same E, top_k, H, I and shared. ``path``:
+    None (the M rule, :func:`choose_path`), "decode" or "grouped" (module doc)."""
     op = "moe.sparse_moe_block"
-    if _grouped is None:
-        raise OpError(f"{op}: the grouped GEMM ops (vkc_runtime.ops.moe.grouped_ops) are not in this build")
+    if path is not None and path not in PATHS:
+        raise OpError(f"{op}: path must be None or one of {PATHS}, got {path!r}")
     s = stream_of(stream)
     ws = workspace
     if not isinstance(ws, MoeWorkspace):
@@ -155,20 +177,32 @@ def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=Non
     for n, t in (("w1", w1t), ("w2", w2t)):
         contiguous(op, n, t)
     same_device(op, xt, gt, w1t, w2t, ot)
+    # what the expert kernels of either path would refuse, refused before the router launches
+    if I % 16:
+        raise OpError(f"{op}: intermediate I={I} must be a multiple of 16")
+    if ot.ptr % 16 or (M > 1 and ot.strides[0] % 16):
+        raise OpError(f"{op}: out must be 16-byte aligned with a row stride % 16 elements (strides {ot.strides})")
     if M == 0:
         return out
     P = M * kout
     ids = _prefix(op, "topk_ids", ws.topk_ids, (M, kout), "int32")
     wts = _prefix(op, "topk_weights", ws.topk_weights, (M, kout), "float32")
+    path = path or choose_path(M)
+    if path == "grouped" and _grouped is None:
+        raise OpError(f"{op}: the grouped GEMM ops (vkc_runtime.ops.moe.grouped_ops) are not in this build")
     route(x, gate_w, top_k, renormalize=renormalize, shared_gate_w=shared_gate_w, topk_ids=ids, topk_weights=wts,
           workspace=ws, stream=s)
+    h = _prefix(op, "h", ws.h, (P, I), BF16)
+    if path == "decode":
+        decode_gate_up(x, w1, ids, out=h, stream=s)
+        decode_down(h, w2, ids, wts, out=out, stream=s)
+        return out
     bm = block_m_for(M, kout, Ep)
     cap = align_capacity(P, Ep, bm)
     sid = _prefix(op, "sorted_ids", ws.sorted_ids, (cap,), "int32")
     bex = _prefix(op, "block_expert", ws.block_expert, (cap // bm,), "int32")
     npad = _prefix(op, "num_padded", ws.num_padded, (1,), "int32")
     align(ids, Ep, bm, sorted_ids=sid, block_expert=bex, num_padded=npad, workspace=ws, stream=s)
-    h = _prefix(op, "h", ws.h, (P, I), BF16)
     y = _prefix(op, "y", ws.y, (P, H), BF16)
     _grouped.grouped_gemm(x, w1, sid, bex, npad, a_row_div=kout, out=h, block_m=bm, act="silu_mul", stream=s)
     _grouped.grouped_gemm(h, w2, sid, bex, npad, a_row_div=1, out=y, block_m=bm, act=None, stream=s)

@@ -1,0 +1,103 @@
+"""The MoE block's small-M (decode) expert kernels: no grouping by expert, no MMA tiles padded to 16 rows.
+Each (token, pick) pair f = t * k' + j reads its expert id from ``topk_ids`` on the device and streams that
+expert's weight rows once; the products are CUDA-core dot products (tl.sum of x * W tiles, fp32), which is
+all a handful of tokens needs: the time is the weight bytes, read with 16-byte loads along K.
+
+  moe_decode_gate_up_kernel  grid (P, cdiv(N, BLOCK_N)), P = M * k', N = I:
+        h[f, n] = bf16(silu(g) * u),  g = x[t] . w1[e, n, :],  u = x[t] . w1[e, N + n, :]   (fp32 sums)
+        silu(g) = g / (1 + exp(-g)) in fp32, then * u, then one bf16 rounding: the grouped GEMM's epilogue
+        (grouped.py) on the same fp32 values, so both paths give h within fp32 summation-order noise.
+        Axis 0 is the pair, so the programs of one n-block of all pairs run side by side: at M > 1 pairs on
+        the same expert (the shared expert: every token) read that block's rows from L2 rather than HBM.
+        Small BLOCK_N (8 or 16 rows of gate and as many of up) keeps many programs even at M = 1 (9 pairs x
+        I / 8 = 576 at I = 512), each with a whole BLOCK_N x BLOCK_K tile of each half in flight per iteration.
+  moe_decode_down_kernel     grid (M, cdiv(H, BLOCK_N)):
+        out[t, n] = bf16( sum over slot groups of sum_{j in group} w[t, j] * (h[t k' + j] . w2[e_j, n, :]) )
+        The k' slots are taken SB at a time as one [SB, BLOCK_N, BLOCK_K] tile, so an iteration has SB
+        experts' rows in flight, not one: at M = 1 the grid is only cdiv(H, BLOCK_N) programs, and per-program
+        memory parallelism is what keeps HBM busy. Small BLOCK_N (4 or 8 rows, the spec's tiles) gives 512 or
+        256 programs at H = 2048, so even M = 1 fills a 132-SM GPU (16 rows would give 128: SMs idle);
+        splitting over slots with fp32 partials and a second reduce launch would add a launch and a buffer
+        for the same bytes. Within a group the per-slot dot products are summed over K (fp32), weighted,
+        then summed over the group's slots; groups are added in slot order. No atomics: the same inputs give
+        the same bits (a fixed reduction tree per compiled kernel), eager or replayed in a graph.
+
+Device-side ids (nothing read from device memory moves an access outside the given tensors):
+  - gate_up: a pair whose id e is outside [0, E) runs no K iteration (reads no weight and no x) and writes
+    zeros to its h row; e is replaced by 0 before any address is formed;
+  - down: a slot whose id is outside [0, E) contributes nothing: its weight rows, its h row and its routing
+    weight are not read (masked loads), and its term is 0 even if the weight would be NaN;
+  - ids / weights are read only at f < P = M * k' (the grid and the slot masks), h rows only at f < P.
+Tails: N (gate_up: rows n < N of the gate and up halves) and H (down) are masked, K against K; the host
+promises K % 16 == 0, 16-byte aligned pointers and row strides % 16 elements (div=16 hints), which keeps the
+masked loads vectorized. Offsets into x, w1, w2, h and out are computed in int64.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def moe_decode_gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, P, E, N, K, k_out, stride_x, stride_we, stride_wn,
+                              stride_h, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x [M, K] bf16 (row stride stride_x), w1 [E, 2N, K] bf16 (strides stride_we, stride_wn, 1), ids int32
+    [P] (flat [M, k_out]), h [P, N] bf16 (row stride stride_h). Grid (P, cdiv(N, BLOCK_N))."""
+    f = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(ids_ptr + f)
+    ok = (e >= 0) & (e < E)
+    e = tl.where(ok, e, 0).to(tl.int64)
+    t = (f // k_out).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    rk = tl.arange(0, BLOCK_K)
+    w_e = w_ptr + e * stride_we
+    wg_rows = w_e + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]         # gate rows n
+    wu_rows = w_e + (n + N).to(tl.int64)[:, None] * stride_wn + rk[None, :]   # up rows N + n
+    x_row = x_ptr + t * stride_x + rk
+    k_end = tl.where(ok, K, 0)  # an invalid id runs no iteration: no weight or x byte is read
+    acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, k_end, BLOCK_K):
+        k_ok = (k0 + rk) < K
+        xk = tl.load(x_row + k0, mask=k_ok, other=0.0).to(tl.float32)
+        wmask = n_ok[:, None] & k_ok[None, :]
+        wg = tl.load(wg_rows + k0, mask=wmask, other=0.0)
+        wu = tl.load(wu_rows + k0, mask=wmask, other=0.0)
+        acc_g += tl.sum(wg.to(tl.float32) * xk[None, :], axis=1)
+        acc_u += tl.sum(wu.to(tl.float32) * xk[None, :], axis=1)
+    hv = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # 0 for an invalid id (no iteration ran)
+    tl.store(h_ptr + f.to(tl.int64) * stride_h + n, hv.to(tl.bfloat16), mask=n_ok)
+
+
+@triton.jit
+def moe_decode_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_out, stride_h, stride_we,
+                           stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SB: tl.constexpr):
+    """h [P, K] bf16 (row stride stride_h), w2 [E, N, K] bf16 (strides stride_we, stride_wn, 1), ids int32 /
+    weights fp32 [M, k_out] contiguous, out [M, N] bf16 (row stride stride_o). Grid (M, cdiv(N, BLOCK_N))."""
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    rs = tl.arange(0, SB)
+    rk = tl.arange(0, BLOCK_K)
+    n_off = n.to(tl.int64)[None, :, None] * stride_wn + rk[None, None, :]     # [1, BLOCK_N, BLOCK_K]
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for s0 in range(0, k_out, SB):
+        s = s0 + rs
+        s_in = s < k_out
+        f = t.to(tl.int64) * k_out + s                                       # [SB] flat pair indices
+        e = tl.load(ids_ptr + f, mask=s_in, other=-1)
+        ok = s_in & (e >= 0) & (e < E)
+        wt = tl.load(wts_ptr + f, mask=ok, other=0.0)
+        e = tl.where(ok, e, 0).to(tl.int64)
+        w_rows = w_ptr + e[:, None, None] * stride_we + n_off                 # [SB, BLOCK_N, BLOCK_K]
+        h_rows = h_ptr + tl.where(ok, f, 0)[:, None] * stride_h + rk[None, :]  # [SB, BLOCK_K]
+        part = tl.zeros((SB, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = (k0 + rk) < K
+            hk = tl.load(h_rows + k0, mask=ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            wm = ok[:, None, None] & n_ok[None, :, None] & k_ok[None, None, :]
+            w = tl.load(w_rows + k0, mask=wm, other=0.0)
+            part += tl.sum(w.to(tl.float32) * hk[:, None, :], axis=2)
+        acc += tl.sum(tl.where(ok[:, None], wt[:, None] * part, 0.0), axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_o + n, acc.to(tl.bfloat16), mask=n_ok)

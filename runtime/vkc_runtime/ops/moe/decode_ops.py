@@ -1,0 +1,201 @@
+"""The MoE block's small-M (decode) expert ops (kernels_src/moe/decode.py): no grouping by expert, no MMA tiles.
+
+    decode_gate_up(x, w1, topk_ids, *, out, stream=None)
+        out[f] = silu(x[t] @ w1[e, :I]^T) * (x[t] @ w1[e, I:]^T)      f = t * k' + j, e = topk_ids[t, j]
+    decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None)
+        out[t] = sum_j topk_weights[t, j] * (h[t * k' + j] @ w2[e]^T)
+
+bf16 in and out, fp32 sums. :func:`sparse_moe_block` (ops/moe/block.py) runs route -> decode_gate_up ->
+decode_down for M <= ``DECODE_MAX_M`` tokens (4 launches, no align, no combine), else route -> align ->
+grouped GEMMs -> combine.
+
+``DECODE_MAX_M`` (8): the decode kernels read each pair's expert rows on their own (a pair = one token's pick),
+so their weight bytes grow with M * k' while the grouped GEMMs' grow with the distinct experts; the pairs that
+share an expert in one step (the shared expert: all M) meet in L2, because the programs of one weight block
+run side by side. 8 is a first choice made without a device; benchmarks/bench_moe.py times both paths at
+M = 1, 2, 4, 8, 16 so the crossover can be set from one run.
+
+Layouts and requirements (checked before any launch, :class:`OpError` otherwise):
+  x            bf16 [M, H], last dim contiguous, row stride % 16 elements, 16-byte aligned, H % 16 == 0
+  w1           bf16 [E', 2I, H] (gate rows then up rows), w2 bf16 [E', H, I]: last dim contiguous, strides % 16
+               elements, 16-byte aligned; I % 16 == 0
+  topk_ids     int32 [M, k'], topk_weights fp32 [M, k'], contiguous, 1 <= k' <= 16
+  h            bf16 [M * k', I] (decode_gate_up's out, decode_down's input), last dim contiguous, row stride % 16,
+               16-byte aligned;  out bf16 [M, H] likewise
+  an output overlaps none of its op's inputs.
+The ids' values are not read on the host (no sync): an id outside [0, E') gives a zero h row and contributes
+nothing to out (kernels_src/moe/decode.py states the rule), so no value makes a kernel touch memory outside
+these tensors.
+
+Tiles (``TILES``; the rule takes the first of each kernel, ``_tile=`` forces another: benchmarks): gate_up
+BLOCK_N 8 x BLOCK_K 512 (4 warps) or 16 x 512 (8 warps); down BLOCK_N 4 x BLOCK_K 512 x 4 slots per
+iteration (4 warps) or 8 x 512 x 4 (8 warps). Grids: gate_up (M * k', cdiv(I, BLOCK_N)), down
+(M, cdiv(H, BLOCK_N)): a pure function of the shapes, so graph-stable.
+
+Graphs: no workspace, no allocation; the block's :func:`moe_workspace` loads these kernels and holds the h rows
+(its ``h`` buffer). Calls with torch tensors are bound calls (vkc_runtime.bound). Deterministic: no atomics.
+"""
+from __future__ import annotations
+
+from ...bound import CallCache, Launch, disjoint
+from ...kernels import get_kernel
+from .._check import BF16, OpError, cdiv, fits_i32, grid_y, row_stride, same_device, stream_of, tensor
+from .common import routing
+
+__all__ = ["decode_gate_up", "decode_down", "DECODE_MAX_M", "TILES", "DECODE_BASES", "load_kernels"]
+
+DECODE_MAX_M = 8
+# kernel -> its tiles, the rule's pick first (kernels_src/moe/decode_spec.py compiles the same list):
+# gate_up (BLOCK_N, BLOCK_K), down (BLOCK_N, BLOCK_K, SB)
+TILES = {"gate_up": ((8, 512), (16, 512)), "down": ((4, 512, 4), (8, 512, 4))}
+
+
+def _base(kind: str, tile: tuple) -> str:
+    """The kernel name (spelled once: the ops call this, DECODE_BASES is built from it)."""
+    if kind == "gate_up":
+        return f"moe.decode.gate_up.n{tile[0]}.k{tile[1]}"
+    return f"moe.decode.down.n{tile[0]}.k{tile[1]}.s{tile[2]}"
+
+
+DECODE_BASES = tuple(_base(kind, t) for kind, tiles in TILES.items() for t in tiles)
+BASES = DECODE_BASES
+
+_gate_up_calls = CallCache()
+_down_calls = CallCache()
+
+
+def load_kernels(*, device: int | None = None) -> None:
+    """Load every decode kernel in the current context (before a graph capture)."""
+    for b in DECODE_BASES:
+        get_kernel(b, device=device).load()
+
+
+def _pick_tile(op: str, kind: str, forced):
+    if forced is None:
+        return TILES[kind][0]
+    if forced not in TILES[kind]:
+        raise OpError(f"{op}: _tile {forced!r} is not a compiled {kind} tile: {TILES[kind]}")
+    return forced
+
+
+def _span(t) -> tuple[int, int]:
+    if any(n == 0 for n in t.shape):
+        return t.ptr, t.ptr
+    return t.ptr, t.ptr + sum((s - 1) * st for s, st in zip(t.shape, t.strides)) * t.itemsize + t.itemsize
+
+
+def _no_overlap(op: str, out, others) -> None:
+    o0, o1 = _span(out)
+    for name, t in others:
+        a0, a1 = _span(t)
+        if a0 < o1 and o0 < a1:
+            raise OpError(f"{op}: out must not overlap {name}")
+
+
+def _a16(op: str, name: str, t, strides) -> None:
+    if t.ptr % 16:
+        raise OpError(f"{op}: {name} must be 16-byte aligned")
+    for s in strides:
+        if s % 16:
+            raise OpError(f"{op}: {name} strides {tuple(t.strides)} must be multiples of 16 elements")
+
+
+def _rows(op: str, name: str, t, shape) -> int:
+    """The row stride of a [rows, cols] bf16 operand (checked: % 16 elements, 16-byte aligned, rows apart; one
+    row: never used by the kernel, passed as cols rounded up to 16)."""
+    rows, cols = shape
+    st = row_stride(t) if rows > 1 else cdiv(cols, 16) * 16
+    _a16(op, name, t, (st,))
+    if rows > 1 and st < cols:
+        raise OpError(f"{op}: {name} rows overlap (row stride {st} < {cols})")
+    return st
+
+
+def _weights(op: str, name: str, w, rows: int, K: int) -> tuple[int, int]:
+    """(stride_e, stride_row) of expert weights [E', rows, K] (last dim contiguous, strides % 16, aligned)."""
+    E = w.shape[0]
+    se = int(w.strides[0]) if E > 1 else rows * K
+    sr = int(w.strides[1]) if rows > 1 else K
+    _a16(op, name, w, (se, sr))
+    return se, sr
+
+
+def decode_gate_up(x, w1, topk_ids, *, out, stream=None, _tile: tuple | None = None):
+    """``out`` bf16 [M * k', I] = silu(gate) * up of every (token, pick) pair's expert (module doc). Returns
+    ``out``. ``_tile`` forces a compiled (BLOCK_N, BLOCK_K) tile (benchmarks)."""
+    op = "moe.decode_gate_up"
+    s = stream_of(stream)
+    key = (op, _tile)
+    if _gate_up_calls.run(key, (x, w1, topk_ids, out), (), s):
+        return out
+    xt = tensor(op, "x", x, BF16, ndim=2)
+    M, H = xt.shape
+    wt = tensor(op, "w1", w1, BF16, ndim=3, shape=(None, None, H))
+    Ep, R, _ = wt.shape
+    if Ep < 1:
+        raise OpError(f"{op}: w1 has no experts")
+    if R % 2 or R == 0:
+        raise OpError(f"{op}: w1 must hold 2I rows per expert (gate rows then up rows), got {R}")
+    I = R // 2
+    it, _, Mi, k = routing(op, topk_ids)
+    if Mi != M:
+        raise OpError(f"{op}: topk_ids has {Mi} rows, x has {M}")
+    P = M * k
+    ot = tensor(op, "out", out, BF16, ndim=2, shape=(P, I))
+    dev = same_device(op, xt, wt, it, ot)
+    if H == 0 or H % 16 or I % 16:
+        raise OpError(f"{op}: H={H} and I={I} must be positive multiples of 16")
+    sx = _rows(op, "x", xt, (M, H))
+    sh = _rows(op, "out", ot, (P, I))
+    swe, swn = _weights(op, "w1", wt, R, H)
+    _no_overlap(op, ot, [("x", xt), ("w1", wt), ("topk_ids", it)])
+    fits_i32(op, P=P, E=Ep, R=R, H=H, stride_x=sx, stride_we=swe, stride_wn=swn, stride_h=sh)
+    if P == 0:
+        return out
+    tile = _pick_tile(op, "gate_up", _tile)
+    kern = get_kernel(_base("gate_up", tile), device=None if dev < 0 else dev)
+    grid = (P, grid_y(op, cdiv(I, tile[0])), 1)
+    args = (xt, wt, it, ot, P, Ep, I, H, k, sx, swe, swn, sh)
+    slots = (xt, wt, it, ot)
+    _gate_up_calls.launch(key, slots, (), [Launch(kern, grid, args)], s,
+                          relations=[disjoint(ot, r) for r in (xt, wt, it)])
+    return out
+
+
+def decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None, _tile: tuple | None = None):
+    """``out`` bf16 [M, H] = the routing-weighted sum of every pick's down projection (module doc). Returns
+    ``out``. ``_tile`` forces a compiled (BLOCK_N, BLOCK_K, SB) tile (benchmarks)."""
+    op = "moe.decode_down"
+    s = stream_of(stream)
+    key = (op, _tile)
+    if _down_calls.run(key, (h, w2, topk_ids, topk_weights, out), (), s):
+        return out
+    it, wts, M, k = routing(op, topk_ids, topk_weights)
+    if wts is None:
+        raise OpError(f"{op}: topk_weights is required")
+    P = M * k
+    ht = tensor(op, "h", h, BF16, ndim=2, shape=(P, None))
+    I = ht.shape[1]
+    wt = tensor(op, "w2", w2, BF16, ndim=3, shape=(None, None, I))
+    Ep, H, _ = wt.shape
+    if Ep < 1:
+        raise OpError(f"{op}: w2 has no experts")
+    ot = tensor(op, "out", out, BF16, ndim=2, shape=(M, H))
+    dev = same_device(op, ht, wt, it, wts, ot)
+    if I == 0 or I % 16 or H == 0:
+        raise OpError(f"{op}: I={I} must be a positive multiple of 16 and H={H} positive")
+    sh = _rows(op, "h", ht, (P, I))
+    so = _rows(op, "out", ot, (M, H))
+    swe, swn = _weights(op, "w2", wt, H, I)
+    _no_overlap(op, ot, [("h", ht), ("w2", wt), ("topk_ids", it), ("topk_weights", wts)])
+    fits_i32(op, P=P, E=Ep, I=I, H=H, stride_h=sh, stride_we=swe, stride_wn=swn, stride_o=so)
+    if M == 0:
+        return out
+    tile = _pick_tile(op, "down", _tile)
+    kern = get_kernel(_base("down", tile), device=None if dev < 0 else dev)
+    grid = (M, grid_y(op, cdiv(H, tile[0])), 1)
+    args = (ht, wt, it, wts, ot, Ep, H, I, k, sh, swe, swn, so)
+    slots = (ht, wt, it, wts, ot)
+    _down_calls.launch(key, slots, (), [Launch(kern, grid, args)], s,
+                       relations=[disjoint(ot, r) for r in (ht, wt, it, wts)])
+    return out
