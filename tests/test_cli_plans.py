@@ -147,7 +147,7 @@ def test_doctor_on_cpu_shows_mode_and_path(plan_env, tmp_path):
     plan_env.setenv("VKC_PLAN_CACHE_MODE", "frozen")
     out = CliRunner().invoke(main, ["doctor"]).output
     line = next(x for x in out.splitlines() if x.startswith("gemm plans:"))
-    assert f"mode frozen, file {f} (state and fingerprint unknown: no CUDA driver" in line, line
+    assert f"mode frozen, file {f} (state and fingerprint unknown: no usable CUDA driver/device" in line, line
     assert not f.exists()
 
 

@@ -199,7 +199,7 @@ def inspect() -> dict[str, Any]:
     from .. import driver  # noqa: PLC0415
 
     if not driver.available():
-        return {"unavailable": f"no CUDA driver/device ({driver.unavailable_reason()}): the fingerprint needs one"}
+        return {"unavailable": "no usable CUDA driver/device (the fingerprint needs one)"}
     arch, _, meta, cfg, path = _identity(driver.ensure_context())
     out: dict[str, Any] = {"arch": arch, "mode": cfg.mode, "path": str(path) if path else None,
                            "fingerprint": store.fingerprint(meta)}
