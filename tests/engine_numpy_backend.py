@@ -48,6 +48,9 @@ class NumpyBackend:
     def free_memory(self):
         return 1 << 30, 1 << 30
 
+    def warm_gemm_plans(self, nks, max_m):  # host math: no GEMM plans (VkcBackend's resolves them)
+        return None
+
     # memory
     def empty(self, shape, dtype):
         return np.full(shape, -7 if dtype == "i32" else np.nan, dtype=_NP[dtype])

@@ -132,6 +132,9 @@ class FakeDeviceBackend(VkcBackend):
     def zero_slots(self, pool, slots):
         assert all(0 <= s < pool.shape[0] for s in slots)
 
+    def warm_gemm_plans(self, nks, max_m):  # no driver: no plans (tests/test_engine_plans.py drives the real one)
+        return None
+
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):

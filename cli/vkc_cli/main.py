@@ -337,12 +337,23 @@ def tune_apply(results, mirror, root) -> None:
 
 
 @tune.command("plans")
-@click.option("--shape", "shapes", multiple=True, required=True, metavar="M,N,K", help="a GEMM to plan (repeatable)")
+@click.option("--shape", "shapes", multiple=True, metavar="M,N,K",
+              help="a GEMM to plan (repeatable); with --write-defaults and no --shape: every M bucket of the shapes "
+                   "the committed default covers (vkc_runtime.plans.defaults.COVERED_NK)")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="plan file (default: VKC_PLAN_CACHE, else the per-fingerprint XDG cache path)")
-def tune_plans(shapes, out) -> None:
+@click.option("--write-defaults", "defaults_out", type=click.Path(dir_okay=False), default=None,
+              help="write the winners as a committed default plan (the format of "
+                   "runtime/vkc_runtime/plans/defaults/<arch>.json) to this path; every key is timed here, no plan "
+                   "file is read or written")
+def tune_plans(shapes, out, defaults_out) -> None:
     """Time every GEMM tactic for each shape's key on this GPU and publish the winners into a plan file (GPU;
-    the committed default plan is bypassed, keys already in the file are kept)."""
+    the committed default plan is bypassed, keys already in the file are kept), or, with --write-defaults, into
+    a default plan for the arch (then commit it as runtime/vkc_runtime/plans/defaults/<arch>.json)."""
+    if out and defaults_out:
+        raise click.UsageError("--out and --write-defaults exclude each other (a default plan is timed from scratch)")
+    if not shapes and not defaults_out:
+        raise click.UsageError("name --shape M,N,K (repeatable), or --write-defaults PATH")
     parsed = []
     for s_ in shapes:
         try:
@@ -352,14 +363,57 @@ def tune_plans(shapes, out) -> None:
         parsed.append((m, n, k))
     if out:
         os.environ["VKC_PLAN_CACHE"] = str(Path(out).resolve())
-    os.environ["VKC_PLAN_CACHE_MODE"] = "readwrite"
+    # --write-defaults: mode off (no file read or written: every key is timed by this run), defaults off
+    os.environ["VKC_PLAN_CACHE_MODE"] = "off" if defaults_out else "readwrite"
     os.environ["VKC_PLAN_DEFAULTS"] = "0"
     from vkc_runtime import plans  # noqa: PLC0415
+    from vkc_runtime.plans import defaults as D  # noqa: PLC0415
+    from vkc_runtime.plans.keys import M_BUCKETS  # noqa: PLC0415
 
+    if not parsed:
+        parsed = plans.declared(D.COVERED_NK, M_BUCKETS[-1])
     rep = plans.warmup_gemm(parsed, log=click.echo)
-    click.echo(f"vkc tune plans: tuned {rep['tuned']}, loaded {rep['loaded']}, saved {rep['saved']} -> {rep['path']}")
-    for key, tid in plans.cache_for_context().selected().items():
+    c = plans.cache_for_context()
+    if defaults_out:
+        p = Path(defaults_out)
+        p.write_bytes(D.tuned_document(c.meta, c.native_entries().values(), "vkc tune plans --write-defaults"))
+        _, got = D.read(c.arch, p)  # the file validates as a default plan of this runtime
+        click.echo(f"vkc tune plans: tuned {rep['tuned']} keys, wrote {len(got)} default plans -> {p} (commit it as "
+                   f"runtime/vkc_runtime/plans/defaults/{c.arch}.json)")
+    else:
+        click.echo(f"vkc tune plans: tuned {rep['tuned']}, loaded {rep['loaded']}, saved {rep['saved']} -> "
+                   f"{rep['path']}")
+    for key, tid in c.selected().items():
         click.echo(f"  {key}: tactic {tid}")
+
+
+def _plan_settings(frozen: bool, plans_file: str | None) -> None:
+    """``--frozen-plans`` / ``--plans-file`` of generate and serve, mapped onto the VKC_PLAN_* settings that
+    vkc_runtime.plans reads (the one mechanism), then checked: a bad setting, or a frozen run whose named plan file
+    does not exist, is a one-line error before anything is loaded."""
+    if plans_file:
+        os.environ["VKC_PLAN_CACHE"] = str(Path(plans_file).expanduser().resolve())
+    if frozen:
+        os.environ["VKC_PLAN_CACHE_MODE"] = "frozen"
+    from vkc_runtime.plans import config  # noqa: PLC0415
+
+    try:
+        cfg = config.from_env()
+    except config.PlanConfigError as e:
+        raise click.ClickException(f"GEMM plan settings: {e}") from None
+    if cfg.mode == "frozen" and cfg.path is not None and not cfg.path.is_file():
+        raise click.ClickException(
+            f"frozen GEMM plans: plan file {cfg.path} does not exist (a run without --frozen-plans tunes and saves "
+            f"it, as does `vkc tune plans --out {cfg.path} --shape M,N,K ...`)")
+
+
+def _plan_options(f):
+    f = click.option("--plans-file", type=click.Path(dir_okay=False), default=None,
+                     help="the GEMM plan file (VKC_PLAN_CACHE; default: the per-fingerprint path under "
+                          "$XDG_CACHE_HOME or ~/.cache)")(f)
+    return click.option("--frozen-plans", is_flag=True,
+                        help="read-only GEMM plans (VKC_PLAN_CACHE_MODE=frozen, for benchmarks): a GEMM the plan "
+                             "file and the default plan do not cover fails at start; nothing is tuned or written")(f)
 
 
 @main.command()
@@ -415,11 +469,13 @@ def doctor(as_json: bool, deep: bool) -> None:
 @click.option("--load-format", type=click.Choice(["safetensors", "dummy"]), default="safetensors", show_default=True,
               help="dummy: random weights of config.json's shapes (speed runs without a checkpoint)")
 @click.option("--enforce-eager", is_flag=True, help="no CUDA graphs: every step runs op by op")
+@_plan_options
 def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, seed, stop, ignore_eos,
              max_model_len, max_num_seqs, max_num_batched_tokens, memory_fraction, load_format,
-             enforce_eager) -> None:
+             enforce_eager, frozen_plans, plans_file) -> None:
     """Generate text with the vkc engine (needs a GPU). One prompt streams to the terminal; several print in
     order once done."""
+    _plan_settings(frozen_plans, plans_file)
     from vkc_engine import LLM, SamplingParams  # noqa: PLC0415
 
     bar = {}
@@ -478,10 +534,12 @@ def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, s
 @click.option("--max-waiting", type=click.IntRange(min=0), default=256, show_default=True,
               help="requests allowed to wait for admission before new ones get 503")
 @click.option("--load-format", type=click.Choice(["safetensors", "dummy"]), default="safetensors", show_default=True)
+@_plan_options
 def serve(model_dir, host, port, max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_fraction,
-          served_model_name, api_key, max_waiting, load_format) -> None:
+          served_model_name, api_key, max_waiting, load_format, frozen_plans, plans_file) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics) until SIGTERM or Ctrl-C (needs a GPU and the `serve` extra)."""
+    _plan_settings(frozen_plans, plans_file)
     try:
         from vkc_server import serve as run  # noqa: PLC0415
     except ImportError as e:

@@ -158,6 +158,18 @@ class VkcBackend:
                                                          cfg.hidden_size, cfg.moe_intermediate_size, shared=True,
                                                          device=d)
 
+    def warm_gemm_plans(self, nks, max_m: int) -> dict:
+        """Resolve the GEMM plan (vkc_runtime.plans, ARCHITECTURE.md section 13) of every (M bucket <= ``max_m``,
+        N, K) for ``nks`` once, before the first step and any capture: the plan files are loaded, a missing key is
+        tuned on this backend's stream (readwrite) or raises here, naming it, before anything is tuned or written
+        (frozen), and the native file is published only after every key resolved. Returns the plan cache's report
+        (path, mode, fingerprint, file state, declared / loaded / defaults / tuned / rejected / saved)."""
+        from vkc_runtime import plans  # noqa: PLC0415
+        c = plans.cache_for_context()
+        if not plans.tactics.tactics_for(c.arch):  # no GEMM on this arch: ops.gemm.linear raises at the first step
+            return c.report()
+        return plans.warmup_gemm(plans.declared(nks, max_m), stream=self._s)
+
     def free_memory(self) -> tuple[int, int]:
         """(free, total) bytes of the device."""
         free, total = self._drv.call(self._drv.cu.cuMemGetInfo)

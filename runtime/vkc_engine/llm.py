@@ -20,6 +20,7 @@ from .chat import load_chat_template, render_chat
 from .config import load_config
 from .detok import IncrementalDetokenizer
 from .dummy import DummyCheckpoint
+from .gemm_shapes import linear_shapes, plan_line
 from .loader import Checkpoint
 from .model import Qwen35Model, Step, host_step_arrays
 from .sampler import Logprob, SamplingParams, row_logprob
@@ -61,7 +62,9 @@ class LLM:
     runs; vkc_engine.dummy). ``progress(done, total)`` is called while weights load. ``enforce_eager``: no CUDA
     graphs (otherwise, on a backend that supports them, pure-decode steps replay graphs captured here:
     vkc_engine.graphs). A capture the driver rejects is logged and the engine runs eagerly, unless
-    ``strict_graphs`` (then it raises; the tests use it).
+    ``strict_graphs`` (then it raises; the tests use it). First of all the backend resolves the GEMM plans of every
+    linear (``backend.warm_gemm_plans``; the VKC_PLAN_* settings of vkc_runtime.plans decide the mode and file);
+    ``plan_report`` is its report (logged as one line), None on a backend without plans.
     """
 
     def __init__(self, model_dir, *, backend=None, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
@@ -80,6 +83,11 @@ class LLM:
         self.max_model_len = int(max_model_len or min(self.cfg.max_position_embeddings, 32768))
         self.max_num_seqs = int(max_num_seqs)
         self.max_num_batched_tokens = int(max_num_batched_tokens)
+        # GEMM plans of every linear at every step size, resolved before any weight is read (a frozen miss fails in
+        # seconds) and before any capture or step (vkc_engine.gemm_shapes); None: the backend has no plans
+        self.plan_report = be.warm_gemm_plans(linear_shapes(self.cfg), self.max_num_batched_tokens)
+        if self.plan_report is not None:
+            self.log(plan_line(self.plan_report))
         if load_format == "dummy":
             ckpt = DummyCheckpoint(self.model_dir)
         elif load_format == "safetensors":

@@ -132,7 +132,7 @@ def report(deep: bool = False) -> dict[str, Any]:
     r["import_check"] = registry.last_check()
     try:
         from . import plans
-        r["plans"] = plans.status()
+        r["plans"] = plans.status(resolve=True)  # reads the plan file this process would use; writes nothing
     except Exception as e:  # pragma: no cover - reported, never fatal for doctor
         r["plans"] = {"error": f"{type(e).__name__}: {e}"}
     return r
@@ -241,14 +241,25 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def _plans_line(p: dict[str, Any], arch: str | None) -> str:
-    """The GEMM plan cache in one line: settings, where files go, the selected arch's default plan."""
+    """The GEMM plan cache in one line: mode, the native file (path, state, fingerprint), the tune delay, the
+    selected arch's tactics and default plan; then one line per cache started in this process."""
     if "error" in p:
         return f"gemm plans: ERROR {p['error']}"
     if "config_error" in p:
         return f"gemm plans: bad setting: {p['config_error']}"
-    c = p["config"]
-    where = c["path"] or (f"{p['cache_root']}/vkc/gemm_plans/... (per compatibility fingerprint)" if p["cache_root"]
-                          else "process-local (no cache root)")
+    c, f = p["config"], p.get("file") or {}
+    if f.get("path") or f.get("fingerprint"):
+        state = f.get("file", "?")
+        if state == "valid":
+            state = f"valid, {f.get('plans')} plans"
+        elif state == "rejected":
+            state = f"rejected: {f.get('reason')}"
+        where = f"{f.get('path') or 'process-local'} ({state}), fingerprint {f.get('fingerprint')}"
+    else:
+        where = c["path"] or (f"{p['cache_root']}/vkc/gemm_plans/... (per compatibility fingerprint)"
+                              if p["cache_root"] else "process-local (no cache root)")
+        why = f.get("unavailable") or f.get("error")
+        where += f" (state and fingerprint unknown: {why})" if why else ""
     line = f"gemm plans: mode {c['mode']}, file {where}, tune delay {c['delay_us']} us"
     if c["flashinfer"]:
         line += f", FlashInfer import {c['flashinfer']}"

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server (its own registry, so several apps can live in one process, e.g. in tests)."""
+"""Prometheus metrics of one server (its own registry, so several apps can live in one process, e.g. in tests); the
+GEMM plan counts of the engine's start-up warm-up (``LLM.plan_report``) as ``vkc_gemm_plans{count=...}``."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -34,6 +35,14 @@ class Metrics:
         Gauge("vkc_pending_requests", "requests queued or waiting (the overload check's count)",
               registry=r).set_function(lambda: float(engine.num_waiting()) if engine.alive else 0.0)
         self.load_seconds = Gauge("vkc_model_load_seconds", "LLM construction time (weights + caches)", registry=r)
+        plans = getattr(getattr(engine, "llm", None), "plan_report", None)  # the LLM's GEMM plan warm-up
+        if plans:
+            g = Gauge("vkc_gemm_plans", "GEMM plan keys at start, by count of the warm-up report", ["count"], registry=r)
+            for k in ("declared", "loaded", "defaults", "tuned", "rejected", "saved"):
+                g.labels(k).set(float(plans.get(k) or 0))
+            Gauge("vkc_gemm_plans_info", "GEMM plan cache mode, file and fingerprint (value 1)",
+                  ["mode", "path", "fingerprint"], registry=r).labels(
+                str(plans.get("mode")), str(plans.get("path")), str(plans.get("fingerprint"))).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

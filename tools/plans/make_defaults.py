@@ -6,7 +6,8 @@
 
 sm_90a: the documented tile rule of ``vkc_runtime.ops.gemm.pick_tile`` evaluated at the H200's 132 SMs for every
 M bucket of the Qwen3.6-27B bf16 projection shapes below (not yet timed: replace with a tuned plan from an
-H200 warm-up: ``vkc tune plans --shape M,N,K ... --out plans.json``, then ``--from plans.json``). Archs without
+H200: ``vkc tune plans --write-defaults sm_90a.json`` times every covered key there and writes this format directly;
+``--from plans.json`` converts a tuned native plan file). Archs without
 GEMM tactics get an empty plan that says so. tests/test_plans_defaults.py runs ``--check``'s comparison for
 rule-made files and validates tuned ones.
 """
@@ -21,9 +22,7 @@ from vkc_runtime.plans import defaults, gemm_key, store, tactics
 from vkc_runtime.plans.keys import BUCKET_VERSION, M_BUCKETS
 
 H200 = ("NVIDIA H200", 132)
-# (N, K) of the Qwen3.6-27B GEMMs (hidden 5120, 24 q + 4 kv heads of 256, MLP 17408, vocabulary 248320):
-# packed q|gate|k|v, attention o_proj / GDN out_proj, MLP gate|up, MLP down, lm_head
-SHAPES_27B = ((14336, 5120), (5120, 6144), (34816, 5120), (5120, 17408), (248320, 5120))
+SHAPES_27B = defaults.COVERED_NK  # the Qwen3.6-27B GEMMs (plans/defaults.py)
 
 
 def document(arch: str) -> bytes:
@@ -49,14 +48,8 @@ def document(arch: str) -> bytes:
 def from_tuned(path: Path) -> tuple[str, bytes]:
     """A default plan made of a tuned native plan file (validated against its own metadata)."""
     meta = store.strict_json(path.read_text())["_metadata"]
-    arch = meta["sm"]
     plans = store.parse(path.read_text(), meta)
-    dmeta = {"format": defaults.DEFAULT_FORMAT, "sm": arch, "tactic_set": tactics.tactic_set(arch),
-             "bucket_version": BUCKET_VERSION, "device_name": meta["device_name"], "sm_count": meta["sm_count"],
-             "source": f"tuned: vkc tune plans on {meta['device_name']} (plan fingerprint {store.fingerprint(meta)}, "
-                       f"delay {meta['timing']['delay_us']} us)",
-             "note": f"{len(plans)} tuned keys"}
-    return arch, store.dumps(dmeta, plans.values())
+    return meta["sm"], defaults.tuned_document(meta, plans.values(), "vkc tune plans")
 
 
 def _source(p: Path) -> str:

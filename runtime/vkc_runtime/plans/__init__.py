@@ -28,7 +28,7 @@ from .keys import PlanKey, m_bucket
 from .store import PlanFileError
 
 __all__ = ["PlanCache", "PlanError", "PlanMissError", "PlanConfigError", "PlanFileError", "PlanKey", "capturing",
-           "in_capture", "cache_for_context", "gemm_key", "gemm_tactic", "warmup_gemm", "declared", "status",
+           "in_capture", "cache_for_context", "gemm_key", "gemm_tactic", "warmup_gemm", "declared", "status", "inspect",
            "reset", "kernel_set"]
 
 _lock = threading.Lock()
@@ -64,7 +64,10 @@ def kernel_set(arch: str, entry_of: Callable[[str], dict[str, Any]]) -> str:
     return tactics.descriptor_digest(rows)
 
 
-def _build(ctx: int, log: Callable[[str], None] | None) -> PlanCache:
+def _identity(ctx: int):
+    """``(arch, SM count, metadata, config, native file path or None)`` of the context's device: everything a plan
+    file is checked against, read from the driver, the selected arch's manifest and the environment (nothing
+    is loaded, tuned or written)."""
     global _warned_no_root
     from .. import driver, kernels  # noqa: PLC0415
 
@@ -90,10 +93,15 @@ def _build(ctx: int, log: Callable[[str], None] | None) -> PlanCache:
         if root is None:
             if not _warned_no_root:
                 warnings.warn("vkc plans: no usable cache root (XDG_CACHE_HOME / HOME): plans stay process-local",
-                              RuntimeWarning, stacklevel=3)
+                              RuntimeWarning, stacklevel=4)
                 _warned_no_root = True
         else:
             path = store.default_path(root, meta)
+    return arch, sms, meta, cfg, path
+
+
+def _build(ctx: int, log: Callable[[str], None] | None) -> PlanCache:
+    arch, sms, meta, cfg, path = _identity(ctx)
     defaults, note = {}, None
     if cfg.defaults:
         try:
@@ -184,8 +192,33 @@ def warmup_gemm(shapes: Iterable[tuple[int, int, int]], *, stream: int = 0, time
         prof.close()
 
 
-def status() -> dict[str, Any]:
-    """What ``vkc doctor`` shows: the settings, the default path namespace inputs, and every started cache."""
+def inspect() -> dict[str, Any]:
+    """The native plan file this process would use, read-only (``vkc doctor``): path, mode, fingerprint and the
+    file's state (``absent``, ``valid`` with its plan count, ``rejected`` with the reason). Needs a usable
+    driver and device (the fingerprint covers both); nothing is tuned or written, no cache is started."""
+    from .. import driver  # noqa: PLC0415
+
+    if not driver.available():
+        return {"unavailable": "no usable CUDA driver/device (the fingerprint needs one)"}
+    arch, _, meta, cfg, path = _identity(driver.ensure_context())
+    out: dict[str, Any] = {"arch": arch, "mode": cfg.mode, "path": str(path) if path else None,
+                           "fingerprint": store.fingerprint(meta)}
+    if cfg.mode == "off" or path is None:
+        out["file"] = "not read (mode off)" if cfg.mode == "off" else "none (no cache root: process-local)"
+        return out
+    try:
+        out["plans"] = len(store.load(path, meta))
+        out["file"] = "valid"
+    except FileNotFoundError:
+        out["file"] = "absent"
+    except (PlanFileError, OSError) as e:
+        out["file"], out["reason"] = "rejected", str(e)
+    return out
+
+
+def status(resolve: bool = False) -> dict[str, Any]:
+    """What ``vkc doctor`` shows: the settings, the default path namespace inputs, every started cache, and with
+    ``resolve`` the native file this process would use (:func:`inspect`)."""
     out: dict[str, Any] = {}
     try:
         cfg = _config.from_env()
@@ -206,4 +239,9 @@ def status() -> dict[str, Any]:
             dflt[a] = {"error": str(e)}
     out["defaults"] = dflt
     out["caches"] = [c.report() for c in list(_caches.values())]
+    if resolve and "config_error" not in out:
+        try:
+            out["file"] = inspect()
+        except Exception as e:  # reported (doctor), never fatal
+            out["file"] = {"error": f"{type(e).__name__}: {e}"}
     return out

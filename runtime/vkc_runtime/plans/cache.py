@@ -72,6 +72,8 @@ class PlanCache:
         self._lock = threading.Lock()
         self._inflight: dict[PlanKey, threading.Event] = {}
         self.started = self.ready = False
+        self.file_state = "not read"   # start(): absent / valid, N plans / rejected: why / not read (mode off, no path)
+        self.declared = 0              # keys of the last warm-up
         self.stats = {"loaded": 0, "imported": 0, "defaults": len(self._defaults), "tuned": 0, "rejected": 0,
                       "saved": 0, "lazy_misses": 0, "tune_calls": 0}
         self.rejections: list[str] = []
@@ -96,11 +98,13 @@ class PlanCache:
                 try:
                     self._native = store.load(self.path, self.meta)
                     self.stats["loaded"] = len(self._native)
+                    self.file_state = f"valid, {len(self._native)} plans"
                 except FileNotFoundError:
-                    pass
+                    self.file_state = "absent"
                 except (store.PlanFileError, OSError) as e:
                     self.stats["rejected"] += 1
                     self.rejections.append(f"{self.path}: {e}")
+                    self.file_state = f"rejected: {e}"
                     if self.config.mode == "frozen":
                         raise PlanError(f"frozen plan cache: {self.path} rejected: {e}") from None
             if self.config.mode == "frozen" and self.path is None:
@@ -146,10 +150,12 @@ class PlanCache:
         if not self.started:
             self.start()
         keys = list(dict.fromkeys(keys))
+        self.declared = len(keys)
         missing = [k for k in keys if self.lookup(k) is None]
         if missing and self.config.mode == "frozen":
-            raise PlanMissError(f"frozen plan cache ({self.path}): {len(missing)} of {len(keys)} declared keys have no "
-                                f"plan, e.g. {missing[0]}; nothing was tuned or written")
+            raise PlanMissError(f"frozen plan cache ({self.path}, file {self.file_state}): {len(missing)} of "
+                                f"{len(keys)} declared keys have no plan, e.g. {missing[0]}; nothing was tuned or "
+                                f"written")
         for k in missing:
             self._tune(k, make_run, timer)
         self.ready = True
@@ -207,6 +213,11 @@ class PlanCache:
         return n
 
     # ------------------------------------------------------------------ report
+    def native_entries(self) -> dict[PlanKey, dict[str, Any]]:
+        """The native map (file + tuned entries) as plan-file entries, by key."""
+        with self._lock:
+            return {k: {f: v for f, v in e.items() if not f.startswith("_")} for k, e in self._native.items()}
+
     def selected(self) -> dict[str, int]:
         """Every key this cache can answer and its tactic, as sorted ``str(key) -> id`` (the selection map)."""
         keys = set(self._defaults) | set(self._native) | set(self._imported)
@@ -215,11 +226,12 @@ class PlanCache:
     def report(self) -> dict[str, Any]:
         return {"arch": self.arch, "path": str(self.path) if self.path else None, "mode": self.config.mode,
                 "fingerprint": self.fingerprint, "delay_us": self.config.delay_us, "started": self.started,
-                "ready": self.ready, **self.stats, "rejections": list(self.rejections),
+                "ready": self.ready, "file": self.file_state, "declared": self.declared, **self.stats,
+                "rejections": list(self.rejections),
                 "default_plan": self._default_note}
 
     def start_line(self) -> str:
         s = self.stats
         return (f"vkc plans: {self.arch} mode={self.config.mode} path={self.path or '(process-local)'} "
-                f"fingerprint={self.fingerprint} loaded={s['loaded']} imported={s['imported']} "
+                f"fingerprint={self.fingerprint} file={self.file_state} loaded={s['loaded']} imported={s['imported']} "
                 f"defaults={s['defaults']} tuned={s['tuned']} rejected={s['rejected']} saved={s['saved']}")

@@ -10,16 +10,20 @@ empty plan and a note saying so.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from . import tactics as T
 from .keys import BUCKET_VERSION, PlanKey
-from .store import PlanFileError, entry_key, strict_json
+from .store import PlanFileError, dumps, entry_key, fingerprint, strict_json
 
-__all__ = ["DEFAULT_FORMAT", "path_for", "read", "applicable"]
+__all__ = ["DEFAULT_FORMAT", "COVERED_NK", "path_for", "read", "applicable", "tuned_document"]
 
 DEFAULT_FORMAT = "vkc_gemm_default_plan_v1"
 _DIR = Path(__file__).resolve().parent / "defaults"
+# (N, K) of the Qwen3.6-27B bf16 GEMMs the sm_90a default covers at every M bucket (hidden 5120; GDN 16 key / 48
+# value heads of 128; attention 24 q + 4 kv heads of 256; MLP 17408; vocabulary 248320), as vkc_engine fuses them:
+# GDN in_proj q|k|v|z|b|a, packed attention q|gate|k|v, attention o_proj = GDN out_proj, MLP gate|up, MLP down, lm_head
+COVERED_NK = ((16480, 5120), (14336, 5120), (5120, 6144), (34816, 5120), (5120, 17408), (248320, 5120))
 
 
 def path_for(arch: str) -> Path:
@@ -50,6 +54,19 @@ def read(arch: str, path: Path | None = None) -> tuple[dict[str, Any], dict[Plan
             raise PlanFileError(f"{p.name}: plans[{i}]: key {k} appears twice")
         out[k] = t.id
     return meta, out
+
+
+def tuned_document(meta: Mapping[str, Any], plans: Iterable[Mapping[str, Any]], how: str) -> bytes:
+    """A default plan of this format made of native plan entries tuned by the miss method in a process whose plan
+    metadata is ``meta`` (``how``: the command that timed them, recorded in ``source``)."""
+    plans = list(plans)
+    arch = meta["sm"]
+    dmeta = {"format": DEFAULT_FORMAT, "sm": arch, "tactic_set": T.tactic_set(arch), "bucket_version": BUCKET_VERSION,
+             "device_name": meta["device_name"], "sm_count": meta["sm_count"],
+             "source": f"tuned: {how} on {meta['device_name']} (plan fingerprint {fingerprint(meta)}, "
+                       f"delay {meta['timing']['delay_us']} us)",
+             "note": f"{len(plans)} tuned keys"}
+    return dumps(dmeta, plans)
 
 
 def applicable(meta: Mapping[str, Any], sm_count: int) -> str | None:
