@@ -485,13 +485,15 @@ class VkcBackend:
     def capture(self, fn):
         """Capture ``fn()`` (op calls of this backend) on the backend's stream into an instantiated CUDA graph
         (vkc_runtime.Graph; thread-local capture mode: an unsafe call from this thread -- a synchronisation, an
-        allocation, a legacy-stream copy -- fails the capture). Run the same calls eagerly once first. The graph
-        is uploaded to the device here (cuGraphUpload), so its first replay allocates nothing."""
+        allocation, a legacy-stream copy -- fails the capture; a GEMM plan miss raises vkc_runtime.plans.PlanError
+        instead of tuning). Run the same calls eagerly once first. The graph is uploaded to the device here
+        (cuGraphUpload), so its first replay allocates nothing."""
+        from vkc_runtime import plans  # noqa: PLC0415
         g = self._streams.Graph()
         self.synchronize()
         self._capturing = True
-        try:
-            with g.capture(self._s, mode="thread_local"):
+        try:  # plans.capturing(): a GEMM plan lookup that would tune, parse or write raises instead
+            with g.capture(self._s, mode="thread_local"), plans.capturing():
                 fn()
         finally:
             self._capturing = False
