@@ -89,7 +89,7 @@ class LLM:
         if ckpt.ignored_summary():
             self.log(ckpt.ignored_summary())
         self.model = Qwen35Model(self.cfg, ckpt, be, max_tokens=self.max_num_batched_tokens,
-                                 max_seqs=self.max_num_seqs, progress=progress)
+                                 max_seqs=self.max_num_seqs, progress=progress, log=self.log)
         be.prepare(self.max_num_batched_tokens, self.max_num_seqs, self.cfg)
         if num_blocks is None:
             free, _ = be.free_memory()
