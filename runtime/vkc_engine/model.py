@@ -155,7 +155,7 @@ class _Weights:
         if self.quant is None:
             return ""
         (no, bo), (nl, bl) = self.dequantized["other"], self.dequantized["linear"]
-        gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+        gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"  # noqa: E731
         msg = f"FP8 checkpoint: {self.fp8_parts} linear weights run the FP8 block GEMM"
         if no:
             msg += (f"; {no} tensors outside the FP8 GEMM's linears (MoE experts, router, shared expert, embeddings) "

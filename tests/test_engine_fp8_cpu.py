@@ -1,0 +1,211 @@
+"""vkc_engine on block-wise FP8 checkpoints (Qwen's *-FP8 layout), on CPU: tiny checkpoints quantized by
+tests/engine_fixtures.py (F8_E4M3 weights + weight_scale_inv, some modules left bf16, MoE experts included), the
+engine on the numpy backend (tests/engine_numpy_backend.py: ops.gemm_fp8's math) against HF transformers on the
+dequantized weights; the config, loader and backend errors; the real VkcBackend's FP8 calls through ops.gemm_fp8's
+host validation (driver-free fakes).
+
+Two comparisons, because FP8 activation quantization is discontinuous: (1) weights and wiring, exactly: the numpy
+backend with the activation quantization off vs the fp32 HF model on the dequantized weights (TOL, as the bf16
+tests); (2) the activation quantization: on vs the HF model in float64 with the same per-token-group e4m3
+quantization hooked in front of the FP8 linears (tests/engine_fixtures.py fp8_act_quant). In (2) the two sides'
+activations differ by float32 rounding only, so the e4m3 roundings agree (else one flipped rounding grows through
+the recurrent state to ~1e-2); the fixed seeds here give agreement to TOL_Q, and the quantization itself moves the
+logits by > 100 x TOL_Q (checked), so a missing or misplaced quantization fails.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.engine_fixtures import (FP8_NOT_CONVERT, HEADS_27B, HEADS_35B, MOE_SMALL, fp8_act_quant, hf_logits,
+                                   make_checkpoint)
+from tests.engine_numpy_backend import NumpyBackend
+
+pytest.importorskip("transformers")
+pytest.importorskip("ml_dtypes")
+
+from vkc_engine import LLM  # noqa: E402
+from vkc_engine.config import ConfigError, parse_config  # noqa: E402
+from vkc_engine.loader import CheckpointError  # noqa: E402
+
+TOL = 2e-5    # weights / wiring: fp32 HF vs the fp64-accumulated numpy backend (as tests/test_engine_model_cpu.py)
+TOL_Q = 1e-5  # activation quantization on: float64 HF + the same quantization (module docstring)
+# the dense fixture leaves these bf16 besides the defaults: a k_proj between FP8 q and v (three segments of one
+# fused projection) and one down_proj; in_proj_b is FP8 with N = 6 (dequantized at load, beside bf16 in_proj_a)
+DENSE_SKIP = FP8_NOT_CONVERT + ("layers.1.self_attn.k_proj", "layers.0.mlp.down_proj")
+LAYERS3 = ["linear_attention", "full_attention", "linear_attention"]
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fp8_dense")
+    model, _ = make_checkpoint(d, heads=HEADS_27B, seed=31, fp8=dict(not_convert=DENSE_SKIP, scale_dtype="BF16"))
+    return d, model
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """VLM-wrapped, per-expert FP8 experts (the released 35B-A3B-FP8 layout), F32 scales, two shards."""
+    d = tmp_path_factory.mktemp("fp8_moe")
+    model, _ = make_checkpoint(d, heads=HEADS_35B, layer_types=LAYERS3, moe=MOE_SMALL, expert_layout="per_expert",
+                               vlm=True, shards=2, seed=32, fp8={})
+    return d, model
+
+
+def _llm(d, **kw):
+    args = dict(backend=NumpyBackend(), max_num_seqs=4, max_num_batched_tokens=48, max_model_len=256,
+                num_blocks=40, block_size=16)
+    args.update(kw)
+    return LLM(d, **args)
+
+
+def _rel(got, ref):
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+def _prompt(n, V, seed):
+    return [int(t) for t in np.random.default_rng(seed).integers(0, V, n)]
+
+
+def _weights_exact(d, model, n, seed):
+    logs = []
+    llm = _llm(d, backend=NumpyBackend(fp8_act_quant=False), log=logs.append)
+    fp8_act_quant(model, on=False)
+    ids = _prompt(n, llm.cfg.vocab_size, seed)
+    rel = _rel(llm.prompt_logits(ids), hf_logits(model.float(), ids))
+    assert rel < TOL, rel
+    assert "linear_fp8" in llm.backend.calls
+    return llm, logs
+
+
+def _act_quant_matches(d, model, n, seed):
+    llm = _llm(d)
+    ids = _prompt(n, llm.cfg.vocab_size, seed)
+    got = llm.prompt_logits(ids)
+    m64 = model.double()
+    if llm.cfg.is_moe:  # torch's grouped_mm (HF's default experts path) has no float64
+        m64.set_experts_implementation("eager")
+    try:
+        plain = hf_logits(m64, ids)
+        ref = hf_logits(fp8_act_quant(m64), ids)
+    finally:
+        fp8_act_quant(model.float(), on=False)
+    assert _rel(got, ref) < TOL_Q, _rel(got, ref)
+    assert _rel(plain, ref) > 100 * TOL_Q, _rel(plain, ref)  # the quantization matters: the test can fail
+
+
+def test_dense_fp8_weights_and_fusion_segments(dense):
+    d, model = dense
+    llm, logs = _weights_exact(d, model, 33, 1)
+    from vkc_engine.model import _Segments
+    from tests.engine_numpy_backend import Fp8NumpyWeight
+    m = llm.model
+    attn, gdn = m.layers[1].mixer, m.layers[0].mixer
+    kinds = lambda w: [type(s[0]).__name__ for s in w.segs]  # noqa: E731
+    assert isinstance(attn.qkv, _Segments) and kinds(attn.qkv) == ["Fp8NumpyWeight", "ndarray", "Fp8NumpyWeight"]
+    assert isinstance(gdn.in_proj, _Segments) and kinds(gdn.in_proj) == ["Fp8NumpyWeight", "ndarray"]
+    assert [s[1:] for s in gdn.in_proj.segs] == [(0, 2048), (2048, 12)]  # qkv | z FP8, b (dequantized) | a bf16
+    assert isinstance(m.layers[0].mlp.gate_up, Fp8NumpyWeight) and isinstance(m.layers[0].mlp.down, np.ndarray)
+    assert isinstance(m.layers[1].mlp.down, Fp8NumpyWeight) and isinstance(m.lm_head, np.ndarray)
+    assert any("FP8 checkpoint: " in x and "linear weights run the FP8 block GEMM" in x and
+               "2 small linear parts" in x for x in logs), logs
+
+
+@pytest.mark.parametrize("n,seed", [(1, 2), (17, 3)])
+def test_dense_fp8_activation_quantization(dense, n, seed):
+    _act_quant_matches(*dense, n, seed)
+
+
+def test_moe_fp8_experts_dequantized(moe):
+    d, model = moe
+    llm, logs = _weights_exact(d, model, 20, 4)
+    assert llm.cfg.vlm_wrapped and llm.cfg.quant is not None
+    assert any("tensors outside the FP8 GEMM's linears (MoE experts" in x and "dequantized to bf16" in x
+               for x in logs), logs
+    _act_quant_matches(d, model, 9, 5)
+
+
+# ------------------------------------------------------------------------------------------------ errors
+FP8_Q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+         "modules_to_not_convert": ["lm_head"]}
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"quant_method": "awq"}, "quantization_config.quant_method 'awq' is not supported"),
+    ({"fmt": "e5m2"}, "quantization_config.fmt 'e5m2'"),
+    ({"weight_block_size": [64, 128]}, "quantization_config.weight_block_size [64, 128]"),
+    ({"weight_block_size": None}, "quantization_config.weight_block_size None"),
+    ({"activation_scheme": "static"}, "quantization_config.activation_scheme 'static'"),
+    ({"scale_fmt": "ue8m0"}, "quantization_config.scale_fmt 'ue8m0'"),
+    ({"modules_to_not_convert": "lm_head"}, "modules_to_not_convert must be a list"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "quant_algo 'NVFP4' (NVFP4) is not supported"),
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}, "no NVFP4 GEMM for prefill"),
+])
+def test_config_quantization_errors(change, msg):
+    from tests.test_engine_loader import BASE
+    assert parse_config({**BASE, "quantization_config": FP8_Q}).quant.block == (128, 128)
+    with pytest.raises(ConfigError) as e:
+        parse_config({**BASE, "quantization_config": {**FP8_Q, **change}})
+    assert msg in str(e.value)
+    wrapped = {"model_type": "qwen3_5", "text_config": {**BASE, "quantization_config": {**FP8_Q, **change}}}
+    with pytest.raises(ConfigError, match="text_config.quantization_config"):
+        parse_config(wrapped)
+
+
+@pytest.fixture(scope="module")
+def small_fp8(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fp8_small")
+    make_checkpoint(d, layer_types=["linear_attention", "full_attention"], hidden=128, intermediate=256, fp8={})
+    return d
+
+
+def _copy(src, dst, edit=None, config=None):
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.name == "model.safetensors":
+            from safetensors.torch import load_file, save_file
+            t = load_file(str(p))
+            if edit:
+                edit(t)
+            save_file(t, str(dst / p.name))
+        else:
+            (dst / p.name).write_bytes(p.read_bytes())
+    if config is not None:
+        c = json.loads((dst / "config.json").read_text())
+        config(c)
+        (dst / "config.json").write_text(json.dumps(c))
+    return dst
+
+
+SCALE = "model.layers.1.self_attn.o_proj.weight_scale_inv"
+
+
+@pytest.mark.parametrize("case,msg", [
+    ("missing", "tensor model.layers.1.self_attn.o_proj.weight_scale_inv is missing: the F8_E4M3 weight "
+                "model.layers.1.self_attn.o_proj.weight needs its block scales"),
+    ("shape", r"tensor model.layers.1.self_attn.o_proj.weight_scale_inv has shape \[2, 1\], expected \[1, 12\]"),
+    ("dtype", "tensor model.layers.1.self_attn.o_proj.weight_scale_inv has dtype I32"),
+    ("no_config", "tensor model.layers.0.linear_attn.in_proj_qkv.weight has dtype F8_E4M3.*quantization_config"),
+    ("norm_fp8", "FP8 tensor model.layers.0.input_layernorm.weight has shape \\[128\\]"),
+    ("stray_scale", "does not use: model.layers.0.linear_attn.in_proj_a.weight_scale_inv"),
+])
+def test_bad_fp8_checkpoints(small_fp8, tmp_path, case, msg):
+    import torch
+
+    def edit(t):
+        if case == "missing":
+            del t[SCALE]
+        elif case == "shape":
+            t[SCALE] = torch.ones((2, 1))
+        elif case == "dtype":
+            t[SCALE] = torch.ones((1, 12), dtype=torch.int32)
+        elif case == "norm_fp8":
+            t["model.layers.0.input_layernorm.weight"] = torch.zeros(128).to(torch.float8_e4m3fn)
+        elif case == "stray_scale":  # a bf16 weight with a scale beside it
+            t["model.layers.0.linear_attn.in_proj_a.weight_scale_inv"] = torch.ones((1, 1))
+    conf = (lambda c: c.pop("quantization_config")) if case == "no_config" else None
+    d = _copy(small_fp8, tmp_path / "ck", edit, conf)
+    with pytest.raises(CheckpointError, match=msg):
+        _llm(d)
