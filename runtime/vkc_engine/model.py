@@ -19,8 +19,9 @@ are grouped into runs of consecutive parts of one kind -- FP8 parts whose N is a
 blocks, so the stacked scales are the fused weight's block grid) and K a multiple of 16 (the FP8 GEMM's rule), or
 bf16 parts -- one weight per run, each writing its columns of the projection's output (:class:`_Segments`);
 an FP8 part that fits neither rule (e.g. a quantized ``in_proj_b`` [48, H]) is dequantized to bf16 at load and
-joins the bf16 run. If a run would start at a column that is not a multiple of 8 (16-byte aligned output
-columns), the whole projection is loaded as bf16 (dequantized). Tensors that are not linears of the mixers or
+joins the bf16 run. If a run would start at a column that is not a multiple of 8, or the projection's width is
+not one (the GEMMs write 16-byte aligned output columns with a row pitch of 8k elements), the whole projection is
+loaded as bf16 (dequantized). Tensors that are not linears of the mixers or
 the dense MLP -- MoE expert weights (vkc has no FP8 grouped GEMM), the router, the shared expert folded into the
 experts, embeddings -- are dequantized to bf16 at load (one log line with the count and the bytes).
 """
@@ -136,7 +137,7 @@ class _Weights:
             else:
                 runs.append([k, [t], start])
             start += t.shape[0]
-        if len(runs) > 1 and any(r[2] % 8 for r in runs):
+        if len(runs) > 1 and (start % 8 or any(r[2] % 8 for r in runs)):
             runs = [["bf16", parts, 0]]
         segs = []
         for k, ts, c0 in runs:
