@@ -6,8 +6,8 @@ Freshly allocated float buffers are filled with NaN (int buffers with -7), so a 
 not write shows up in the logits.
 
 FP8 linears (``weight_fp8``): the math of ops.gemm_fp8 in numpy -- the activations quantized per token per 128
-columns (scale = max(amax / 448, 1 / (448 * 512)) in float32, q = e4m3(clip(x / scale, +-448)) with ml_dtypes'
-round-to-nearest-even), then the GEMM of the dequantized operands in float64 (equal, up to rounding, to the
+columns (scale = max(amax / 448, 1 / (448 * 512)) in float32, q = e4m3(clip(x / scale, +-448)) rounded to
+nearest even (:func:`round_e4m3`, checked against ml_dtypes in tests/test_engine_fp8_cpu.py), then the GEMM of the dequantized operands in float64 (equal, up to rounding, to the
 kernel's sum of per-block partial products times both scales).
 """
 from __future__ import annotations
@@ -35,9 +35,17 @@ def _rms(x, eps):
 FP8_MAX, MIN_SCALE = np.float32(448.0), np.float32(1.0 / (448.0 * 512.0))
 
 
+def round_e4m3(v: np.ndarray) -> np.ndarray:
+    """Round float values in [-448, 448] to the nearest float8_e4m3fn value, ties to even (3 mantissa bits; below
+    2^-6 the subnormal step 2^-9), exactly in float64."""
+    v = np.asarray(v, np.float64)
+    _, ex = np.frexp(v)
+    step = np.ldexp(1.0, np.maximum(ex - 1, -6) - 3)
+    return np.round(v / step) * step
+
+
 def fp8_group_quant(x: np.ndarray) -> np.ndarray:
     """float32 [M, K] -> the dequantized values of its per-token-group (1 x 128) dynamic e4m3 quantization."""
-    import ml_dtypes
     x = np.asarray(x, np.float32)
     M, K = x.shape
     kb = -(-K // 128)
@@ -45,7 +53,7 @@ def fp8_group_quant(x: np.ndarray) -> np.ndarray:
     g[:, :K] = x
     g = g.reshape(M, kb, 128)
     scale = np.maximum(np.abs(g).max(-1) / FP8_MAX, MIN_SCALE).astype(np.float32)[..., None]
-    q = np.clip(g / scale, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    q = round_e4m3(np.clip(g / scale, -FP8_MAX, FP8_MAX)).astype(np.float32)
     return (q * scale).reshape(M, kb * 128)[:, :K]
 
 

@@ -26,7 +26,6 @@ from tests.engine_fixtures import (FP8_NOT_CONVERT, HEADS_27B, HEADS_35B, MOE_SM
 from tests.engine_numpy_backend import NumpyBackend
 
 pytest.importorskip("transformers")
-pytest.importorskip("ml_dtypes")
 
 from vkc_engine import LLM  # noqa: E402
 from vkc_engine.config import ConfigError, parse_config  # noqa: E402
@@ -144,6 +143,19 @@ def test_moe_fp8_experts_dequantized(moe):
     _act_quant_matches(d, model, 5)
 
 
+def test_e4m3_rounding_and_table_match_ml_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from tests.engine_numpy_backend import round_e4m3
+    from vkc_engine.loader import E4M3_VALUES
+    e4m3 = ml_dtypes.float8_e4m3fn
+    assert np.array_equal(np.arange(256, dtype=np.uint8).view(e4m3).astype(np.float32), E4M3_VALUES, equal_nan=True)
+    finite = np.sort(np.unique(E4M3_VALUES[np.isfinite(E4M3_VALUES)]))
+    mids = (finite[1:] + finite[:-1]) / 2  # every tie, and values just around each
+    v = np.concatenate([finite, mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf),
+                        np.random.default_rng(0).uniform(-448, 448, 20000).astype(np.float32)]).astype(np.float32)
+    np.testing.assert_array_equal(round_e4m3(v), v.astype(e4m3).astype(np.float64))
+
+
 # ------------------------------------------------------------------------------------------------ errors
 FP8_Q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
          "modules_to_not_convert": ["lm_head"]}
@@ -226,3 +238,24 @@ def test_bad_fp8_checkpoints(small_fp8, tmp_path, case, msg):
     d = _copy(small_fp8, tmp_path / "ck", edit, conf)
     with pytest.raises(CheckpointError, match=msg):
         _llm(d)
+
+
+def test_dummy_fp8_weights_and_bench_option(tmp_path):
+    """benchmarks/bench_engine.py --quant fp8 at the 27B config scaled down: the dummy checkpoint serves the
+    projections a *-FP8 release quantizes as e4m3 + block scales (vkc_engine.dummy), the rest bf16."""
+    from benchmarks.bench_engine import FP8_QUANT, SHAPES, run
+    from tests.engine_numpy_backend import Fp8NumpyWeight
+    from vkc_engine.model import _Segments
+    cfg = dict(SHAPES["27b"], num_hidden_layers=4, hidden_size=256, intermediate_size=512, vocab_size=512,
+               linear_num_key_heads=2, linear_num_value_heads=4, num_attention_heads=4, num_key_value_heads=1,
+               quantization_config=FP8_QUANT)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    llm = _llm(tmp_path, load_format="dummy", max_num_seqs=2, max_num_batched_tokens=16, max_model_len=64,
+               num_blocks=8)
+    m = llm.model
+    assert isinstance(m.layers[3].mixer.qkv, Fp8NumpyWeight) and isinstance(m.layers[0].mlp.gate_up, Fp8NumpyWeight)
+    assert isinstance(m.layers[0].mixer.in_proj, _Segments) and isinstance(m.lm_head, np.ndarray)
+    assert np.isfinite(m.layers[0].mlp.down.dequantized()).all()
+    assert np.isfinite(llm.prompt_logits([1, 2, 3])).all()
+    res = run(tmp_path, batches=(1,), prefill=8, steps=1, backend=NumpyBackend())
+    assert res["prefill"]["tokens"] == 8 and res["decode"][0]["ms_per_step"] > 0
