@@ -29,10 +29,15 @@ pytest.importorskip("transformers")
 
 # max |engine - HF fp32| / max |HF| and the Frobenius ratio. The FP8 activation quantization (per token per 128
 # columns, e4m3) is most of the error: the numpy backend's exact FP8 emulation vs the same HF reference on CPU
-# measured rel max 0.038-0.078 / fro 0.036-0.055 (27b, n = 1 / 17 / 300) and 0.055-0.114 / 0.046-0.078 (35b-a3b); the
-# bf16 activations of the GPU path add the ~0.01-0.04 of tests/gpu/test_gpu_engine.py.
-FP8_REL_TOL, FP8_FRO_TOL = 0.16, 0.12
-MOE_FP8_REL_TOL, MOE_FP8_FRO_TOL = 0.22, 0.16
+# (these fixtures, n = 1 / 17 / 300) measured rel max 0.074 / 0.082 / 0.086, fro 0.066 / 0.079 / 0.076 (27b) and
+# rel max 0.089 / 0.094 / 0.155, fro 0.129 / 0.078 / 0.087 (35b-a3b); the GPU's bf16 activations add what
+# tests/gpu/test_gpu_engine.py allows for (bf16 ~0.01-0.02 dense; MoE expert swaps at the top-k cut ~0.05), and
+# n = 2000 takes the max over more rows.
+FP8_REL_TOL, FP8_FRO_TOL = 0.2, 0.14
+MOE_FP8_REL_TOL, MOE_FP8_FRO_TOL = 0.3, 0.2
+# GPU vs the numpy FP8 engine: both quantize, but different activations (bf16 vs float32), so their quantization
+# noise is drawn twice; a wiring error (a wrong scale block, a missing segment) is O(1)
+VS_NUMPY = 1.5
 MAX_LEN = 2112
 
 
@@ -116,7 +121,7 @@ def test_teacher_forced_logits_vs_numpy_engine(setup, numpy_engine, n):
     fro = float(np.linalg.norm(d) / np.linalg.norm(ref))
     record("engine", case=f"{name} fp8 vs numpy FP8 engine n={n}", rel_max=rel, rel_fro=fro)
     tol_max, tol_fro = _tols(name)
-    assert rel < tol_max and fro < tol_fro
+    assert rel < VS_NUMPY * tol_max and fro < VS_NUMPY * tol_fro
 
 
 @pytest.mark.parametrize("n", [1, 5, 17])
