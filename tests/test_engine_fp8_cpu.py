@@ -183,6 +183,18 @@ def test_config_quantization_errors(change, msg):
         parse_config(wrapped)
 
 
+def test_modelopt_hf_quant_config_refused(tmp_path):
+    from tests.test_engine_loader import BASE
+    from vkc_engine.config import load_config
+    (tmp_path / "config.json").write_text(json.dumps(BASE))
+    assert load_config(tmp_path).quant is None
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4",
+                                                                                "group_size": 16}}))
+    with pytest.raises(ConfigError, match=r"hf_quant_config.json: ModelOpt quantization \(quantization.quant_algo "
+                                          r"'NVFP4'\) is not supported: vkc has an NVFP4 GEMV for decode but no"):
+        load_config(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def small_fp8(tmp_path_factory):
     d = tmp_path_factory.mktemp("fp8_small")

@@ -17,8 +17,8 @@ Quantized checkpoints (``quantization_config``, top level or under ``text_config
 :class:`QuantConfig`; which linears are quantized is read from the stored tensors' dtypes (vkc_engine.model), so
 ``modules_to_not_convert`` is only checked to be a list of names. Anything else -- another quant_method, fmt,
 block size, static activation scales, NVFP4 (ModelOpt ``quant_algo`` NVFP4, compressed-tensors
-``nvfp4-pack-quantized``: vkc has the M <= 64 W4A16 GEMV but no large-M NVFP4 GEMM for prefill) -- raises a
-ConfigError naming the field and value.
+``nvfp4-pack-quantized``: vkc has the M <= 64 W4A16 GEMV but no large-M NVFP4 GEMM for prefill), or a ModelOpt
+``hf_quant_config.json`` beside a config without one -- raises a ConfigError naming the field and value.
 """
 from __future__ import annotations
 
@@ -282,6 +282,17 @@ def load_config(model_dir) -> ModelConfig:
         raw = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: not valid JSON ({e})") from None
+    hq = d / "hf_quant_config.json"  # ModelOpt's export: the quantization described beside config.json
+    if hq.is_file() and not (raw.get("quantization_config") or (raw.get("text_config") or {}).get(
+            "quantization_config")):
+        try:
+            q = json.loads(hq.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{hq}: not valid JSON ({e})") from None
+        algo = (q.get("quantization") or {}).get("quant_algo") if isinstance(q, dict) else None
+        raise ConfigError(f"{hq}: ModelOpt quantization (quantization.quant_algo {algo!r}) is not supported"
+                          + (": vkc has an NVFP4 GEMV for decode but no NVFP4 GEMM for prefill"
+                             if "NVFP4" in str(algo).upper() else " (block-wise FP8 'fp8' checkpoints only)"))
     gen = None
     g = d / "generation_config.json"
     if g.is_file():
