@@ -118,9 +118,17 @@ def _block_quantize(w, scale_dtype: str):
     return q, (scale.to(torch.bfloat16) if scale_dtype == "BF16" else scale), deq
 
 
-def _engine_runs_fp8(name: str, shape) -> bool:
-    """vkc_engine.model's rule: mixer / dense-MLP projections whose N fills whole 128-row blocks stay FP8."""
-    return ".experts." not in name and "shared_expert." not in name and shape[0] % 128 == 0 and shape[1] % 16 == 0
+def _engine_runs_fp8(name: str, shape, sd: dict) -> bool:
+    """vkc_engine.model's rule: mixer / dense-MLP projections whose N fills whole 128-row blocks stay FP8, unless
+    their fused projection mixes FP8 and bf16 parts at a width that is not a multiple of 8 (GDN in_proj with an
+    odd 2 Hv: all bf16)."""
+    if ".experts." in name or "shared_expert." in name or shape[0] % 128 or shape[1] % 16:
+        return False
+    if ".linear_attn.in_proj_" in name:
+        base = name.split(".linear_attn.")[0] + ".linear_attn.in_proj_"
+        width = sum(sd[base + p + ".weight"].shape[0] for p in ("qkv", "z", "b", "a"))
+        return width % 8 == 0
+    return True
 
 
 def _quantize_fp8(model, sd: dict, opts: dict) -> None:
@@ -137,7 +145,7 @@ def _quantize_fp8(model, sd: dict, opts: dict) -> None:
             continue
         q, scale, deq = _block_quantize(t.float(), opts.get("scale_dtype", "F32"))
         sd[name], sd[name + "_scale_inv"] = q, scale.contiguous()
-        fp8 = _engine_runs_fp8(name, t.shape)
+        fp8 = _engine_runs_fp8(name, t.shape, sd)
         val = deq if fp8 else deq.to(torch.bfloat16).float()
         if ".experts." in name:  # experts.E.{gate,up,down}_proj.weight -> the fused parameters' rows
             base, e, proj = name.rsplit(".", 3)[0], int(name.split(".experts.")[1].split(".")[0]), name.split(".")[-2]

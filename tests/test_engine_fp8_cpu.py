@@ -127,7 +127,7 @@ def test_dense_fp8_weights_and_fusion_segments(dense):
     assert isinstance(m.layers[0].mlp.gate_up, Fp8NumpyWeight) and isinstance(m.layers[0].mlp.down, np.ndarray)
     assert isinstance(m.layers[1].mlp.down, Fp8NumpyWeight) and isinstance(m.lm_head, np.ndarray)
     assert any("FP8 checkpoint: " in x and "linear weights run the FP8 block GEMM" in x and
-               "2 small linear parts" in x for x in logs), logs
+               "2 FP8 linear parts dequantized" in x for x in logs), logs
 
 
 def test_dense_fp8_activation_quantization(dense):
@@ -166,6 +166,7 @@ FP8_Q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "
     ({"fmt": "e5m2"}, "quantization_config.fmt 'e5m2'"),
     ({"weight_block_size": [64, 128]}, "quantization_config.weight_block_size [64, 128]"),
     ({"weight_block_size": None}, "quantization_config.weight_block_size None"),
+    ({"weight_block_size": 128}, "quantization_config.weight_block_size 128"),
     ({"activation_scheme": "static"}, "quantization_config.activation_scheme 'static'"),
     ({"scale_fmt": "ue8m0"}, "quantization_config.scale_fmt 'ue8m0'"),
     ({"modules_to_not_convert": "lm_head"}, "modules_to_not_convert must be a list"),
@@ -198,8 +199,20 @@ def test_modelopt_hf_quant_config_refused(tmp_path):
 @pytest.fixture(scope="module")
 def small_fp8(tmp_path_factory):
     d = tmp_path_factory.mktemp("fp8_small")
-    make_checkpoint(d, layer_types=["linear_attention", "full_attention"], hidden=128, intermediate=256, fp8={})
-    return d
+    model, _ = make_checkpoint(d, layer_types=["linear_attention", "full_attention"], hidden=128, intermediate=256,
+                               fp8={})
+    return d, model
+
+
+def test_unaligned_fused_width_falls_back_to_bf16(small_fp8):
+    """HEADS_27B scaled down: GDN in_proj is 2060 wide (2 Hv = 12), so its FP8 qkv | z and bf16 b | a cannot be
+    column segments for the GEMMs (model.py's rule): the whole projection is dequantized to bf16, exactly."""
+    d, model = small_fp8
+    llm, logs = _weights_exact(d, model, 12, 7)
+    from tests.engine_numpy_backend import Fp8NumpyWeight
+    assert isinstance(llm.model.layers[0].mixer.in_proj, np.ndarray)
+    assert isinstance(llm.model.layers[1].mixer.qkv, Fp8NumpyWeight)
+    assert any("3 FP8 linear parts dequantized" in x for x in logs), logs  # in_proj_qkv, _z, _b; a is bf16
 
 
 def _copy(src, dst, edit=None, config=None):
@@ -247,7 +260,7 @@ def test_bad_fp8_checkpoints(small_fp8, tmp_path, case, msg):
         elif case == "stray_scale":  # a bf16 weight with a scale beside it
             t["model.layers.0.linear_attn.in_proj_a.weight_scale_inv"] = torch.ones((1, 1))
     conf = (lambda c: c.pop("quantization_config")) if case == "no_config" else None
-    d = _copy(small_fp8, tmp_path / "ck", edit, conf)
+    d = _copy(small_fp8[0], tmp_path / "ck", edit, conf)
     with pytest.raises(CheckpointError, match=msg):
         _llm(d)
 

@@ -228,7 +228,7 @@ def _quant(q, where: str) -> QuantConfig | None:
         raise ConfigError(f"config.json: {w}.activation_scheme {act!r} is not supported (dynamic per-token-group "
                           "activation scales only)")
     block = q.get("weight_block_size")
-    if block is None or list(block) != [128, 128]:
+    if not isinstance(block, (list, tuple)) or list(block) != [128, 128]:
         raise ConfigError(f"config.json: {w}.weight_block_size {block!r} is not supported: the FP8 GEMM "
                           "(ops.gemm_fp8.linear_fp8_block) takes [128, 128] blocks (per-tensor / per-channel FP8 "
                           "checkpoints are not supported either)")

@@ -162,7 +162,8 @@ class _Weights:
             msg += (f"; {no} tensors outside the FP8 GEMM's linears (MoE experts, router, shared expert, embeddings) "
                     f"dequantized to bf16 at load ({gib(bo)} as bf16, +{gib(bo / 2)} over FP8: no FP8 grouped GEMM)")
         if nl:
-            msg += f"; {nl} small linear parts (N not a multiple of 128) dequantized to bf16 ({gib(bl)})"
+            msg += (f"; {nl} FP8 linear parts dequantized to bf16 ({gib(bl)}: N not whole 128-row blocks, or a fused "
+                    "projection the GEMMs cannot split into FP8 and bf16 columns)")
         return msg
 
 
