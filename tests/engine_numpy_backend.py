@@ -7,8 +7,9 @@ not write shows up in the logits.
 
 FP8 linears (``weight_fp8``): the math of ops.gemm_fp8 in numpy -- the activations quantized per token per 128
 columns (scale = max(amax / 448, 1 / (448 * 512)) in float32, q = e4m3(clip(x / scale, +-448)) rounded to
-nearest even (:func:`round_e4m3`, checked against ml_dtypes in tests/test_engine_fp8_cpu.py), then the GEMM of the dequantized operands in float64 (equal, up to rounding, to the
-kernel's sum of per-block partial products times both scales).
+nearest even (:func:`round_e4m3`, checked against ml_dtypes in tests/test_engine_fp8_cpu.py), then the GEMM of the
+dequantized operands in float64 (equal, up to rounding, to the kernel's sum of per-block partial products times
+both scales). ``NumpyBackend(fp8_act_quant=False)`` skips the activation quantization (weight-loading tests).
 """
 from __future__ import annotations
 
