@@ -4,7 +4,7 @@ replay CUDA graphs unless ``--graphs off``). Shapes: the dense 27B and the MoE 3
 
     python benchmarks/bench_engine.py [--shape {27b,35b-a3b}] [--batches 1,16,64] [--prefill 2048]
                                       [--long-prefill 8192] [--steps 16] [--graphs on|off] [--gemv-max-m 16]
-                                      [--breakdown] [--out F]
+                                      [--quant {none,fp8}] [--breakdown] [--out F]
 
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
@@ -15,7 +15,9 @@ CUDA events recorded before each op of eager steps (graphs off for them), so hos
 delay; ``graph`` -- the step's graph captured with an event node before each op and replayed once: device time
 only (the events add a little). Each lists {family: [ms, calls]} and ``total``. ``run(model_dir, ...,
 backend=...)`` is the same measurement on any backend (the CPU test drives it on the numpy backend at a tiny
-shape).
+shape). ``--quant fp8``: the config gets Qwen's block-wise FP8 ``quantization_config`` and the dummy weights of the
+projections an *-FP8 release quantizes are random e4m3 bytes with float32 block scales (vkc_engine.dummy), so those
+linears run ops.gemm_fp8 (quantize_fp8_per_token_group + linear_fp8_block) at every M; the JSON gets "quant".
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ import time
 from pathlib import Path
 
 _ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+FP8_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+             "modules_to_not_convert": ["lm_head", "embed_tokens", "mlp.gate", "shared_expert_gate", "in_proj_a",
+                                        "in_proj_b"]}
 SHAPES = {  # HF config.json field names
     # the dense Qwen3.6 27B text model
     "27b": {"model_type": "qwen3_5", "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
@@ -155,16 +160,20 @@ def main(argv=None) -> int:
     ap.add_argument("--gemv-max-m", type=int, default=None, choices=range(0, 65), metavar="0..64",
                     help="ops.gemv for M <= this in captured steps (default: the backend's rule)")
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--quant", choices=("none", "fp8"), default="none",
+                    help="fp8: block-wise FP8 dummy weights for the projections (ops.gemm_fp8)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.gemv_max_m is not None:
         import vkc_engine.backend as B
         B.GEMV_MAX_M = a.gemv_max_m
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "config.json").write_text(json.dumps(SHAPES[a.shape]))
+        conf = dict(SHAPES[a.shape], **({"quantization_config": FP8_QUANT} if a.quant == "fp8" else {}))
+        (Path(d) / "config.json").write_text(json.dumps(conf))
         res = run(d, batches=tuple(int(b) for b in a.batches.split(",")), prefill=a.prefill, steps=a.steps,
                   long_prefill=a.long_prefill, graphs=a.graphs == "on", breakdown=a.breakdown)
     res["shape"] = a.shape
+    res["quant"] = a.quant
     import vkc_engine.backend as B
     res["gemv_max_m"] = B.GEMV_MAX_M
     txt = json.dumps(res, indent=1)

@@ -15,6 +15,16 @@ exactly the saved values (the reference). The model's vocabulary is the tokenize
 
 The engine CPU tests' common set-up: :func:`checkpoint` (a module fixture's directory + model),
 :func:`numpy_llm` (the engine on tests/engine_numpy_backend.py), :func:`rel_err`, :func:`random_prompt`.
+
+Block-wise FP8 (``fp8=`` options, the layout of Qwen's ``*-FP8`` releases): the projections (``*proj*.weight``,
+experts included) not matched by ``fp8["not_convert"]`` (canonical names, suffix or substring match) are stored as
+F8_E4M3 [N, K] with ``weight_scale_inv`` [cdiv(N, 128), cdiv(K, 128)] (F32, or BF16 with ``fp8["scale_dtype"]``):
+scale = amax of the 128 x 128 block / 448, q = e4m3(w / scale); config.json gets the ``quantization_config``. The
+returned HF model then holds what the engine computes with: the dequantized weight (q * scale, float32) where the
+engine runs the FP8 GEMM (mirroring vkc_engine.model's rule: a mixer or dense-MLP projection with N % 128 == 0),
+its bf16 rounding where the engine dequantizes at load (MoE experts, the folded shared expert, small parts like
+``in_proj_b``); ``model.vkc_fp8_linears`` names the FP8-GEMM modules, whose inputs :func:`fp8_act_quant`
+quantizes as the engine does.
 """
 from __future__ import annotations
 
@@ -91,12 +101,104 @@ def _split_experts(sd: dict) -> dict:
     return out
 
 
+FP8_NOT_CONVERT = ("lm_head", "embed_tokens", "mlp.gate.weight", "shared_expert_gate", "in_proj_a")
+
+
+def _block_quantize(w, scale_dtype: str):
+    """(q float8_e4m3fn [N, K], scale [cdiv(N, 128), cdiv(K, 128)], dequantized float32) of a float32 weight."""
+    import torch
+    N, K = w.shape
+    nb, kb = -(-N // 128), -(-K // 128)
+    pad = torch.zeros(nb * 128, kb * 128)
+    pad[:N, :K] = w
+    blocks = pad.reshape(nb, 128, kb, 128)
+    scale = (blocks.abs().amax(dim=(1, 3)) / 448.0).clamp(min=1e-12)
+    if scale_dtype == "BF16":
+        scale = scale.to(torch.bfloat16).float()
+    q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    deq = (q.float() * scale[:, None, :, None]).reshape(nb * 128, kb * 128)[:N, :K]
+    q = q.reshape(nb * 128, kb * 128)[:N, :K].contiguous()
+    return q, (scale.to(torch.bfloat16) if scale_dtype == "BF16" else scale), deq
+
+
+def _engine_runs_fp8(name: str, shape, sd: dict) -> bool:
+    """vkc_engine.model's rule: mixer / dense-MLP projections whose N fills whole 128-row blocks stay FP8, unless
+    their fused projection mixes FP8 and bf16 parts at a width that is not a multiple of 8 (GDN in_proj with an
+    odd 2 Hv: all bf16)."""
+    if ".experts." in name or "shared_expert." in name or shape[0] % 128 or shape[1] % 16:
+        return False
+    if ".linear_attn.in_proj_" in name:
+        base = name.split(".linear_attn.")[0] + ".linear_attn.in_proj_"
+        width = sum(sd[base + p + ".weight"].shape[0] for p in ("qkv", "z", "b", "a"))
+        return width % 8 == 0
+    return True
+
+
+def _quantize_fp8(model, sd: dict, opts: dict) -> None:
+    """Quantize sd's projections in place (module docstring) and set the model's parameters to what the engine
+    computes with."""
+    import torch
+    skip = tuple(opts.get("not_convert", FP8_NOT_CONVERT))
+    params = dict(model.named_parameters())
+    model.vkc_fp8_linears = []
+    for name in sorted(sd):
+        t = sd[name]
+        if not name.endswith(".weight") or "proj" not in name.split(".")[-2] or t.ndim != 2 or \
+                any(k in name for k in skip):
+            continue
+        q, scale, deq = _block_quantize(t.float(), opts.get("scale_dtype", "F32"))
+        sd[name], sd[name + "_scale_inv"] = q, scale.contiguous()
+        fp8 = _engine_runs_fp8(name, t.shape, sd)
+        val = deq if fp8 else deq.to(torch.bfloat16).float()
+        if ".experts." in name:  # experts.E.{gate,up,down}_proj.weight -> the fused parameters' rows
+            base, e, proj = name.rsplit(".", 3)[0], int(name.split(".experts.")[1].split(".")[0]), name.split(".")[-2]
+            if proj == "down_proj":
+                dst = params[base + ".down_proj"][e]
+            else:
+                gu = params[base + ".gate_up_proj"][e]
+                half = gu.shape[0] // 2
+                dst = gu[:half] if proj == "gate_proj" else gu[half:]
+        else:
+            dst = params[name]
+        with torch.no_grad():
+            dst.copy_(val)
+        if fp8:
+            model.vkc_fp8_linears.append(name[:-len(".weight")])
+
+
+def fp8_act_quant(model, on: bool = True):
+    """Quantize the inputs of ``model.vkc_fp8_linears`` per token per 128 columns (e4m3, dynamic scales
+    max(amax / 448, 1 / (448 * 512)), as ops.gemm_fp8.quantize_fp8_per_token_group) in the HF forward (on=False:
+    remove the hooks)."""
+    import torch
+    for h in getattr(model, "_vkc_fp8_hooks", []):
+        h.remove()
+    model._vkc_fp8_hooks = []
+    if not on:
+        return model
+
+    def fake_quant(module, args):
+        x = args[0]
+        K = x.shape[-1]
+        kb = -(-K // 128)
+        g = torch.nn.functional.pad(x.float(), (0, kb * 128 - K)).reshape(*x.shape[:-1], kb, 128)
+        scale = (g.abs().amax(-1, keepdim=True) / 448.0).clamp(min=1.0 / (448.0 * 512.0))
+        q = (g / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+        return ((q * scale).reshape(*x.shape[:-1], kb * 128)[..., :K].to(x.dtype),) + tuple(args[1:])
+
+    mods = dict(model.named_modules())
+    for name in model.vkc_fp8_linears:
+        model._vkc_fp8_hooks.append(mods[name].register_forward_pre_hook(fake_quant))
+    return model
+
+
 def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256, intermediate=512, tie=False,
                     vlm=False, shards: int = 1, seed: int = 0, all_bf16: bool = False, moe: dict | None = None,
-                    expert_layout: str = "per_expert"):
+                    expert_layout: str = "per_expert", fp8: dict | None = None):
     """Write a tiny checkpoint into ``out_dir``; returns (fp32 HF model in eval mode, tokenizer). ``moe``: the
     MoE fields (num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size) for a
-    Qwen3_5MoeForCausalLM; ``expert_layout``: "per_expert" (released) or "fused" (transformers' parameters)."""
+    Qwen3_5MoeForCausalLM; ``expert_layout``: "per_expert" (released) or "fused" (transformers' parameters);
+    ``fp8``: block-wise FP8 options (module docstring: ``not_convert``, ``scale_dtype``), {} for the defaults."""
     import torch
     from safetensors.torch import save_file
     if moe:
@@ -133,6 +235,8 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
             model.tie_weights()
     if moe and expert_layout == "per_expert":
         sd = _split_experts(sd)
+    if fp8 is not None:
+        _quantize_fp8(model, sd, fp8)
     if vlm:
         sd = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in sd.items()}
         sd["mtp.fc.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
@@ -159,6 +263,10 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
         conf = dict(text, model_type="qwen3_5_moe_text", architectures=["Qwen3_5MoeForCausalLM"])
     else:
         conf = dict(text, model_type="qwen3_5", architectures=["Qwen3_5ForCausalLM"])
+    if fp8 is not None:
+        conf["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                       "weight_block_size": [128, 128],
+                                       "modules_to_not_convert": list(fp8.get("not_convert", FP8_NOT_CONVERT))}
     (out / "config.json").write_text(json.dumps(conf, indent=1))
     return model, tok
 

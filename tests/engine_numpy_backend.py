@@ -4,12 +4,18 @@ chunking tricks), written from the op contracts in runtime/vkc_runtime/ops/*.py.
 
 Freshly allocated float buffers are filled with NaN (int buffers with -7), so a read of anything the step did
 not write shows up in the logits.
+
+FP8 linears (``weight_fp8``): the math of ops.gemm_fp8 in numpy -- the activations quantized per token per 128
+columns (scale = max(amax / 448, 1 / (448 * 512)) in float32, q = e4m3(clip(x / scale, +-448)) rounded to
+nearest even (:func:`round_e4m3`, checked against ml_dtypes in tests/test_engine_fp8_cpu.py), then the GEMM of the
+dequantized operands in float64 (equal, up to rounding, to the kernel's sum of per-block partial products times
+both scales). ``NumpyBackend(fp8_act_quant=False)`` skips the activation quantization (weight-loading tests).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from vkc_engine.loader import to_float32
+from vkc_engine.loader import E4M3_VALUES, to_float32
 
 _NP = {"bf16": np.float32, "f32": np.float32, "i32": np.int32}
 
@@ -27,12 +33,51 @@ def _rms(x, eps):
     return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
 
 
+FP8_MAX, MIN_SCALE = np.float32(448.0), np.float32(1.0 / (448.0 * 512.0))
+
+
+def round_e4m3(v: np.ndarray) -> np.ndarray:
+    """Round float values in [-448, 448] to the nearest float8_e4m3fn value, ties to even (3 mantissa bits; below
+    2^-6 the subnormal step 2^-9), exactly in float64."""
+    v = np.asarray(v, np.float64)
+    _, ex = np.frexp(v)
+    step = np.ldexp(1.0, np.maximum(ex - 1, -6) - 3)
+    return np.round(v / step) * step
+
+
+def fp8_group_quant(x: np.ndarray) -> np.ndarray:
+    """float32 [M, K] -> the dequantized values of its per-token-group (1 x 128) dynamic e4m3 quantization."""
+    x = np.asarray(x, np.float32)
+    M, K = x.shape
+    kb = -(-K // 128)
+    g = np.zeros((M, kb * 128), np.float32)
+    g[:, :K] = x
+    g = g.reshape(M, kb, 128)
+    scale = np.maximum(np.abs(g).max(-1) / FP8_MAX, MIN_SCALE).astype(np.float32)[..., None]
+    q = round_e4m3(np.clip(g / scale, -FP8_MAX, FP8_MAX)).astype(np.float32)
+    return (q * scale).reshape(M, kb * 128)[:, :K]
+
+
+class Fp8NumpyWeight:
+    """An FP8 linear: e4m3 values [N, K] as float32 and the float32 block scales [cdiv(N, 128), cdiv(K, 128)]."""
+
+    def __init__(self, q, scale):
+        self.q, self.scale = q, scale
+        self.shape = q.shape
+
+    def dequantized(self) -> np.ndarray:
+        N, K = self.shape
+        s = np.repeat(np.repeat(self.scale.astype(np.float64), 128, 0), 128, 1)[:N, :K]
+        return self.q.astype(np.float64) * s
+
+
 class NumpyBackend:
     name = "numpy"
     supports_graphs = False
 
-    def __init__(self):
+    def __init__(self, fp8_act_quant: bool = True):
         self.calls: list[str] = []
+        self.fp8_act_quant = fp8_act_quant  # False: FP8 linears on unquantized activations (weight-loading tests)
 
     def _log(self, name):
         self.calls.append(name)
@@ -61,6 +106,11 @@ class NumpyBackend:
     def weight(self, parts, dtype, shape=None):
         w = np.concatenate([to_float32(p) for p in parts], axis=0)
         return w if shape is None else w.reshape(shape)
+
+    def weight_fp8(self, parts, scales):
+        assert all(p.dtype == "F8_E4M3" for p in parts) and all(s.dtype == "F32" for s in scales)
+        return Fp8NumpyWeight(np.concatenate([E4M3_VALUES[p.data] for p in parts], axis=0),
+                              np.concatenate([to_float32(s) for s in scales], axis=0))
 
     def upload_into(self, dst, host):
         view = dst[:host.size].reshape(host.shape)
@@ -126,6 +176,11 @@ class NumpyBackend:
         return out
 
     def linear(self, x, w, out):
+        if isinstance(w, Fp8NumpyWeight):
+            self._log("linear_fp8")
+            xq = fp8_group_quant(x) if self.fp8_act_quant else x
+            out[...] = xq.astype(np.float64) @ w.dequantized().T
+            return out
         self._log("linear")
         out[...] = x.astype(np.float64) @ w.astype(np.float64).T
         return out

@@ -105,6 +105,7 @@ def test_warmup_once_with_every_linear_before_weights_and_capture(ckpt):
     ev = _squash(be.events)
     # plans first, then the weights, the graph runner's eager warm-up forwards, the captures
     assert ev == ["warm", "weight", "step", "capture"], ev
+    assert llm.model.gemm_shapes == linear_shapes(llm.cfg)  # what the model loaded as bf16 linears = the config's
     llm.generate([[5] * 50, [7]], None)
     assert be.events.count("warm") == 1
     assert llm.plan_report["tuned"] == 4
@@ -113,6 +114,22 @@ def test_warmup_once_with_every_linear_before_weights_and_capture(ckpt):
     for part in ("mode readwrite", "/x/plans.json", "fingerprint ffffffffffffffff", "7 keys declared", "loaded 1",
                  "defaults 2", "tuned 4", "rejected 0", "saved 5"):
         assert part in line[0], line
+
+
+def test_fp8_checkpoint_warms_its_bf16_linears_after_the_weights(tmp_path):
+    """An FP8 checkpoint's bf16 linears follow from its stored dtypes: the warm-up comes right after the weights
+    (before any step or capture) and declares exactly the bf16 GEMMs the model loaded, no FP8 one."""
+    model, _ = make_checkpoint(tmp_path, heads=HEADS_27B, seed=5, fp8={})
+    be = Recording()
+    llm = LLM(tmp_path, backend=be, **KW)
+    ev = _squash(be.events)
+    assert ev.index("warm") > ev.index("weight") and ev.index("warm") < ev.index("step") < ev.index("capture"), ev
+    assert be.events.count("warm") == 1
+    (nks, max_m), = be.warmups
+    assert nks == llm.model.gemm_shapes and max_m == KW["max_num_batched_tokens"]
+    cfg = llm.cfg
+    assert (cfg.vocab_size, cfg.hidden_size) in nks  # the LM head stays bf16
+    assert model.vkc_fp8_linears and set(nks) != set(linear_shapes(cfg))  # some projections run the FP8 GEMM
 
 
 def test_numpy_backend_has_no_plans(ckpt):

@@ -27,6 +27,14 @@ Small-M linear rule (only for the captured decode steps, where host cost is gone
 figures are in BENCHMARKS.md), with a split-K workspace owned here; larger M, K not a multiple of 16, or a
 split the workspace cannot hold -> the CuTe GEMM. Eager steps keep the CuTe GEMM for every M: an eager engine
 run with gemv at M <= 16 measured slower, being host-bound (BENCHMARKS.md, the engine notes).
+
+FP8 linears (block-wise FP8 checkpoints, vkc_engine.model): :meth:`VkcBackend.weight_fp8` uploads the e4m3 bytes
+and the float32 block scales as an :class:`Fp8Weight`; ``linear`` of one runs ``ops.gemm_fp8``:
+``quantize_fp8_per_token_group`` of the bf16 activations into buffers made once in ``prepare`` (rows up to the
+step's token budget, K up to the model's widest FP8 linear: no allocation, graph-capturable), then
+``linear_fp8_block``, at every M (no FP8 GEMV exists; the small-M rule applies to bf16 weights only). A model
+with FP8 weights on an arch without the FP8 kernels (sm_80 / sm_86) is refused by ``check_model`` (no silent
+dequantization).
 """
 from __future__ import annotations
 
@@ -34,10 +42,10 @@ import numpy as np
 
 from .loader import RawTensor, to_bf16_bits, to_float32
 
-__all__ = ["VkcBackend", "BackendError", "GEMV_MAX_M", "FAMILIES"]
+__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "GEMV_MAX_M", "FAMILIES"]
 
 BF16, F32, I32 = "bfloat16", "float32", "int32"
-_DT = {"bf16": BF16, "f32": F32, "i32": I32}
+_DT = {"bf16": BF16, "f32": F32, "i32": I32, "u8": "uint8"}
 GEMV_MAX_M = 16  # the small-M linear rule (module docstring)
 STAGING_BYTES = 4 << 20  # initial pinned upload ring (grows when one upload needs more than half of it)
 # op method -> kernel family, for the per-family step breakdown (profile_start / profile_stop)
@@ -57,6 +65,18 @@ def _free_host(drv, ptr: int) -> None:
 
 class BackendError(RuntimeError):
     """The backend cannot run this model or configuration (the message says which op or size)."""
+
+
+class Fp8Weight:
+    """A block-wise FP8 linear weight on the device: ``q`` [N, K] uint8 (float8_e4m3fn bytes), ``scale``
+    [cdiv(N, 128), cdiv(K, 128)] float32 multipliers (the checkpoint's ``weight_scale_inv``)."""
+
+    def __init__(self, q, scale):
+        self.q, self.scale = q, scale
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
 
 
 class VkcBackend:
@@ -80,6 +100,8 @@ class VkcBackend:
     _capturing = False
     _staging = None    # pinned upload ring: [ptr, nbytes, offset, numpy view]
     _prof = None       # list of (family, event) while profiling
+    _gemm_fp8 = None   # vkc_runtime.ops.gemm_fp8 (FP8 checkpoints only)
+    _fp8_buf = None    # (x_q bytes, x_scale float32, max rows, max K): the FP8 activation buffers (prepare)
 
     def __init__(self, device: int | None = None):
         self._bind_modules()
@@ -136,6 +158,8 @@ class VkcBackend:
                                "128 / 4")
         if cfg.hidden_size > 16384:
             raise BackendError(f"hidden_size {cfg.hidden_size} > 16384 (largest rmsnorm row)")
+        if getattr(cfg, "quant", None) is not None:
+            self._fp8_ops()
         if cfg.is_moe:
             self._moe_ops()
             if cfg.shared_expert_intermediate_size != cfg.moe_intermediate_size:
@@ -146,9 +170,38 @@ class VkcBackend:
                 raise BackendError(f"{cfg.num_experts} experts, top-{cfg.num_experts_per_tok}: the MoE ops take at "
                                    "most 511 routed experts and top-15 (plus the shared expert)")
 
+    def _fp8_ops(self):
+        """ops.gemm_fp8, checked to have the block GEMM and the group quantizer on this device's arch."""
+        if self._gemm_fp8 is None:
+            try:
+                from vkc_runtime.ops import gemm_fp8  # noqa: PLC0415
+            except ImportError as e:
+                raise BackendError(f"vkc_runtime.ops.gemm_fp8 (the FP8 GEMM an FP8 checkpoint needs) is not "
+                                   f"available: {e}") from None
+            g = gemm_fp8
+            need = [g.quant_base("group")] + [g.gemm_base("block", bm, bn) for bm, bn in g.TILES["block"]]
+            have = [b for b in need if g.has_kernel(b)]
+            if need[0] not in have or len(have) < 2:
+                raise BackendError("this checkpoint has FP8 weights (quantization_config quant_method 'fp8'), but "
+                                   "this device's arch has no FP8 kernels (ops.gemm_fp8: linear_fp8_block and "
+                                   f"quantize_fp8_per_token_group; missing {[b for b in need if b not in have]}); "
+                                   "they exist for sm_89, sm_90a, sm_100a, sm_120a and sm_121a. Use the bf16 "
+                                   "checkpoint on this GPU")
+            self._gemm_fp8 = g
+        return self._gemm_fp8
+
+    def _prepare_fp8(self, max_rows: int, cfg) -> None:
+        """The FP8 activation buffers: max_rows x the widest K of any linear (bytes + per-128 scales)."""
+        K = max(cfg.hidden_size, cfg.num_q_heads * cfg.head_dim, cfg.gdn_value_dim, cfg.intermediate_size,
+                cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size)
+        kb = -(-K // 128)
+        self._fp8_buf = (self.empty((max_rows * K,), "u8"), self.empty((max_rows * kb,), "f32"), max_rows, K)
+
     def prepare(self, max_tokens: int, max_seqs: int, cfg) -> None:
         """Workspaces for batches of up to max_tokens tokens in max_seqs sequences (before any capture)."""
         d = self.device
+        if getattr(cfg, "quant", None) is not None:
+            self._prepare_fp8(max(max_tokens, max_seqs), cfg)
         self._max_seqs, self._vocab = max_seqs, cfg.vocab_size  # the penalty counts buffer's shape (init_counts)
         self._gdn_ws = self._gdn.workspace_for(max_tokens, max_seqs, cfg.gdn_k_heads, cfg.gdn_v_heads, device=d)
         self._pws = self._attn.prefill_workspace(max_tokens, max_seqs, cfg.num_q_heads, cfg.head_dim, device=d)
@@ -190,7 +243,7 @@ class VkcBackend:
         out = self.empty((rows,) + tuple(tail), dtype)
         off = 0
         for p in parts:
-            host = to_bf16_bits(p) if dtype == "bf16" else to_float32(p)
+            host = p.data if dtype == "u8" else to_bf16_bits(p) if dtype == "bf16" else to_float32(p)
             host = np.ascontiguousarray(host)
             if host.nbytes:  # from pageable memory, then waited for: the host array may go right after
                 self._drv.call(self._drv.cu.cuMemcpyHtoDAsync, out.ptr + off, host.ctypes.data, host.nbytes,
@@ -198,6 +251,15 @@ class VkcBackend:
                 self.synchronize()
             off += host.nbytes
         return out if shape is None else out.reshape(*shape)
+
+    def weight_fp8(self, parts: list[RawTensor], scales: list[RawTensor]) -> Fp8Weight:
+        """Upload an FP8 linear: F8_E4M3 parts [N_i, K] stacked along dim 0 (their bytes copied from the file
+        mapping) and their float32 block scales [N_i / 128, cdiv(K, 128)] stacked alike (every N_i a multiple of
+        128, so the stack is the fused weight's block grid)."""
+        if any(p.dtype != "F8_E4M3" for p in parts) or any(s.dtype != "F32" for s in scales):
+            raise BackendError(f"weight_fp8 takes F8_E4M3 weights and F32 scales, got "
+                               f"{[p.dtype for p in parts]} / {[s.dtype for s in scales]}")
+        return Fp8Weight(self.weight(parts, "u8"), self.weight(scales, "f32"))
 
     def upload_into(self, dst, host: np.ndarray):
         """Copy a host array into the front of a preallocated flat device buffer of its dtype (an async copy on
@@ -319,12 +381,29 @@ class VkcBackend:
         return self._act.silu_mul(x, out=out, stream=self._s)
 
     def linear(self, x, w, out):
+        if isinstance(w, Fp8Weight):
+            return self._linear_fp8(x, w, out)
         m = self._small_m
         if m and x.shape[0] <= m:
             ok, ws = self._gemv_plan(x.shape[0], w.shape[0], w.shape[1])
             if ok:
                 return self._gemv.gemv(x, w, out, stream=self._s, workspace=ws)
         return self._gemm.linear(x, w, out, stream=self._s)
+
+    def _linear_fp8(self, x, w: Fp8Weight, out):
+        """quantize_fp8_per_token_group(x) into the prepared buffers, then linear_fp8_block (any M)."""
+        g, buf = self._gemm_fp8, self._fp8_buf
+        M, K = x.shape
+        if g is None or buf is None:
+            raise BackendError("an FP8 linear needs check_model and prepare of a model with a quantization_config")
+        if M > buf[2] or K > buf[3]:
+            raise BackendError(f"FP8 linear of {M} x {K} exceeds the prepared activation buffers ({buf[2]} rows, "
+                               f"K {buf[3]})")
+        DA = self._mem.DeviceArray
+        xq = DA((M, K), "uint8", ptr=buf[0].ptr, base=buf[0], device=buf[0].device, ctx=buf[0].ctx)
+        xs = DA((M, -(-K // 128)), F32, ptr=buf[1].ptr, base=buf[1], device=buf[1].device, ctx=buf[1].ctx)
+        g.quantize_fp8_per_token_group(x, out=xq, scale=xs, stream=self._s)
+        return g.linear_fp8_block(xq, xs, w.q, w.scale, out=out, stream=self._s)
 
     def qk_norm_rope(self, qg, k, positions, qw, kw, Hq, Hkv, D, eps, theta, q_out, k_out):
         return self._rope.qk_norm_rope(qg, k, positions, qw, kw, Hq, Hkv, D, eps=eps, theta=theta, q_out=q_out,

@@ -10,6 +10,15 @@ MoE fields: ``num_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``,
 them). HF's ``Qwen3_5MoeTopKRouter`` renormalises the top-k weights unconditionally, so does the engine; fields
 of the Qwen3-MoE / Qwen3-Next lineage that HF's qwen3_5_moe code does not read are accepted only at the value
 that means "what HF runs": ``norm_topk_prob`` true, ``mlp_only_layers`` empty, ``decoder_sparse_step`` 1.
+
+Quantized checkpoints (``quantization_config``, top level or under ``text_config``): block-wise FP8 as Qwen's
+``*-FP8`` releases store it (transformers' FineGrainedFP8 format: ``quant_method`` "fp8", ``fmt`` "e4m3",
+``activation_scheme`` "dynamic", ``weight_block_size`` [128, 128], ``scale_fmt`` "float" when present) ->
+:class:`QuantConfig`; which linears are quantized is read from the stored tensors' dtypes (vkc_engine.model), so
+``modules_to_not_convert`` is only checked to be a list of names. Anything else -- another quant_method, fmt,
+block size, static activation scales, NVFP4 (ModelOpt ``quant_algo`` NVFP4, compressed-tensors
+``nvfp4-pack-quantized``: vkc has the M <= 64 W4A16 GEMV but no large-M NVFP4 GEMM for prefill), or a ModelOpt
+``hf_quant_config.json`` beside a config without one -- raises a ConfigError naming the field and value.
 """
 from __future__ import annotations
 
@@ -17,7 +26,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ConfigError", "ModelConfig", "load_config", "parse_config"]
+__all__ = ["ConfigError", "ModelConfig", "QuantConfig", "load_config", "parse_config"]
 
 DENSE_TYPES = ("qwen3_5", "qwen3_5_text")
 MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
@@ -26,6 +35,16 @@ LAYER_KINDS = ("linear_attention", "full_attention")
 
 class ConfigError(ValueError):
     """config.json is missing a field, has a bad value, or describes a model the engine does not run."""
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Block-wise FP8 weights (the only quantization the engine runs): e4m3 weights with one float multiplier
+    (``weight_scale_inv``) per ``block`` = (rows, cols) tile, activations quantized dynamically per token per
+    ``block[1]`` columns."""
+    method: str = "fp8"
+    block: tuple[int, int] = (128, 128)
+    modules_to_not_convert: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,8 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    # quantized weights (None: bf16 checkpoint)
+    quant: QuantConfig | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -113,11 +134,8 @@ def parse_config(raw: dict, generation_config: dict | None = None) -> ModelConfi
     if not moe and top_type not in DENSE_TYPES and mtype not in DENSE_TYPES:
         raise ConfigError(f"config.json: model_type {top_type!r} is not a Qwen3.5/3.6 model "
                           f"(expected one of {DENSE_TYPES + MOE_TYPES})")
-    quant = raw.get("quantization_config") or text.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
-        raise ConfigError(f"config.json: quantization_config (quant_method {method!r}) is not supported yet: "
-                          "bf16 checkpoints only (FP8 / NVFP4 need the quantized GEMMs)")
+    qwhere = "" if raw.get("quantization_config") else where
+    quant = _quant(raw.get("quantization_config") or text.get("quantization_config"), qwhere)
     n_layers = _get(text, "num_hidden_layers", int, where)
     layer_types = text.get("layer_types")
     if layer_types is None:
@@ -179,7 +197,54 @@ def parse_config(raw: dict, generation_config: dict | None = None) -> ModelConfi
         rms_norm_eps=_get(text, "rms_norm_eps", float, where, default=1e-6), tie_word_embeddings=bool(tie),
         eos_token_ids=_eos(gen.get("eos_token_id"), text.get("eos_token_id"), raw.get("eos_token_id")),
         vlm_wrapped=wrapped, max_position_embeddings=_get(text, "max_position_embeddings", int, where,
-                                                          default=262144), **moe_fields)
+                                                          default=262144), quant=quant, **moe_fields)
+
+
+def _quant(q, where: str) -> QuantConfig | None:
+    """The checked ``quantization_config`` (module docstring), or None when there is none."""
+    if q is None:
+        return None
+    w = where + "quantization_config"
+    if not isinstance(q, dict):
+        raise ConfigError(f"config.json: {w} must be an object, got {q!r}")
+    method = q.get("quant_method")
+    nested = q.get("quantization") if isinstance(q.get("quantization"), dict) else {}
+    algo = q.get("quant_algo", nested.get("quant_algo"))  # ModelOpt
+    groups = q.get("config_groups") if isinstance(q.get("config_groups"), dict) else {}
+    formats = [q.get("format")] + [g.get("format") for g in groups.values() if isinstance(g, dict)]
+    if "NVFP4" in str(algo).upper() or "nvfp4-pack-quantized" in formats:  # compressed-tensors: format
+        what = f"quant_algo {algo!r}" if "NVFP4" in str(algo).upper() else "format 'nvfp4-pack-quantized'"
+        raise ConfigError(f"config.json: {w}.{what} (NVFP4) is not supported: vkc has an NVFP4 GEMV for decode "
+                          "(M <= 64, ops.gemv.gemv_w4a16) but no NVFP4 GEMM for prefill; use a bf16 or FP8 "
+                          "(block-128) checkpoint")
+    if method != "fp8":
+        raise ConfigError(f"config.json: {w}.quant_method {method!r} is not supported (block-wise FP8 "
+                          "'fp8' only)")
+    fmt = q.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ConfigError(f"config.json: {w}.fmt {fmt!r} is not supported (FP8 e4m3 only)")
+    act = q.get("activation_scheme", "dynamic")
+    if act != "dynamic":
+        raise ConfigError(f"config.json: {w}.activation_scheme {act!r} is not supported (dynamic per-token-group "
+                          "activation scales only)")
+    block = q.get("weight_block_size")
+    if not isinstance(block, (list, tuple)) or list(block) != [128, 128]:
+        raise ConfigError(f"config.json: {w}.weight_block_size {block!r} is not supported: the FP8 GEMM "
+                          "(ops.gemm_fp8.linear_fp8_block) takes [128, 128] blocks (per-tensor / per-channel FP8 "
+                          "checkpoints are not supported either)")
+    sfmt = q.get("scale_fmt", "float")
+    if sfmt not in (None, "float"):
+        raise ConfigError(f"config.json: {w}.scale_fmt {sfmt!r} is not supported (float scales only)")
+    if q.get("dequantize"):
+        raise ConfigError(f"config.json: {w}.dequantize true is not supported (the engine runs FP8 weights as "
+                          "they are stored)")
+    if q.get("modules_to_convert"):
+        raise ConfigError(f"config.json: {w}.modules_to_convert {q['modules_to_convert']!r} is not supported "
+                          "(quantized embeddings)")
+    skip = q.get("modules_to_not_convert", q.get("ignored_layers")) or []
+    if not isinstance(skip, list) or not all(isinstance(m, str) for m in skip):
+        raise ConfigError(f"config.json: {w}.modules_to_not_convert must be a list of module names, got {skip!r}")
+    return QuantConfig("fp8", (128, 128), tuple(skip))
 
 
 def _moe_fields(text: dict, where: str) -> dict:
@@ -217,6 +282,17 @@ def load_config(model_dir) -> ModelConfig:
         raw = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: not valid JSON ({e})") from None
+    hq = d / "hf_quant_config.json"  # ModelOpt's export: the quantization described beside config.json
+    if hq.is_file() and not (raw.get("quantization_config") or (raw.get("text_config") or {}).get(
+            "quantization_config")):
+        try:
+            q = json.loads(hq.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{hq}: not valid JSON ({e})") from None
+        algo = (q.get("quantization") or {}).get("quant_algo") if isinstance(q, dict) else None
+        raise ConfigError(f"{hq}: ModelOpt quantization (quantization.quant_algo {algo!r}) is not supported"
+                          + (": vkc has an NVFP4 GEMV for decode but no NVFP4 GEMM for prefill"
+                             if "NVFP4" in str(algo).upper() else " (block-wise FP8 'fp8' checkpoints only)"))
     gen = None
     g = d / "generation_config.json"
     if g.is_file():

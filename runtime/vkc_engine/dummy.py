@@ -5,18 +5,27 @@ speed, not at random-number speed). The values are meaningless; the shapes and d
 Every name is "in" the checkpoint, so a MoE model reads its experts in the released per-expert layout (the
 model's choice when layer 0 has ``experts.0.up_proj.weight``): each expert's [I, H] part is a view of the
 tile, uploaded into the stacked device buffer with no host copy (35B-A3B: 256 x 3 parts per layer).
+
+FP8 (the model directory's config.json has a block-wise FP8 ``quantization_config``): the projections a released
+``*-FP8`` checkpoint quantizes -- the attention and GDN projections except ``in_proj_a`` / ``in_proj_b``, the dense
+MLP -- come as F8_E4M3 bytes (a repeated tile of random finite e4m3 values) with float32 ``weight_scale_inv`` of
+their block grid, so the engine runs them on the FP8 GEMM; MoE experts and the shared expert stay bf16 (a real
+checkpoint's FP8 experts are dequantized to bf16 at load anyway, which would only slow a speed run down).
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 
-from .loader import RawTensor, to_bf16_bits
+from .loader import FP8_DTYPE, RawTensor, to_bf16_bits
 
 __all__ = ["DummyCheckpoint"]
 
 _TILE = 1 << 20
+_FP8_SKIP = ("lm_head", "embed_tokens", "in_proj_a", "in_proj_b", ".experts.", "shared_expert", "mlp.gate.")
 
 
 class DummyCheckpoint:
@@ -26,6 +35,13 @@ class DummyCheckpoint:
         f = (rng.standard_normal(_TILE) * 0.02).astype(np.float32)
         self._tile = to_bf16_bits(RawTensor("tile", "F32", f, "dummy"))
         self._served: list[str] = []
+        cfg = Path(model_dir) / "config.json"
+        raw = json.loads(cfg.read_text()) if cfg.is_file() else {}
+        q = raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config") or {}
+        self.fp8 = q.get("quant_method") == "fp8"
+        # e4m3 bytes of magnitude 2^-3 .. 2^4 (exponent fields 4 .. 11), random signs and mantissas: finite
+        b = rng.integers(0, 8, _TILE) | (rng.integers(4, 12, _TILE) << 3) | (rng.integers(0, 2, _TILE) << 7)
+        self._fp8_tile = b.astype(np.uint8)
 
     def names(self) -> list[str]:
         return sorted(self._served)
@@ -45,6 +61,14 @@ class DummyCheckpoint:
             return RawTensor(name, "F32", np.log(np.linspace(1.0, 16.0, n, dtype=np.float32)).reshape(shape), "dummy")
         if name.endswith("dt_bias"):
             return RawTensor(name, "F32", np.ones(shape, np.float32), "dummy")
+        if name.endswith(".weight_scale_inv"):  # weights of magnitude 0.00125 .. 0.16 with the tile's e4m3 values
+            return RawTensor(name, "F32", np.full(shape, 0.01, np.float32), "dummy")
+        proj = name.endswith(".weight") and "proj" in name.split(".")[-2] and len(shape) == 2
+        if self.fp8 and proj and FP8_DTYPE in (dtypes or ()) and not any(k in name for k in _FP8_SKIP):
+            return RawTensor(name, FP8_DTYPE, self._repeat(self._fp8_tile, n).reshape(shape), "dummy")
+        return RawTensor(name, "BF16", self._repeat(self._tile, n).reshape(shape), "dummy")
+
+    @staticmethod
+    def _repeat(tile: np.ndarray, n: int) -> np.ndarray:
         reps = -(-n // _TILE)
-        data = np.tile(self._tile, reps)[:n].reshape(shape) if reps > 1 else self._tile[:n].reshape(shape)
-        return RawTensor(name, "BF16", data, "dummy")
+        return np.tile(tile, reps)[:n] if reps > 1 else tile[:n]

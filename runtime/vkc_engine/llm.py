@@ -62,9 +62,11 @@ class LLM:
     runs; vkc_engine.dummy). ``progress(done, total)`` is called while weights load. ``enforce_eager``: no CUDA
     graphs (otherwise, on a backend that supports them, pure-decode steps replay graphs captured here:
     vkc_engine.graphs). A capture the driver rejects is logged and the engine runs eagerly, unless
-    ``strict_graphs`` (then it raises; the tests use it). First of all the backend resolves the GEMM plans of every
-    linear (``backend.warm_gemm_plans``; the VKC_PLAN_* settings of vkc_runtime.plans decide the mode and file);
-    ``plan_report`` is its report (logged as one line), None on a backend without plans.
+    ``strict_graphs`` (then it raises; the tests use it). Before any step or capture the backend resolves the GEMM
+    plans of every bf16 linear (``backend.warm_gemm_plans``; the VKC_PLAN_* settings of vkc_runtime.plans decide the
+    mode and file): first of all for a bf16 checkpoint, right after the weights for an FP8 one (whose bf16 linears
+    follow from its stored dtypes); ``plan_report`` is its report (logged as one line), None on a backend without
+    plans.
     """
 
     def __init__(self, model_dir, *, backend=None, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
@@ -83,11 +85,13 @@ class LLM:
         self.max_model_len = int(max_model_len or min(self.cfg.max_position_embeddings, 32768))
         self.max_num_seqs = int(max_num_seqs)
         self.max_num_batched_tokens = int(max_num_batched_tokens)
-        # GEMM plans of every linear at every step size, resolved before any weight is read (a frozen miss fails in
-        # seconds) and before any capture or step (vkc_engine.gemm_shapes); None: the backend has no plans
-        self.plan_report = be.warm_gemm_plans(linear_shapes(self.cfg), self.max_num_batched_tokens)
-        if self.plan_report is not None:
-            self.log(plan_line(self.plan_report))
+        # GEMM plans of every linear at every step size, resolved before any capture or step (vkc_engine.gemm_shapes);
+        # a bf16 checkpoint's set follows from its config, so it is resolved before any weight is read (a frozen miss
+        # fails in seconds); an FP8 checkpoint's bf16 linears depend on its stored dtypes: resolved right after the
+        # weights load. None: the backend has no plans
+        self.plan_report = None
+        if self.cfg.quant is None:
+            self._warm_plans(linear_shapes(self.cfg))
         if load_format == "dummy":
             ckpt = DummyCheckpoint(self.model_dir)
         elif load_format == "safetensors":
@@ -97,7 +101,9 @@ class LLM:
         if ckpt.ignored_summary():
             self.log(ckpt.ignored_summary())
         self.model = Qwen35Model(self.cfg, ckpt, be, max_tokens=self.max_num_batched_tokens,
-                                 max_seqs=self.max_num_seqs, progress=progress)
+                                 max_seqs=self.max_num_seqs, progress=progress, log=self.log)
+        if self.cfg.quant is not None:
+            self._warm_plans(self.model.gemm_shapes)
         be.prepare(self.max_num_batched_tokens, self.max_num_seqs, self.cfg)
         if num_blocks is None:
             free, _ = be.free_memory()
@@ -131,6 +137,12 @@ class LLM:
                 if strict_graphs:
                     raise
         self.load_seconds = time.perf_counter() - t0
+
+    def _warm_plans(self, nks) -> None:
+        """Resolve the GEMM plans of these (N, K) at every M up to the step budget (backend.warm_gemm_plans)."""
+        self.plan_report = self.backend.warm_gemm_plans(nks, self.max_num_batched_tokens)
+        if self.plan_report is not None:
+            self.log(plan_line(self.plan_report))
 
     def close(self) -> None:
         """Release the CUDA graphs (the engine keeps running eagerly if used afterwards)."""

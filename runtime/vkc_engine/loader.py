@@ -8,6 +8,11 @@ views of a memory map (no host copy): bf16 as ``uint16`` bits, with the dtype na
 inconsistency (truncated file, offsets outside the data, a size that does not match the shape) raises
 :class:`CheckpointError` naming the file and tensor.
 
+FP8 (block-wise, vkc_engine.config.QuantConfig): ``F8_E4M3`` tensors come back as their uint8 bytes (still a
+view of the map); :func:`fp8_block_scales` reads a weight's ``weight_scale_inv`` (fp32, bf16 or fp16, checked
+against the weight's block grid) as float32, :func:`dequantize_fp8` gives the float32 values of a block-quantized
+weight (e4m3 decoded by a 256-entry table, exact; times its block's multiplier).
+
 Names: ``model.language_model.X`` (VLM-wrapped releases) is read as ``model.X``; ``mtp.*`` (the
 multi-token-prediction head) and ``model.visual.*`` / ``visual.*`` (the vision tower) are skipped and
 counted in :attr:`Checkpoint.ignored`.
@@ -24,13 +29,28 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["CheckpointError", "RawTensor", "SafetensorsFile", "Checkpoint", "to_float32", "to_bf16_bits",
-           "FLOAT_DTYPES"]
+           "FLOAT_DTYPES", "FP8_DTYPE", "E4M3_VALUES", "fp8_block_scales", "dequantize_fp8"]
 
 # safetensors dtype code -> (numpy dtype of the raw view, itemsize)
 _DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4), "F64": (np.float64, 8),
            "I8": (np.int8, 1), "U8": (np.uint8, 1), "I16": (np.int16, 2), "I32": (np.int32, 4),
            "I64": (np.int64, 8), "BOOL": (np.bool_, 1), "F8_E4M3": (np.uint8, 1), "F8_E5M2": (np.uint8, 1)}
 FLOAT_DTYPES = ("BF16", "F16", "F32")  # what the engine converts to its compute dtypes
+FP8_DTYPE = "F8_E4M3"  # block-quantized weights (uint8 bytes of float8_e4m3fn)
+
+
+def _e4m3_table() -> np.ndarray:
+    """float32 value of every float8_e4m3fn byte: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is
+    subnormal (m / 8 * 2^-6); S.1111.111 is NaN (no infinities)."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 0xF, b & 7
+    mag = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1.0 + m / 8.0) * 2.0 ** (e - 7.0))
+    v = np.where(b & 0x80, -mag, mag).astype(np.float32)
+    v[(b & 0x7F) == 0x7F] = np.nan
+    return v
+
+
+E4M3_VALUES = _e4m3_table()
 _MAX_HEADER = 100 * 2**20
 _IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 
@@ -206,6 +226,35 @@ class Checkpoint:
                 raise CheckpointError(f"{fn}: tensor {stored} has shape {list(t.shape)}, expected "
                                       f"{[s if s is not None else '*' for s in shape]}")
         if dtypes is not None and t.dtype not in dtypes:
-            hint = " (FP8/NVFP4 checkpoints are not supported yet)" if t.dtype.startswith(("F8", "U8", "I8")) else ""
+            hint = (" (quantized weights: block-wise FP8 F8_E4M3 linears with a quantization_config only)"
+                    if t.dtype.startswith(("F8", "U8", "I8")) else "")
             raise CheckpointError(f"{fn}: tensor {stored} has dtype {t.dtype}, expected one of {list(dtypes)}{hint}")
         return t
+
+
+def fp8_block_scales(ckpt: "Checkpoint", weight: RawTensor, block=(128, 128)) -> RawTensor:
+    """The float32 ``weight_scale_inv`` of an F8_E4M3 weight ``<module>.weight`` [N, K]: stored as
+    ``<module>.weight_scale_inv`` [cdiv(N, bn), cdiv(K, bk)] in F32, BF16 or F16 (converted exactly)."""
+    if not weight.name.endswith(".weight"):
+        raise CheckpointError(f"{weight.file}: FP8 tensor {weight.name} is not a linear's weight (expected a name "
+                              "ending in .weight with a .weight_scale_inv beside it)")
+    if weight.data.ndim != 2:
+        raise CheckpointError(f"{weight.file}: FP8 tensor {weight.name} has shape {list(weight.shape)}: block-wise "
+                              "FP8 weights are 2-D [N, K]")
+    name = weight.name + "_scale_inv"
+    if name not in ckpt:
+        raise CheckpointError(f"{ckpt.dir}: tensor {name} is missing: the F8_E4M3 weight {weight.name} needs its "
+                              "block scales")
+    N, K = weight.shape
+    bn, bk = block
+    s = ckpt.get(name, (-(-N // bn), -(-K // bk)))
+    return RawTensor(name, "F32", np.ascontiguousarray(to_float32(s)), s.file)
+
+
+def dequantize_fp8(weight: RawTensor, scale: RawTensor, block=(128, 128)) -> np.ndarray:
+    """float32 [N, K] of a block-quantized weight: e4m3 value * scale[n // bn, k // bk] (one float32 rounding)."""
+    N, K = weight.shape
+    bn, bk = block
+    s = scale.data.astype(np.float32, copy=False)
+    full = np.repeat(np.repeat(s, bn, axis=0), bk, axis=1)[:N, :K]
+    return E4M3_VALUES[weight.data] * full

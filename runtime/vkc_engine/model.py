@@ -10,6 +10,20 @@ Fusions at load (rows stacked, one GEMM each): GDN ``in_proj_qkv | in_proj_z | i
 attention ``q_proj | k_proj | v_proj`` (q_proj keeps HF's per-head [query | gate] rows, which is what
 qk_norm_rope and the attention gate read); MLP ``gate_proj | up_proj``. MoE: every expert's ``gate | up`` rows
 stacked into ``w1`` [E', 2I, H] and its ``down`` into ``w2`` [E', H, I] (see :class:`_MoE`).
+
+Block-wise FP8 checkpoints (``cfg.quant``; vkc_engine.config): a linear whose stored ``weight`` is F8_E4M3 (with
+its ``weight_scale_inv``) stays FP8 on the device and runs the backend's FP8 GEMM (``backend.weight_fp8``;
+activations quantized per token per 128 columns); a bf16 one (``modules_to_not_convert``) stays bf16. Which is
+which is read from each tensor's stored dtype. Fusion (:meth:`_Weights.linear`): the parts of a fused projection
+are grouped into runs of consecutive parts of one kind -- FP8 parts whose N is a multiple of 128 (whole scale
+blocks, so the stacked scales are the fused weight's block grid) and K a multiple of 16 (the FP8 GEMM's rule), or
+bf16 parts -- one weight per run, each writing its columns of the projection's output (:class:`_Segments`);
+an FP8 part that fits neither rule (e.g. a quantized ``in_proj_b`` [48, H]) is dequantized to bf16 at load and
+joins the bf16 run. If a run would start at a column that is not a multiple of 8, or the projection's width is
+not one (the GEMMs write 16-byte aligned output columns with a row pitch of 8k elements), the whole projection is
+loaded as bf16 (dequantized). Tensors that are not linears of the mixers or
+the dense MLP -- MoE expert weights (vkc has no FP8 grouped GEMM), the router, the shared expert folded into the
+experts, embeddings -- are dequantized to bf16 at load (one log line with the count and the bytes).
 """
 from __future__ import annotations
 
@@ -18,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ModelConfig
-from .loader import Checkpoint, CheckpointError, RawTensor
+from .loader import (FLOAT_DTYPES, FP8_DTYPE, Checkpoint, CheckpointError, RawTensor, dequantize_fp8,
+                     fp8_block_scales, to_bf16_bits)
 
 __all__ = ["Step", "Qwen35Model"]
 
@@ -40,41 +55,130 @@ class Step:
     n_logits: int
 
 
-class _Weights:
-    """Reads, checks and uploads tensors; remembers which checkpoint names were used."""
+class _Segments:
+    """A fused projection loaded as several weights (FP8 and bf16 runs): ``(weight, first column, width)`` each,
+    every one writing its columns of the output."""
 
-    def __init__(self, ckpt: Checkpoint, backend, progress=None, total: int = 0):
+    def __init__(self, segs):
+        self.segs = segs
+
+
+def _linear(be, x, w, out):
+    """``be.linear`` of one weight, or of each segment of a :class:`_Segments` into its output columns."""
+    if not isinstance(w, _Segments):
+        return be.linear(x, w, out)
+    for wi, c0, n in w.segs:
+        be.linear(x, wi, be.cols(out, c0, n))
+    return out
+
+
+class _Weights:
+    """Reads, checks and uploads tensors; remembers which checkpoint names were used and what was dequantized."""
+
+    def __init__(self, ckpt: Checkpoint, backend, progress=None, total: int = 0, quant=None):
         self.ckpt, self.be, self.used = ckpt, backend, set()
         self.progress, self.total, self.done = progress, total, 0
+        self.quant = quant
+        self.dtypes = FLOAT_DTYPES + (FP8_DTYPE,) if quant is not None else FLOAT_DTYPES
+        self.fp8_parts = 0
+        self.dequantized = {"other": [0, 0], "linear": [0, 0]}  # kind -> [tensors, bf16 bytes]
+        self.bf16_linears: set[tuple[int, int]] = set()  # (N, K) of every bf16 weight a linear runs on
+
+    def _get(self, name, shp):
+        t = self.ckpt.get(name, shp, self.dtypes)
+        self.used.add(name)
+        return t
+
+    def _scales(self, t: RawTensor) -> RawTensor:
+        s = fp8_block_scales(self.ckpt, t, self.quant.block)
+        self.used.add(s.name)
+        return s
+
+    def _dequantized(self, t: RawTensor, kind: str) -> RawTensor:
+        """An FP8 weight as bf16 bits of its dequantized values (a host copy of this one tensor)."""
+        f = dequantize_fp8(t, self._scales(t), self.quant.block)
+        bits = to_bf16_bits(RawTensor(t.name, "F32", f, t.file))
+        acc = self.dequantized[kind]
+        acc[0] += 1
+        acc[1] += bits.nbytes
+        return RawTensor(t.name, "BF16", bits, t.file)
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total)
 
     def load(self, names_shapes, dtype: str, shape=None, rows: int | None = None):
         """The named tensors (each checked against its shape) stacked along dim 0 as one device array, reshaped
         to ``shape``; ``rows``: view every part as 2-D [-1, rows] first (stacking 3-D fused experts with 2-D
-        per-expert tensors)."""
+        per-expert tensors). FP8 parts are dequantized to bf16 here."""
         parts = []
         for name, shp in names_shapes:
-            t = self.ckpt.get(name, shp)
+            t = self._get(name, shp)
+            if t.dtype == FP8_DTYPE:
+                t = self._dequantized(t, "other")
             if rows is not None and t.data.ndim != 2:
                 t = RawTensor(t.name, t.dtype, t.data.reshape(-1, rows), t.file)
             parts.append(t)
-            self.used.add(name)
         out = self.be.weight(parts, dtype, shape)
-        self.done += len(parts)
-        if self.progress is not None:
-            self.progress(self.done, self.total)
+        self._advance(len(parts))
         return out
+
+    def linear(self, names_shapes):
+        """A projection's weight [sum N, K] from its parts (rows stacked): one bf16 device array, one FP8 weight
+        (``backend.weight_fp8``), or :class:`_Segments` of both (the module docstring's rule)."""
+        parts = [self._get(name, shp) for name, shp in names_shapes]
+        bn = self.quant.block[0] if self.quant is not None else 0
+        kinds = ["fp8" if t.dtype == FP8_DTYPE and t.shape[0] % bn == 0 and t.shape[1] % 16 == 0 else "bf16"
+                 for t in parts]
+        runs, start = [], 0  # [kind, parts, first column]
+        for k, t in zip(kinds, parts):
+            if runs and runs[-1][0] == k:
+                runs[-1][1].append(t)
+            else:
+                runs.append([k, [t], start])
+            start += t.shape[0]
+        if len(runs) > 1 and (start % 8 or any(r[2] % 8 for r in runs)):
+            runs = [["bf16", parts, 0]]
+        segs = []
+        for k, ts, c0 in runs:
+            if k == "fp8":
+                w = self.be.weight_fp8(ts, [self._scales(t) for t in ts])
+                self.fp8_parts += len(ts)
+            else:
+                w = self.be.weight([self._dequantized(t, "linear") if t.dtype == FP8_DTYPE else t for t in ts],
+                                   "bf16")
+                self.bf16_linears.add((sum(t.shape[0] for t in ts), ts[0].shape[1]))
+            segs.append((w, c0, sum(t.shape[0] for t in ts)))
+        self._advance(len(parts))
+        return segs[0][0] if len(segs) == 1 else _Segments(segs)
+
+    def summary(self) -> str:
+        """One line on the FP8 weights: how many linears stay FP8, what was dequantized to bf16 (and its bytes)."""
+        if self.quant is None:
+            return ""
+        (no, bo), (nl, bl) = self.dequantized["other"], self.dequantized["linear"]
+        gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"  # noqa: E731
+        msg = f"FP8 checkpoint: {self.fp8_parts} linear weights run the FP8 block GEMM"
+        if no:
+            msg += (f"; {no} tensors outside the FP8 GEMM's linears (MoE experts, router, shared expert, embeddings) "
+                    f"dequantized to bf16 at load ({gib(bo)} as bf16, +{gib(bo / 2)} over FP8: no FP8 grouped GEMM)")
+        if nl:
+            msg += (f"; {nl} FP8 linear parts dequantized to bf16 ({gib(bl)}: N not whole 128-row blocks, or a fused "
+                    "projection the GEMMs cannot split into FP8 and bf16 columns)")
+        return msg
 
 
 class _MLP:
     def __init__(self, w: _Weights, p: str, cfg: ModelConfig):
         H, I = cfg.hidden_size, cfg.intermediate_size
-        self.gate_up = w.load([(p + "gate_proj.weight", (I, H)), (p + "up_proj.weight", (I, H))], "bf16")
-        self.down = w.load([(p + "down_proj.weight", (H, I))], "bf16")
+        self.gate_up = w.linear([(p + "gate_proj.weight", (I, H)), (p + "up_proj.weight", (I, H))])
+        self.down = w.linear([(p + "down_proj.weight", (H, I))])
 
     def forward(self, be, bufs, x, T):
-        gu = be.linear(x, self.gate_up, be.rows(bufs["gate_up"], T))
+        gu = _linear(be, x, self.gate_up, be.rows(bufs["gate_up"], T))
         act = be.silu_mul(gu, be.rows(bufs["act"], T))
-        return be.linear(act, self.down, be.rows(bufs["mix"], T))
+        return _linear(be, act, self.down, be.rows(bufs["mix"], T))
 
 
 class _MoE:
@@ -123,15 +227,15 @@ class _Attention:
         H, Hq, Hkv, D = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
         self.layer, self.Hq, self.Hkv, self.D = layer, Hq, Hkv, D
         self.eps, self.theta, self.scale = cfg.rms_norm_eps, cfg.rope_theta, D ** -0.5
-        self.qkv = w.load([(p + "q_proj.weight", (Hq * 2 * D, H)), (p + "k_proj.weight", (Hkv * D, H)),
-                           (p + "v_proj.weight", (Hkv * D, H))], "bf16")
-        self.o = w.load([(p + "o_proj.weight", (H, Hq * D))], "bf16")
+        self.qkv = w.linear([(p + "q_proj.weight", (Hq * 2 * D, H)), (p + "k_proj.weight", (Hkv * D, H)),
+                             (p + "v_proj.weight", (Hkv * D, H))])
+        self.o = w.linear([(p + "o_proj.weight", (H, Hq * D))])
         self.q_norm = w.load([(p + "q_norm.weight", (D,))], "bf16")
         self.k_norm = w.load([(p + "k_norm.weight", (D,))], "bf16")
 
     def forward(self, be, bufs, cache, s: Step, x):
         T, Hq, Hkv, D = s.T, self.Hq, self.Hkv, self.D
-        qkv = be.linear(x, self.qkv, be.rows(bufs["attn_qkv"], T))
+        qkv = _linear(be, x, self.qkv, be.rows(bufs["attn_qkv"], T))
         qg = be.cols(qkv, 0, Hq * 2 * D)
         k = be.cols(qkv, Hq * 2 * D, Hkv * D)
         v = be.heads(be.cols(qkv, Hq * 2 * D + Hkv * D, Hkv * D), Hkv, D)
@@ -145,7 +249,7 @@ class _Attention:
             o = be.attn_decode(q, kc, vc, s.block_tables, s.seq_lens, self.scale, gate, out)
         else:
             o = be.attn_prefill(q, kc, vc, s.block_tables, s.cu_seqlens, s.seq_lens, self.scale, gate, out)
-        return be.linear(be.flat(o), self.o, be.rows(bufs["mix"], T))
+        return _linear(be, be.flat(o), self.o, be.rows(bufs["mix"], T))
 
 
 class _GatedDeltaNet:
@@ -153,17 +257,17 @@ class _GatedDeltaNet:
         H, Hk, Hv, Dh = cfg.hidden_size, cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim
         C, Vd = cfg.gdn_qkv_dim, cfg.gdn_value_dim
         self.layer, self.Hk, self.Hv, self.C, self.Vd, self.eps = layer, Hk, Hv, C, Vd, cfg.rms_norm_eps
-        self.in_proj = w.load([(p + "in_proj_qkv.weight", (C, H)), (p + "in_proj_z.weight", (Vd, H)),
-                               (p + "in_proj_b.weight", (Hv, H)), (p + "in_proj_a.weight", (Hv, H))], "bf16")
+        self.in_proj = w.linear([(p + "in_proj_qkv.weight", (C, H)), (p + "in_proj_z.weight", (Vd, H)),
+                                 (p + "in_proj_b.weight", (Hv, H)), (p + "in_proj_a.weight", (Hv, H))])
         self.conv = w.load([(p + "conv1d.weight", (C, 1, cfg.conv_width))], "bf16", shape=(C, cfg.conv_width))
         self.A_log = w.load([(p + "A_log", (Hv,))], "f32")
         self.dt_bias = w.load([(p + "dt_bias", (Hv,))], "f32")
         self.norm = w.load([(p + "norm.weight", (Dh,))], "bf16")
-        self.out = w.load([(p + "out_proj.weight", (H, Vd))], "bf16")
+        self.out = w.linear([(p + "out_proj.weight", (H, Vd))])
 
     def forward(self, be, bufs, cache, s: Step, x):
         T, C, Vd, Hv = s.T, self.C, self.Vd, self.Hv
-        proj = be.linear(x, self.in_proj, be.rows(bufs["gdn_proj"], T))
+        proj = _linear(be, x, self.in_proj, be.rows(bufs["gdn_proj"], T))
         mixed = be.cols(proj, 0, C)
         z = be.cols(proj, C, Vd)
         b = be.cols(proj, C + Vd, Hv)
@@ -179,7 +283,7 @@ class _GatedDeltaNet:
             o = be.gdn_prefill(y, a, b, self.A_log, self.dt_bias, s.cu_seqlens, self.Hk, Hv, state, s.gdn_slots,
                                core)
         g = be.gated_rmsnorm(be.flat(o), z, self.norm, self.eps, be.rows(bufs["gnorm"], T))
-        return be.linear(g, self.out, be.rows(bufs["mix"], T))
+        return _linear(be, g, self.out, be.rows(bufs["mix"], T))
 
 
 class _Layer:
@@ -208,28 +312,34 @@ class Qwen35Model:
     """Weights + forward. ``max_tokens`` / ``max_seqs`` size the activation buffers (one step's batch)."""
 
     def __init__(self, cfg: ModelConfig, ckpt: Checkpoint, backend, *, max_tokens: int, max_seqs: int,
-                 progress=None):
+                 progress=None, log=None):
         self.cfg, self.be = cfg, backend
         self.max_tokens, self.max_seqs = int(max_tokens), int(max_seqs)
         H, V = cfg.hidden_size, cfg.vocab_size
         # the expert layout of layer 0 (a dummy checkpoint contains every name: it serves the per-expert one)
         fused = cfg.is_moe and "model.layers.0.mlp.experts.gate_up_proj" in ckpt and \
             "model.layers.0.mlp.experts.0.up_proj.weight" not in ckpt
-        w = _Weights(ckpt, backend, progress, _count_tensors(cfg, fused))
+        w = _Weights(ckpt, backend, progress, _count_tensors(cfg, fused), quant=cfg.quant)
         self.embed = w.load([("model.embed_tokens.weight", (V, H))], "bf16")
         self.layers = [_Layer(w, cfg, i, fused) for i in range(cfg.num_layers)]
         self.final_norm = w.load([("model.norm.weight", (H,))], "bf16")
         if cfg.tie_word_embeddings:
             self.lm_head = self.embed
             w.used.add("lm_head.weight")  # a tied checkpoint may still store a copy
+            w.bf16_linears.add((V, H))
         else:
-            self.lm_head = w.load([("lm_head.weight", (V, H))], "bf16")
+            self.lm_head = w.linear([("lm_head.weight", (V, H))])
+        # (N, K) of every bf16 GEMM the forward launches (FP8 linears run ops.gemm_fp8, which has no plans); for a
+        # bf16 checkpoint this is vkc_engine.gemm_shapes.linear_shapes(cfg)
+        self.gemm_shapes = sorted(w.bf16_linears)
         extra = [n for n in ckpt.names() if n not in w.used]
         if extra:
             more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
             raise CheckpointError(f"{ckpt.dir}: tensors the {'MoE' if cfg.is_moe else 'dense'} "
                                   f"Qwen3.5 decoder does not use: "
                                   f"{', '.join(extra[:5])}{more}")
+        if cfg.quant is not None and log is not None:
+            log(w.summary())
         self._alloc_buffers()
 
     def _alloc_buffers(self) -> None:
@@ -272,7 +382,7 @@ class Qwen35Model:
             if s.n_logits > self.max_seqs:
                 raise ValueError(f"{s.n_logits} logit rows exceed the buffer of max_seqs {self.max_seqs}")
             logits_out = be.rows(bufs["logits"], s.n_logits)
-        return be.linear(sel, self.lm_head, logits_out)
+        return _linear(be, sel, self.lm_head, logits_out)
 
 
 def host_step_arrays(chunks, block_size: int, max_blocks: int) -> dict[str, np.ndarray]:
