@@ -20,7 +20,7 @@ import pytest
 
 from tests.engine_fixtures import hf_logits, make_checkpoint
 from tests.gpu.errlog import record
-from tests.gpu.test_gpu_engine import (LAYERS, MOE, REAL_HEADS, _check_greedy, _decode_batch, _eager_padded,
+from tests.gpu.test_gpu_engine import (LAYERS, MOE, REAL_HEADS, _check_greedy, _decode_batch, _eager_padded, _engine,
                                        _graphs_vs_eager, _margin, _need_moe_ops, _prompt, _restore, _snapshot)
 
 pytestmark = pytest.mark.gpu
@@ -38,19 +38,10 @@ MOE_FP8_REL_TOL, MOE_FP8_FRO_TOL = 0.3, 0.2
 # GPU vs the numpy FP8 engine: both quantize, but different activations (bf16 vs float32), so their quantization
 # noise is drawn twice; a wiring error (a wrong scale block, a missing segment) is O(1)
 VS_NUMPY = 1.5
-MAX_LEN = 2112
 
 
 def _tols(name):
     return (MOE_FP8_REL_TOL, MOE_FP8_FRO_TOL) if name == "35b-a3b" else (FP8_REL_TOL, FP8_FRO_TOL)
-
-
-def _engine(d, **kw):
-    from vkc_engine import LLM
-    args = dict(max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=MAX_LEN, num_blocks=480, block_size=64,
-                strict_graphs=True)
-    args.update(kw)
-    return LLM(d, **args)
 
 
 @pytest.fixture(scope="module", params=["27b", "35b-a3b"])
