@@ -7,7 +7,7 @@ accumulators per program). Tiles (the op's rule picks one: vkc_runtime/ops/moe/g
   m16.n64.k64    decode, wide: fewer, longer programs once there are enough blocks
   m64.n128.k64   prefill (plain, 4 warps, 3 stages), m64.n64.k64 prefill (.silu: gate + up = 128 weight rows
                  per program)
-  m128.n128.k64  long prefill (plain, 4 warps, 3 stages), m128.n64.k64 (.silu, 8 warps: the sweep's best
+  m128.n128.k64  long prefill (plain, 4 warps, 3 stages; 8 warps on the 99 KB archs), m128.n64.k64 (.silu, 8 warps: the sweep's best
                  .silu tile, n128 with 4 stages, is 4% faster on sm_90a but its two 128 x 128 accumulators spill
                  on sm_80 / sm_86)
 
@@ -42,6 +42,18 @@ TILES = (
 )
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
 
+
+def _small_smem_overrides(bm: int, silu: bool) -> dict:
+    """99 KB archs: fewer stages (m64: 3, m128: 2); the plain m128 tile there keeps 8 warps (with 4 its 128 x 128
+    accumulator spills on sm_120a / sm_121a)."""
+    if bm < 64:
+        return {}
+    ov = {"num_stages": 3 if bm == 64 else 2}
+    if bm == 128 and not silu:
+        ov["num_warps"] = 8
+    return {a: dict(ov) for a in _SMALL_SMEM}
+
+
 SPECS = []
 for _bm, _bn, _bk, _silu, _warps, _stages in TILES:
     SPECS.append(KernelSpec(
@@ -49,6 +61,6 @@ for _bm, _bn, _bk, _silu, _warps, _stages in TILES:
         entry="grouped_gemm_kernel", args=[Arg(n, t, div=d) for n, t, d in _ARGS],
         constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, "ACT_SILU": _silu},
         num_warps=_warps, num_stages=_stages,
-        overrides={a: {"num_stages": 3 if _bm == 64 else 2} for a in _SMALL_SMEM} if _bm >= 64 else {}))
+        overrides=_small_smem_overrides(_bm, _silu)))
 
 del _bm, _bn, _bk, _silu, _warps, _stages
