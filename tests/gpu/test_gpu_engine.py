@@ -102,8 +102,9 @@ def _noise(llm, model, seq):
     return 2.0 * float(np.abs(llm.prompt_logits(seq) - hf_logits(model, seq)).max())
 
 
-@pytest.mark.parametrize("n", [1, 17, 300, 2000])
-def test_teacher_forced_logits_vs_hf(setup, n):
+def check_teacher_forced(setup, n, tols, label="teacher-forced"):
+    """Teacher-forced logits of an n-token random prompt vs HF's fp32 model: max and Frobenius relative error
+    recorded and held to ``tols`` = (max, fro)."""
     name, _, model, llm = setup
     ids = _prompt(n, llm.cfg.vocab_size, 1000 + n)
     ref = hf_logits(model, ids)
@@ -112,9 +113,13 @@ def test_teacher_forced_logits_vs_hf(setup, n):
     d = got - ref
     rel = float(np.abs(d).max() / np.abs(ref).max())
     fro = float(np.linalg.norm(d) / np.linalg.norm(ref))
-    record("engine", case=f"{name} teacher-forced n={n}", rel_max=rel, rel_fro=fro, max_abs=float(np.abs(d).max()))
-    tol_max, tol_fro = _tols(name)
-    assert rel < tol_max and fro < tol_fro
+    record("engine", case=f"{name} {label} n={n}", rel_max=rel, rel_fro=fro, max_abs=float(np.abs(d).max()))
+    assert rel < tols[0] and fro < tols[1]
+
+
+@pytest.mark.parametrize("n", [1, 17, 300, 2000])
+def test_teacher_forced_logits_vs_hf(setup, n):
+    check_teacher_forced(setup, n, _tols(setup[0]))
 
 
 @pytest.mark.parametrize("chunk", [64, 100, 517])

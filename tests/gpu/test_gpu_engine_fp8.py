@@ -18,10 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.engine_fixtures import hf_logits, make_checkpoint
+from tests.engine_fixtures import make_checkpoint
 from tests.gpu.errlog import record
 from tests.gpu.test_gpu_engine import (LAYERS, MOE, REAL_HEADS, _check_greedy, _decode_batch, _eager_padded, _engine,
-                                       _graphs_vs_eager, _margin, _need_moe_ops, _prompt, _restore, _snapshot)
+                                       _graphs_vs_eager, _margin, _need_moe_ops, _prompt, _restore, _snapshot,
+                                       check_teacher_forced)
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("torch")
@@ -88,17 +89,7 @@ def test_fp8_weights_on_the_device(setup):
 
 @pytest.mark.parametrize("n", [1, 17, 300, 2000])
 def test_teacher_forced_logits_vs_hf(setup, n):
-    name, _, model, llm = setup
-    ids = _prompt(n, llm.cfg.vocab_size, 1000 + n)
-    ref = hf_logits(model, ids)
-    got = llm.prompt_logits(ids)
-    assert got.shape == ref.shape and np.isfinite(got).all()
-    d = got - ref
-    rel = float(np.abs(d).max() / np.abs(ref).max())
-    fro = float(np.linalg.norm(d) / np.linalg.norm(ref))
-    record("engine", case=f"{name} fp8 teacher-forced n={n}", rel_max=rel, rel_fro=fro, max_abs=float(np.abs(d).max()))
-    tol_max, tol_fro = _tols(name)
-    assert rel < tol_max and fro < tol_fro
+    check_teacher_forced(setup, n, _tols(setup[0]), "fp8 teacher-forced")
 
 
 @pytest.mark.parametrize("n", [17, 300])
