@@ -14,6 +14,9 @@ combine) forced with ``path=`` on the same inputs, side by side with the floor a
 (``DECODE_MAX_M``) takes, the decode path's pieces, and each compiled decode tile forced (``alternatives``:
 gate_up / down alone, on the routing of the set): the figures to set DECODE_MAX_M and the tile rule from.
 ``decode_pair_bytes``: what the decode kernels would read if no pair's weights came from L2 (pairs x expert).
+Router tiles (rows ``op: moe_route_tiles``, M in ROUTE_MS): moe.route with each logits kernel forced
+(route.logits.small / .large through ops/moe/common.py SMALL_M) and the kernel the rule picks: the crossover
+SMALL_M is set from.
 Floor: the active weights (distinct experts hit, averaged over the input sets, x (2I*H + H*I) bf16) plus the
 router weight, x and out, read once at 4.26 TB/s (the H200's measured copy bandwidth; the run's own copy
 measurement is recorded too). Inputs: n_sets token sets (randn), rotated so that the weights of a set are not
@@ -38,6 +41,7 @@ E, K, H, I = 256, 8, 2048, 512
 EP, KOUT = E + 1, K + 1
 MS = (1, 16, 256, 2048, 8192)
 PATH_MS = (1, 2, 4, 8, 16)
+ROUTE_MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
 FLOOR_TBS = 4.26
 GRAPH_INNER = 10
 LIMIT = "active-weight HBM floor: distinct experts' weights + router + x + out at 4.26 TB/s"
@@ -235,6 +239,35 @@ def bench_paths(M, W, copy_tbs):
     return row
 
 
+def bench_route_tiles(M, W):
+    """moe.route with each logits kernel forced (module doc); a fresh workspace per kernel, so that no bound
+    call of the other kernel is replayed."""
+    from vkc_runtime.ops.moe import common
+    gw, sg = W[0], W[1]
+    n_sets, xs, _ = _sets(M, W)
+    row = {"op": "moe_route_tiles", "M": M, "E": E, "top_k": K, "H": H, "n_sets": n_sets,
+           "rule_kernel": common.logits_size(M), "rule_small_m": common.RULE_SMALL_M, "small_m": common.SMALL_M}
+    ids = torch.empty(M, KOUT, dtype=torch.int32, device="cuda")
+    wts = torch.empty(M, KOUT, device="cuda")
+    orig = common.SMALL_M
+    for size, small_m in (("small", 1 << 30), ("large", 0)):
+        ws = moe.moe_workspace(M, E, K, H, I, shared=True)
+
+        def fn(i, s, ws=ws):
+            moe.route(xs[i], gw, K, renormalize=True, shared_gate_w=sg, topk_ids=ids, topk_weights=wts,
+                      workspace=ws, stream=s)
+        common.SMALL_M = small_m
+        try:
+            _time(row, size, fn, True, n_sets)
+        finally:
+            common.SMALL_M = orig
+    if row.get("small_graph_us") and row.get("large_graph_us"):
+        row["large_over_small"] = row["large_graph_us"] / row["small_graph_us"]
+    print("route tiles", {k: v for k, v in row.items() if k in ("M", "small_graph_us", "large_graph_us",
+                                                                "large_over_small", "rule_kernel")})
+    return row
+
+
 def _print_paths(rows):
     print(f"{'M':>4}{'floor':>8}{'decode':>8}{'%fl':>6}{'grouped':>9}{'%fl':>6}{'g/d':>6}{'route':>7}{'gate_up':>8}"
           f"{'down':>7}  rule")
@@ -266,6 +299,7 @@ def main(out_path: str, only_paths: bool = False) -> None:
                 pct_limit=BC.pct(r["floor_us"], r.get("decode_graph_us")), limit=LIMIT)
     path_rows = list(rows)
     _print_paths(path_rows)
+    route_rows = [] if only_paths else [bench_route_tiles(M, W) for M in ROUTE_MS]
     for M in () if only_paths else MS:
         r = bench_case(M, W, copy_tbs)
         rows.append(r)
@@ -276,6 +310,7 @@ def main(out_path: str, only_paths: bool = False) -> None:
         for piece, peer in (("route", "torch_route"), ("align", "torch_group"), ("combine", "torch_combine")):
             cmp.add("moe", case, "device", f"moe.{piece}", r.get(f"vkc_{piece}_graph_us"), peer,
                     r.get(f"{peer}_graph_us"), unit="us")
+    rows += route_rows
     meth = method(graph_used={"inner": GRAPH_INNER, "reps": 20},
                   inputs="n_sets rotating randn token sets (different routings, so a set's experts are not in L2)",
                   peer="torch pieces: F.linear + softmax + topk router, argsort grouping, torch._grouped_mm x2, "
@@ -285,7 +320,7 @@ def main(out_path: str, only_paths: bool = False) -> None:
     print(f"{'M':>5}{'floor':>8}{'block':>8}{'%fl':>6}{'route':>7}{'align':>7}{'comb':>7}{'t_blk':>8}{'t_mm':>8}"
           f"{'x':>6}")
     _print_paths(path_rows)
-    for r in rows[len(path_rows):]:
+    for r in rows[len(path_rows):len(rows) - len(route_rows)]:
         def f(k):
             v = r.get(k)
             return f"{v:.1f}" if isinstance(v, float) else "-"

@@ -35,3 +35,31 @@ def test_an_exception_inside_still_releases_the_held_frees(monkeypatch):
     except RuntimeError:
         pass
     assert calls == [("free", (0x400,))]
+
+
+def test_stream_graph_and_pinned_releases_wait_for_the_capture(monkeypatch):
+    """Every finalizer that releases a driver resource defers inside a capture: a stream's cuStreamDestroy, a
+    collected Graph's destroys, the engine's pinned ring's cuMemFreeHost (a previous engine collected in the
+    middle of the next one's capture invalidated it on the H200)."""
+    from vkc_engine import backend as B
+    from vkc_runtime import stream as S
+    calls = []
+
+    def rec(name):  # a driver function that records its call (Graph's destroys call the function directly)
+        return lambda *a: calls.append((name, a))
+    monkeypatch.setattr(S.driver, "call", lambda fn, *a: fn(*a))
+    monkeypatch.setattr(S.driver, "cu", SimpleNamespace(cuStreamDestroy=rec("sdestroy"),
+                                                        cuGraphExecDestroy=rec("xdestroy"),
+                                                        cuGraphDestroy=rec("gdestroy")))
+    drv = SimpleNamespace(cu=SimpleNamespace(cuMemFreeHost=rec("hfree")), call=lambda fn, *a: fn(*a))
+    g = S.Graph()
+    g.exec, g.graph = 0x10, 0x20
+    with D.frees_deferred():
+        S._destroy_stream(0x30, 7)
+        del g
+        B._free_host(drv, 0x40)
+        assert calls == []
+    assert sorted(calls) == [("gdestroy", (0x20,)), ("hfree", (0x40,)), ("sdestroy", (0x30,)), ("xdestroy", (0x10,))]
+    calls.clear()
+    S._destroy_stream(0x50, 7)  # no capture: at once
+    assert calls == [("sdestroy", (0x50,))]

@@ -165,7 +165,7 @@ def test_route_split_rule():
             n, ks = C.route_split(M, 256, 2048, BM, BE, BK)
             assert ks % BK == 0 and (n - 1) * ks < 2048 <= n * ks and 1 <= n <= C.MAX_SPLIT, (M, BM, n, ks)
     assert C.logits_size(C.SMALL_M) == "small" and C.logits_size(C.SMALL_M + 1) == "large"
-    assert 64 <= C.RULE_SMALL_M <= 1024 and C.SMALL_M in (C.RULE_SMALL_M, 1 << 30)  # 1 << 30: large tile held back
+    assert 64 <= C.RULE_SMALL_M <= 1024 and C.SMALL_M == C.RULE_SMALL_M
 
 
 def test_route_small_tiles_sum_every_split(M_):
@@ -214,7 +214,7 @@ def test_route_large_tiles_vs_float64(M_, M, H, shared, force):
     moe, reg, ar = M_
     from vkc_runtime.ops.moe import common as C
     mp = pytest.MonkeyPatch()
-    mp.setattr(C, "SMALL_M", M - 1 if force else C.RULE_SMALL_M)  # the rule's crossover (common.py: held back)
+    mp.setattr(C, "SMALL_M", M - 1 if force else C.RULE_SMALL_M)  # forced to the large tile, or the rule's
     try:
         g = torch.Generator().manual_seed(M * 7 + H)
         E, k = 256, 8

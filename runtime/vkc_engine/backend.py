@@ -53,6 +53,9 @@ STAGING_BYTES = 4 << 20  # initial pinned upload ring (grows when one upload nee
 
 
 def _free_host(drv, ptr: int) -> None:
+    from vkc_runtime import deferred  # noqa: PLC0415 - the engine imports vkc_runtime lazily
+    if deferred.defer(lambda: _free_host(drv, ptr)):  # cuMemFreeHost inside a capture would invalidate it
+        return
     try:
         drv.call(drv.cu.cuMemFreeHost, ptr)
     except Exception:  # interpreter shutdown, context gone: nothing sensible left to do

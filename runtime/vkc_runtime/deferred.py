@@ -1,7 +1,11 @@
-"""Device frees held back during vkc graph captures (``cuMemFree`` is not capturable: it would invalidate a
-capture in progress, and the error would only surface at a later launch). ``vkc_runtime.Graph.capture`` runs
-inside :func:`frees_deferred`; ``DeviceArray``'s finalizer asks :func:`defer` first. A leaf module, so that
-``memory`` and ``stream`` both use it without importing each other."""
+"""Driver releases held back during vkc graph captures. ``cuMemFree``, ``cuMemFreeHost``, ``cuStreamDestroy`` and
+the graph destroys are not capturable: run while a capture is in progress they invalidate it, and the error only
+surfaces at ``cuStreamEndCapture``. Finalizers run whenever Python collects an object, so a capture can meet the
+release of anything left over from earlier work (a previous engine's stream, pinned staging ring or graphs,
+collected by the cycle collector in the middle of the next engine's capture). ``vkc_runtime.Graph.capture`` runs
+inside :func:`frees_deferred`; every finalizer that releases a driver resource (``DeviceArray``, ``Stream``,
+``Graph``, the engine's pinned ring) asks :func:`defer` first. A leaf module, so that ``memory``, ``stream`` and
+the engine use it without importing each other."""
 from __future__ import annotations
 
 import contextlib

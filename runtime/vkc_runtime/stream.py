@@ -72,6 +72,8 @@ def resolve_stream(s) -> int:
 
 
 def _destroy_stream(handle: int, ctx: int) -> None:
+    if deferred.defer(lambda: _destroy_stream(handle, ctx)):  # a capture runs (vkc_runtime.deferred)
+        return
     try:
         driver.call(driver.cu.cuStreamDestroy, handle)
     except Exception:
@@ -189,7 +191,7 @@ class Graph:
             raise RuntimeError(f"stream {h:#x} is already capturing")
         driver.call(cu.cuStreamBeginCapture, h, getattr(cu.CUstreamCaptureMode, _MODES[mode]))
         try:
-            with deferred.frees_deferred():  # a DeviceArray collected inside the capture must not cuMemFree there
+            with deferred.frees_deferred():  # no finalizer may release a driver resource inside the capture
                 yield self
         except BaseException:
             self._abort(h)
@@ -230,21 +232,31 @@ class Graph:
 
     def reset(self) -> None:
         """Destroy the executable and the graph (buffers in keepalive are released)."""
-        cu = driver.cu
         ex, g = self.exec, self.graph
         self.exec = self.graph = None
-        if ex is not None:
-            _quiet(cu.cuGraphExecDestroy, ex)
-        if g is not None:
-            _quiet(cu.cuGraphDestroy, g)
+        _destroy_graph(ex, g)
         self.keepalive.clear()
 
     def __del__(self):
+        ex, g = self.exec, self.graph
+        if ex is None and g is None:
+            return
+        self.exec = self.graph = None
         try:
-            if self.exec is not None or self.graph is not None:
-                self.reset()
+            _destroy_graph(ex, g)
         except Exception:
             pass
+
+
+def _destroy_graph(ex, g) -> None:
+    """A collected Graph's handles (deferred while a capture runs: vkc_runtime.deferred)."""
+    if deferred.defer(lambda: _destroy_graph(ex, g)):
+        return
+    cu = driver.cu
+    if ex is not None:
+        _quiet(cu.cuGraphExecDestroy, ex)
+    if g is not None:
+        _quiet(cu.cuGraphDestroy, g)
 
 
 def _quiet(fn, *args) -> None:

@@ -270,3 +270,56 @@ def test_decode_capture_without_warmup(api, how, splits, fused):
                      fused=fused, stream=stream)
     shape = (B, Hq, D)
     _replays_equal_eager(api, call, shape)
+
+
+def test_leftovers_collected_inside_a_capture_do_not_invalidate_it():
+    """Objects left over from earlier work (a stream, a captured graph, device memory, a pinned staging ring),
+    reachable only through a reference cycle, collected by ``gc.collect()`` in the middle of a capture: their
+    finalizers' driver releases (cuStreamDestroy, cuGraphExecDestroy, cuMemFree, cuMemFreeHost) wait for the
+    capture's end (vkc_runtime.deferred), so the capture succeeds and replays like the eager call; the leftovers
+    are collected inside the capture (the test could fail: before the deferral, cuMemFreeHost and cuStreamDestroy
+    there invalidated a 35B-A3B engine's decode capture)."""
+    import gc
+    import weakref
+
+    from vkc_engine.backend import VkcBackend
+    from vkc_runtime.ops import norm
+
+    x = torch.randn(64, 1024, device="cuda").to(torch.bfloat16)
+    w = torch.randn(1024, device="cuda").to(torch.bfloat16)
+    ref = torch.empty_like(x)
+    norm.rmsnorm(x, w, 1e-6, out=ref)
+    torch.cuda.synchronize()
+
+    def leftovers():
+        be = VkcBackend()
+        host = np.arange(1 << 16, dtype=np.float32)
+        be.upload_into(be.empty((host.size,), "f32"), host)  # allocates the pinned staging ring
+        s = vr.Stream()
+        g = vr.Graph()
+        buf = vr.DeviceArray.empty((1 << 20,), "float32")
+        with g.capture(s):
+            norm.rmsnorm(x, w, 1e-6, out=torch.empty_like(x), stream=s.handle)
+        s.synchronize()
+        be.synchronize()
+        junk = {"be": be, "s": s, "g": g, "buf": buf}
+        junk["self"] = junk  # a cycle: only the cycle collector frees it
+        return [weakref.ref(o) for o in (be, s, g, buf)]
+
+    gc.disable()
+    try:
+        refs = leftovers()
+        assert all(r() is not None for r in refs)
+        out = torch.full_like(x, float("nan"))
+        s = vr.Stream()
+        g = vr.Graph()
+        with g.capture(s):
+            norm.rmsnorm(x, w, 1e-6, out=out, stream=s.handle)
+            gc.collect()
+            collected_inside = all(r() is None for r in refs)
+        g.replay(s)
+        s.synchronize()
+    finally:
+        gc.enable()
+    assert collected_inside
+    assert _same_bytes(out, ref)

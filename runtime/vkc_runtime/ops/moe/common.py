@@ -8,12 +8,11 @@ MAX_EXPERTS = 512   # E' (routed + folded shared) <= the align kernels' EB
 MAX_TOPK = 16       # k' <= the router's KB slots
 TOPK_EB = (32, 256, 512)
 # the router's small-tile logits kernel (BM 16) up to SMALL_M tokens, the large-tile one (BM 128) above. The
-# rule's crossover is RULE_SMALL_M (a first choice made without a device to time; the H200 crossover goes in
-# BENCHMARKS.md). route.logits.large once raced on sm_90a and gave wrong ids (kernels_src/moe/route.py,
-# "Pipelining"); its fix has not run on the H200 yet (tests/gpu/test_gpu_moe_router.py), so until it has every M
-# takes the small tile (SMALL_M = 1 << 30; set SMALL_M = RULE_SMALL_M once that test passes).
+# rule's crossover is RULE_SMALL_M (the H200 timing of both kernels forced: benchmarks/bench_moe.py, rows
+# moe_route_tiles, in BENCHMARKS.md). route.logits.large once raced on sm_90a and gave wrong ids
+# (kernels_src/moe/route.py, "Pipelining"); the fixed kernel passes tests/gpu/test_gpu_moe_router.py on the H200.
 RULE_SMALL_M = 128
-SMALL_M = 1 << 30
+SMALL_M = RULE_SMALL_M
 SPLIT_TARGET = 128  # programs the router's logits launch aims for (about one per SM of an H100/H200)
 MAX_SPLIT = 16
 HIST_CHUNK = 2048   # align.hist's CH (pairs per program): align histograms directly when P <= this
