@@ -251,13 +251,13 @@ def bench_route_tiles(M, W):
     wts = torch.empty(M, KOUT, device="cuda")
     orig = common.SMALL_M
     for size, small_m in (("small", 1 << 30), ("large", 0)):
-        ws = moe.moe_workspace(M, E, K, H, I, shared=True)
-
-        def fn(i, s, ws=ws):
-            moe.route(xs[i], gw, K, renormalize=True, shared_gate_w=sg, topk_ids=ids, topk_weights=wts,
-                      workspace=ws, stream=s)
-        common.SMALL_M = small_m
+        common.SMALL_M = small_m  # before the workspace: its router scratch is sized for the kernel taken
         try:
+            ws = moe.moe_workspace(M, E, K, H, I, shared=True)
+
+            def fn(i, s, ws=ws):
+                moe.route(xs[i], gw, K, renormalize=True, shared_gate_w=sg, topk_ids=ids, topk_weights=wts,
+                          workspace=ws, stream=s)
             _time(row, size, fn, True, n_sets)
         finally:
             common.SMALL_M = orig

@@ -63,3 +63,21 @@ def test_stream_graph_and_pinned_releases_wait_for_the_capture(monkeypatch):
     calls.clear()
     S._destroy_stream(0x50, 7)  # no capture: at once
     assert calls == [("sdestroy", (0x50,))]
+
+
+def test_the_cycle_collector_is_off_inside_and_restored_after():
+    import gc
+    assert gc.isenabled()
+    with D.frees_deferred():
+        assert not gc.isenabled()
+        with D.frees_deferred():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer block still runs
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with D.frees_deferred():
+            pass
+        assert not gc.isenabled()  # it was off before: left off
+    finally:
+        gc.enable()

@@ -168,7 +168,7 @@ def _block(moe, ar, ins, k, shared, path):
 
 
 @pytest.mark.parametrize("M,E,k,H,I,shared", [(1, 16, 4, 128, 64, True), (3, 8, 2, 64, 32, False),
-                                              (8, 12, 3, 256, 32, True)])
+                                              (4, 12, 3, 256, 32, True)])
 def test_block_decode_path(M_, monkeypatch, M, E, k, H, I, shared):
     """The rule picks the decode path for M <= DECODE_MAX_M (four launches); vs the float64 block, vs the
     grouped path on the same inputs, and two runs bitwise equal."""

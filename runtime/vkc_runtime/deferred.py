@@ -4,11 +4,15 @@ surfaces at ``cuStreamEndCapture``. Finalizers run whenever Python collects an o
 release of anything left over from earlier work (a previous engine's stream, pinned staging ring or graphs,
 collected by the cycle collector in the middle of the next engine's capture). ``vkc_runtime.Graph.capture`` runs
 inside :func:`frees_deferred`; every finalizer that releases a driver resource (``DeviceArray``, ``Stream``,
-``Graph``, the engine's pinned ring) asks :func:`defer` first. A leaf module, so that ``memory``, ``stream`` and
-the engine use it without importing each other."""
+``Graph``, the engine's pinned ring) asks :func:`defer` first. Finalizers of other libraries' objects (torch's
+graphs and pools, say) cannot be deferred, so the cycle collector is also off while a block is active (as when
+the first block began): nothing reachable only through a reference cycle is finalized inside a capture (it is
+collected after). A leaf module, so that ``memory``, ``stream`` and the engine use it without importing each
+other."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 from typing import Callable
 
@@ -16,15 +20,19 @@ __all__ = ["frees_deferred", "defer"]
 
 _lock = threading.Lock()
 _depth = 0
+_gc_was_enabled = False
 _pending: list[Callable[[], None]] = []
 
 
 @contextlib.contextmanager
 def frees_deferred():
-    """Hold back frees for the duration of the block; nested and concurrent blocks keep them until the last one
-    ends, which then runs them."""
-    global _depth
+    """Hold back frees (and the cycle collector) for the duration of the block; nested and concurrent blocks keep
+    them until the last one ends, which then runs them (and turns the collector back on if it was on)."""
+    global _depth, _gc_was_enabled
     with _lock:
+        if _depth == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
         _depth += 1
     try:
         yield
@@ -34,6 +42,8 @@ def frees_deferred():
             todo = _pending[:] if _depth == 0 else []
             if todo:
                 _pending.clear()
+            if _depth == 0 and _gc_was_enabled:
+                gc.enable()
         for free in todo:
             free()
 

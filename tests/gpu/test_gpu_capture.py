@@ -272,13 +272,14 @@ def test_decode_capture_without_warmup(api, how, splits, fused):
     _replays_equal_eager(api, call, shape)
 
 
-def test_leftovers_collected_inside_a_capture_do_not_invalidate_it():
-    """Objects left over from earlier work (a stream, a captured graph, device memory, a pinned staging ring),
-    reachable only through a reference cycle, collected by ``gc.collect()`` in the middle of a capture: their
-    finalizers' driver releases (cuStreamDestroy, cuGraphExecDestroy, cuMemFree, cuMemFreeHost) wait for the
-    capture's end (vkc_runtime.deferred), so the capture succeeds and replays like the eager call; the leftovers
-    are collected inside the capture (the test could fail: before the deferral, cuMemFreeHost and cuStreamDestroy
-    there invalidated a 35B-A3B engine's decode capture)."""
+
+def test_leftovers_are_not_collected_inside_a_capture():
+    """Objects left over from earlier work (a vkc stream, graph, device memory and engine backend with its pinned
+    staging ring, a torch CUDA graph), reachable only through a reference cycle, with the collector's threshold
+    at 1 so that any allocation inside the capture would run it: the capture keeps the collector off
+    (vkc_runtime.deferred), so none of their finalizers runs inside it, the capture succeeds and replays like the
+    eager call, and they are collected after it. (With the collector on, the collection of such leftovers in the
+    middle of a capture invalidated a 35B-A3B engine's decode capture on the H200.)"""
     import gc
     import weakref
 
@@ -297,29 +298,36 @@ def test_leftovers_collected_inside_a_capture_do_not_invalidate_it():
         be.upload_into(be.empty((host.size,), "f32"), host)  # allocates the pinned staging ring
         s = vr.Stream()
         g = vr.Graph()
-        buf = vr.DeviceArray.empty((1 << 20,), "float32")
         with g.capture(s):
             norm.rmsnorm(x, w, 1e-6, out=torch.empty_like(x), stream=s.handle)
+        tg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(tg):
+            y = torch.empty_like(x)
+            norm.rmsnorm(x, w, 1e-6, out=y, stream=torch.cuda.current_stream().cuda_stream)
         s.synchronize()
         be.synchronize()
-        junk = {"be": be, "s": s, "g": g, "buf": buf}
+        junk = {"be": be, "s": s, "g": g, "buf": vr.DeviceArray.empty((1 << 20,), "float32"), "tg": tg, "y": y}
         junk["self"] = junk  # a cycle: only the cycle collector frees it
-        return [weakref.ref(o) for o in (be, s, g, buf)]
+        return [weakref.ref(o) for o in (be, s, g, junk["buf"], tg)]
 
-    gc.disable()
+    thresholds = gc.get_threshold()
+    refs = leftovers()
+    out = torch.full_like(x, float("nan"))
+    s = vr.Stream()
+    g = vr.Graph()
+    gc.set_threshold(1, 1, 1)
     try:
-        refs = leftovers()
-        assert all(r() is not None for r in refs)
-        out = torch.full_like(x, float("nan"))
-        s = vr.Stream()
-        g = vr.Graph()
         with g.capture(s):
             norm.rmsnorm(x, w, 1e-6, out=out, stream=s.handle)
-            gc.collect()
-            collected_inside = all(r() is None for r in refs)
-        g.replay(s)
-        s.synchronize()
+            junk = [[i] for i in range(1000)]  # allocations: with the collector on, each would run it
+            alive_inside = all(r() is not None for r in refs)
+            collector_on = gc.isenabled()
     finally:
-        gc.enable()
-    assert collected_inside
+        gc.set_threshold(*thresholds)
+    del junk
+    g.replay(s)
+    s.synchronize()
+    assert alive_inside and not collector_on and gc.isenabled()
     assert _same_bytes(out, ref)
+    gc.collect()
+    assert all(r() is None for r in refs)  # collected after the capture

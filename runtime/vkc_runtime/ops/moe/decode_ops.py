@@ -9,11 +9,11 @@ bf16 in and out, fp32 sums. :func:`sparse_moe_block` (ops/moe/block.py) runs rou
 decode_down for M <= ``DECODE_MAX_M`` tokens (4 launches, no align, no combine), else route -> align ->
 grouped GEMMs -> combine.
 
-``DECODE_MAX_M`` (8): the decode kernels read each pair's expert rows on their own (a pair = one token's pick),
+``DECODE_MAX_M`` (4): the decode kernels read each pair's expert rows on their own (a pair = one token's pick),
 so their weight bytes grow with M * k' while the grouped GEMMs' grow with the distinct experts; the pairs that
 share an expert in one step (the shared expert: all M) meet in L2, because the programs of one weight block
-run side by side. 8 is a first choice made without a device; benchmarks/bench_moe.py times both paths at
-M = 1, 2, 4, 8, 16 so the crossover can be set from one run.
+run side by side. The H200 crossover (benchmarks/bench_moe.py, rows moe_block_paths, 35B-A3B's block, graph
+device time): decode 34.7 / 49.2 / 76.7 / 128.1 us at M = 1 / 2 / 4 / 8, grouped 46.2 / 59.3 / 78.2 / 119.3 us.
 
 Layouts and requirements (checked before any launch, :class:`OpError` otherwise):
   x            bf16 [M, H], last dim contiguous, row stride % 16 elements, 16-byte aligned, H % 16 == 0
@@ -44,7 +44,7 @@ from .common import routing
 
 __all__ = ["decode_gate_up", "decode_down", "DECODE_MAX_M", "TILES", "DECODE_BASES", "load_kernels"]
 
-DECODE_MAX_M = 8
+DECODE_MAX_M = 4
 # kernel -> its tiles, the rule's pick first (kernels_src/moe/decode_spec.py compiles the same list):
 # gate_up (BLOCK_N, BLOCK_K), down (BLOCK_N, BLOCK_K, SB)
 TILES = {"gate_up": ((8, 512), (16, 512)), "down": ((4, 512, 4), (8, 512, 4))}
