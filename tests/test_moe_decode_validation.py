@@ -155,9 +155,9 @@ def test_block_path_rule(rec, monkeypatch):
     from vkc_runtime.ops.moe import grouped_ops
     monkeypatch.setattr(grouped_ops, "_sm_count", lambda dev: 132)
     assert moe.DECODE_MAX_M == D.DECODE_MAX_M == 4
-    assert [moe.choose_path(m) for m in (1, 8, 9, 4096)] == ["decode", "decode", "grouped", "grouped"]
+    assert [moe.choose_path(m) for m in (1, 4, 5, 4096)] == ["decode", "decode", "grouped", "grouped"]
     ws = _ws(16)
-    for M, path, want in [(1, None, "decode"), (8, None, "decode"), (9, None, "grouped"), (16, "decode", "decode"),
+    for M, path, want in [(1, None, "decode"), (4, None, "decode"), (5, None, "grouped"), (16, "decode", "decode"),
                           (2, "grouped", "grouped")]:
         rec.calls.clear()
         _block(M, ws, path=path)
