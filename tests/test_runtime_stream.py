@@ -140,3 +140,22 @@ def test_is_capturing_without_driver(clean_env):
             is_capturing(0x10)
     finally:
         driver.reset_caches()
+
+
+def test_releases_collected_inside_a_capture_run_after_its_end(fake_cu):
+    """A stream and a graph dropped inside the capture (and the collector, off there) are released only once the
+    stream has stopped capturing: after cuStreamEndCapture, not when the ``with`` body ends."""
+    s = Stream()
+    g = Graph()
+    leftover, old = Stream(), Graph()
+    with old.capture(leftover):
+        pass
+    with g.capture(s):
+        assert not gc.isenabled()
+        del leftover, old
+        gc.collect()
+        assert "cuStreamDestroy" not in fake_cu.names()
+    assert gc.isenabled()
+    names = fake_cu.names()
+    ends = [i for i, n in enumerate(names) if n == "cuStreamEndCapture"]
+    assert names.index("cuStreamDestroy") > ends[-1] and names.index("cuGraphExecDestroy") > ends[-1]

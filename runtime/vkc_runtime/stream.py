@@ -189,21 +189,22 @@ class Graph:
             raise RuntimeError("this Graph already holds a captured graph; call reset() or use a new Graph")
         if is_capturing(h):
             raise RuntimeError(f"stream {h:#x} is already capturing")
-        driver.call(cu.cuStreamBeginCapture, h, getattr(cu.CUstreamCaptureMode, _MODES[mode]))
-        try:
-            with deferred.frees_deferred():  # no finalizer may release a driver resource inside the capture
+        # the whole capture, its end included, inside frees_deferred: no finalizer releases a driver resource and
+        # the cycle collector is off until the stream has stopped capturing (held frees run after EndCapture)
+        with deferred.frees_deferred():
+            driver.call(cu.cuStreamBeginCapture, h, getattr(cu.CUstreamCaptureMode, _MODES[mode]))
+            try:
                 yield self
-        except BaseException:
-            self._abort(h)
-            raise
-        graph = None
-        try:
-            graph = driver.call(cu.cuStreamEndCapture, h)
-        except CudaError as e:
-            raise CudaError(e.name, e.code, e.call,
-                            "graph capture failed (invalidated by a non-capturable call inside the capture, e.g. a "
-                            "synchronisation, a host copy, an allocation, or work on the legacy default stream)"
-                            ) from None
+            except BaseException:
+                self._abort(h)
+                raise
+            try:
+                graph = driver.call(cu.cuStreamEndCapture, h)
+            except CudaError as e:
+                raise CudaError(e.name, e.code, e.call,
+                                "graph capture failed (invalidated by a non-capturable call inside the capture, e.g. "
+                                "a synchronisation, a host copy, an allocation, or work on the legacy default "
+                                "stream)") from None
         try:
             ex = driver.call(cu.cuGraphInstantiate, graph, 0)
         except BaseException:
