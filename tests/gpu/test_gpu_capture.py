@@ -307,24 +307,25 @@ def test_leftovers_are_not_collected_inside_a_capture():
         s.synchronize()
         be.synchronize()
         junk = {"be": be, "s": s, "g": g, "buf": vr.DeviceArray.empty((1 << 20,), "float32"), "tg": tg, "y": y}
-        junk["self"] = junk  # a cycle: only the cycle collector frees it
-        return [weakref.ref(o) for o in (be, s, g, junk["buf"], tg)]
+        junk["self"] = junk  # a cycle: once the caller drops it, only the cycle collector frees it
+        return junk, [weakref.ref(o) for o in (be, s, g, junk["buf"], tg)]
 
     thresholds = gc.get_threshold()
-    refs = leftovers()
+    junk, refs = leftovers()
     out = torch.full_like(x, float("nan"))
     s = vr.Stream()
     g = vr.Graph()
-    gc.set_threshold(1, 1, 1)
     try:
         with g.capture(s):
+            del junk  # now reachable only through its cycle
+            gc.set_threshold(1, 1, 1)
             norm.rmsnorm(x, w, 1e-6, out=out, stream=s.handle)
-            junk = [[i] for i in range(1000)]  # allocations: with the collector on, each would run it
+            more = [[i] for i in range(1000)]  # allocations: with the collector on, each would run it
             alive_inside = all(r() is not None for r in refs)
             collector_on = gc.isenabled()
     finally:
         gc.set_threshold(*thresholds)
-    del junk
+    del more
     g.replay(s)
     s.synchronize()
     assert alive_inside and not collector_on and gc.isenabled()
