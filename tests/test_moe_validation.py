@@ -57,13 +57,13 @@ def test_route_grids_and_arguments(rec):
     call_route(route_args(M=8192, E=16, H=64, k=4, renormalize=False, workspace=ws(8192, 16, 4, 64)))
     (b1, g1, a1), (b2, g2, a2) = rec.calls
     assert (b1, g1) == ("moe.route.logits.large", (64, 1, 1)) and a1[8] == 64  # M > SMALL_M: large tiles
-    assert (b2, g2) == ("moe.route.topk.e32", (128, 1, 1)) and a2[8] == 0
+    assert (b2, g2) == ("moe.route.topk.e32", (8192, 1, 1)) and a2[8] == 0  # one row per program
     for M, want in ((128, ("moe.route.logits.small", (8, 8, 2), 1024)),
                     (129, ("moe.route.logits.large", (2, 2, 16), 128))):
         rec.calls.clear()
         call_route(route_args(M=M, shared=True))  # the 35B-A3B router on both sides of SMALL_M = 128
         (b1, g1, a1), (b2, g2, a2) = rec.calls
-        assert (b1, g1, a1[8]) == want and a2[5] == want[1][2], (M, b1, g1, a1, a2)
+        assert (b1, g1, a1[8]) == want and a2[5] == want[1][2] and rec.calls[1][1] == (M, 1, 1), (M, b1, g1, a1, a2)
 
 
 @pytest.mark.parametrize("over,msg", [

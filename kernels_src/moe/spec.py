@@ -5,7 +5,8 @@ appended.
 Bases:
   route.logits.small   BM 16, BE 32, BK 128 (decode: many programs over E tiles and K splits)
   route.logits.large   BM 128, BE 128, BK 64 (prefill)
-  route.topk.e{32,256,512}   softmax + top-k over E <= EB experts; BR = 2048 // EB rows per program, KB 16 slots
+  route.topk.e{32,256,512}   softmax + top-k over E <= EB experts; one row per program, KB 16 slots, NS 16
+                       partial splits at most (ops/moe/common.py MAX_SPLIT)
   align.hist           CH 2048 pairs per program, EB 512 bins (E' <= 512)
   align.scatter        one program per expert; BLOCK 1024, CH 2048, EB 512
   combine              BH 512 columns per program
@@ -15,7 +16,7 @@ Pointers, H, x's row stride and k_split carry div=16 (route); y/out pointers, H 
 
 Grids:
   route.logits.*   (cdiv(M, BM), cdiv(E, BE), n_split)
-  route.topk.*     (cdiv(M, BR),)
+  route.topk.*     (M,)
   align.hist       (cdiv(P, CH),)
   align.scatter    (E',)
   combine          (M, cdiv(H, BH))
@@ -52,6 +53,7 @@ _COMBINE = [Arg("y_ptr", "*bf16", div=16), Arg("ids_ptr", "*i32"), Arg("w_ptr", 
             Arg("stride_y", "i32", div=16), Arg("stride_o", "i32", div=16), Arg("has_w", "i32")]
 
 TOPK_EB = (32, 256, 512)
+MAX_SPLIT = 16  # the router's K splits at most (the runtime's ops/moe/common.py MAX_SPLIT)
 EB_ALIGN = 512
 
 SPECS = [
@@ -62,7 +64,8 @@ SPECS = [
                # sm_120a/sm_121a spill 24 B at 2 stages (ptxas 13.4)
                overrides={a: {"num_stages": 1 if a in ("sm_120a", "sm_121a") else 2} for a in _SMALL_SMEM}),
     *(KernelSpec(name=f"route.topk.e{eb}", source="route.py", entry="router_topk_kernel", args=_TOPK,
-                 constexprs={"BR": 2048 // eb, "EB": eb, "KB": 16}, num_warps=4, num_stages=1) for eb in TOPK_EB),
+                 constexprs={"EB": eb, "KB": 16, "NS": MAX_SPLIT}, num_warps=1 if eb <= 32 else 4, num_stages=1)
+      for eb in TOPK_EB),
     KernelSpec(name="align.hist", source="align.py", entry="align_hist_kernel", args=_HIST,
                constexprs={"CH": 2048, "EB": EB_ALIGN}, num_warps=4, num_stages=1),
     KernelSpec(name="align.scatter", source="align.py", entry="align_scatter_kernel", args=_SCATTER,

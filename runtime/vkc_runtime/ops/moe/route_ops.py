@@ -102,11 +102,12 @@ def route(x, gate_w, top_k, *, renormalize, shared_gate_w=None, topk_ids, topk_w
     n_split, k_split = route_split(M, E, H, BM, BE, BK)
     part = _scratch(op, workspace, "part", n_split * M * (E + 1), "float32", dev)
     kt = get_kernel(topk_base(topk_eb(E)), device=None if dev < 0 else dev)
-    BR = int(kt.constexprs["BR"])
+    if n_split > int(kt.constexprs["NS"]):  # route_split caps it at MAX_SPLIT; the kernel loads NS splits
+        raise OpError(f"{op}: {n_split} K splits > the top-k kernel's {kt.constexprs['NS']}")
     hs = int(shared)
     launches = [Launch(kl, (cdiv(M, BM), grid_y(op, cdiv(E, BE)), n_split),
                        (xt, wt, sgt, part, M, E, H, sx, k_split, hs)),
-                Launch(kt, (cdiv(M, BR), 1, 1), (part, it, ot, M, E, n_split, top_k, kout, int(bool(renormalize)), hs))]
+                Launch(kt, (M, 1, 1), (part, it, ot, M, E, n_split, top_k, kout, int(bool(renormalize)), hs))]
     slots = None if workspace is None else (xt, wt, it, ot) + ((sgt,) if shared else ())
     _route_calls.launch(key, slots, (), launches, s)
     return topk_ids, topk_weights
