@@ -4,7 +4,7 @@ replay CUDA graphs unless ``--graphs off``). Shapes: the dense 27B and the MoE 3
 
     python benchmarks/bench_engine.py [--shape {27b,35b-a3b}] [--batches 1,16,64] [--prefill 2048]
                                       [--long-prefill 8192] [--steps 16] [--graphs on|off] [--gemv-max-m 16]
-                                      [--quant {none,fp8}] [--breakdown] [--out F]
+                                      [--quant {none,fp8}] [--fp8-gemv on|off] [--breakdown] [--out F]
 
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
@@ -18,6 +18,8 @@ backend=...)`` is the same measurement on any backend (the CPU test drives it on
 shape). ``--quant fp8``: the config gets Qwen's block-wise FP8 ``quantization_config`` and the dummy weights of the
 projections an *-FP8 release quantizes are random e4m3 bytes with float32 block scales (vkc_engine.dummy), so those
 linears run ops.gemm_fp8 (quantize_fp8_per_token_group + linear_fp8_block) at every M; the JSON gets "quant".
+``--fp8-gemv on`` turns vkc_engine.backend.FP8_GEMV on: the captured steps' FP8 linears at M <= GEMV_MAX_M take
+ops.gemv.gemv_w8a16 (the JSON gets "fp8_gemv").
 """
 from __future__ import annotations
 
@@ -162,8 +164,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--quant", choices=("none", "fp8"), default="none",
                     help="fp8: block-wise FP8 dummy weights for the projections (ops.gemm_fp8)")
+    ap.add_argument("--fp8-gemv", choices=("on", "off"), default=None,
+                    help="the small-M rule for FP8 linears (gemv_w8a16; default: the backend's FP8_GEMV)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.fp8_gemv is not None:
+        import vkc_engine.backend as B
+        B.FP8_GEMV = a.fp8_gemv == "on"
     if a.gemv_max_m is not None:
         import vkc_engine.backend as B
         B.GEMV_MAX_M = a.gemv_max_m
@@ -176,6 +183,7 @@ def main(argv=None) -> int:
     res["quant"] = a.quant
     import vkc_engine.backend as B
     res["gemv_max_m"] = B.GEMV_MAX_M
+    res["fp8_gemv"] = B.FP8_GEMV
     txt = json.dumps(res, indent=1)
     print(txt)
     if a.out:

@@ -1,16 +1,21 @@
-"""Small-M GEMM ("GEMV", decode) on the H200: vkc's gemv / gemv_w4a16 vs torch.matmul (cuBLAS bf16), graph vs
-graph in the same process, microseconds, % of the HBM floor.
+"""Small-M GEMM ("GEMV", decode) on the H200: vkc's gemv / gemv_w4a16 / gemv_w8a16 vs torch.matmul (cuBLAS bf16),
+graph vs graph in the same process, microseconds, % of the HBM floor.
 
 y[M, N] = x[M, K] @ W[N, K]^T over the Qwen3.5/3.6 27B and 35B-A3B projection shapes, M in MS. Floor = the
 compulsory bytes (weights, x read, y written; NVFP4 weights: K/2 packed bytes + K/16 scale bytes per row) at
-the nominal 4.8 TB/s (pct_floor) and at the copy bandwidth measured in this process (pct_copy). Weight
+the nominal 4.8 TB/s (pct_floor) and at the copy bandwidth measured in this process (pct_copy); block-FP8 weights:
+K bytes + cdiv(K, 128) / 128 fp32 scales per row. Weight
 buffers rotate over enough copies that all of them together exceed 2.5x the 60 MB L2 (n_sets), so no case
-times cache hits. The W4A16 rows also time cuBLAS bf16 on the dequantized weights (the bytes NVFP4 saves).
+times cache hits. The W4A16 and W8A16 rows also time cuBLAS bf16 on the dequantized weights (the bytes the format saves); the
+W8A16 rows also time cuBLAS FP8 (torch._scaled_mm, W8A8 with per-tensor scales, x already quantized: its
+quantization is not timed; x padded to a multiple of 16 rows, which cuBLASLt FP8 needs) as
+``torch_scaled_mm_graph_us``.
 Every vkc case records its relative error against torch (a fast wrong kernel cannot pass unnoticed), the plan
 the dispatch rule picked, and, for weights up to SWEEP_MAX_BYTES, forced alternatives (each tile, split
 1/2/4/8) so the rule can be checked and retuned (``alternatives``, ``best_alternative``). W4A16 rows time both
 weight decoders (``vkc_graph_us``: the default, ``vkc_<other>_graph_us``; the alternatives use the other one).
-Usage: python benchmarks/bench_gemv.py OUT.json [M,M,...]   (about 3-4 minutes: BENCH_TIMEOUT=600)
+Usage: python benchmarks/bench_gemv.py OUT.json [M,M,...] [kind,kind,...]   (kinds: bf16, w4a16, w8a16, all by
+default; about 5 minutes for all: BENCH_TIMEOUT=600)
 """
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ INNER, REPS = 20, 20
 
 
 def weight_bytes(kind, N, K):
+    if kind == "w8a16":
+        return N * K + 4 * (-(-N // 128)) * (-(-K // 128))
     return N * K * 2 if kind == "bf16" else N * K // 2 + N * K // 16
 
 
@@ -75,6 +82,40 @@ def dequant_bf16(packed, scale, alpha, rows=16384):
         s = scale[lo:lo + rows].view(torch.float8_e4m3fn).float().repeat_interleave(16, 1)
         out[lo:lo + rows] = (lut[codes] * s * alpha).to(torch.bfloat16)
     return out
+
+
+def fp8_weights(N, K, g):
+    """e4m3 bytes (no NaN codes) and fp32 128 x 128 block scales."""
+    q = torch.randint(0, 256, (N, K), device="cuda", dtype=torch.uint8, generator=g)
+    q = torch.where((q & 0x7F) == 0x7F, q ^ 1, q)
+    sc = torch.exp2(-4 * torch.rand(-(-N // 128), -(-K // 128), device="cuda", generator=g)) * 0.01
+    return q, sc
+
+
+def dequant_fp8_bf16(q, sc, rows=16384):
+    N, K = q.shape
+    out = torch.empty(N, K, device="cuda", dtype=torch.bfloat16)
+    for lo in range(0, N, rows):
+        w = q[lo:lo + rows].view(torch.float8_e4m3fn).float()
+        s = sc.repeat_interleave(128, 0)[lo:lo + rows][:w.shape[0]].repeat_interleave(128, 1)[:, :K]
+        out[lo:lo + rows] = (w * s).to(torch.bfloat16)
+    return out
+
+
+def scaled_mm_us(xs, qs, M):
+    """cuBLAS FP8 W8A8 (per-tensor scales) on the same weight bytes, x quantized beforehand (module doc)."""
+    Mp = -(-M // 16) * 16
+    one = torch.ones((), device="cuda")
+    xq = []
+    for x in xs:
+        xp = torch.zeros(Mp, x.shape[1], device="cuda", dtype=torch.bfloat16)
+        xp[:M] = x
+        xq.append(xp.clamp(-448, 448).to(torch.float8_e4m3fn))
+    wq = [q.view(torch.float8_e4m3fn) for q, _ in qs]
+    n = len(xq)
+    return graph_ms(lambda i, st: torch._scaled_mm(xq[i % n], wq[i % n].T, scale_a=one, scale_b=one,
+                                                   out_dtype=torch.bfloat16), vkc=False, n_sets=n, inner=INNER,
+                    reps=REPS)
 
 
 def alternatives(kind, M, N, K):
@@ -111,6 +152,14 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
             G.gemv(xs[i], ws_[i], out=out, stream=st, workspace=ws, _plan=p)
         torch_w = ws_
         torch_sets = n_sets
+    elif kind == "w8a16":
+        qs = [fp8_weights(N, K, g) for _ in range(n_sets)]
+
+        def vkc(i, st, p=None, dec=None):
+            G.gemv_w8a16(xs[i], qs[i][0], qs[i][1], out=out, stream=st, workspace=ws, _plan=p)
+        torch_sets = BC.n_sets_for(N * K * 2)
+        torch_w = [dequant_fp8_bf16(*qs[0])]
+        torch_w += [torch_w[0].clone() for _ in range(torch_sets - 1)]
     else:
         qs = [nvfp4_weights(N, K, g) for _ in range(n_sets)]
         alpha = 0.0625
@@ -148,6 +197,12 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
     tfb = floor_bytes("bf16", M, N, K)
     row["torch_pct_bf16_floor"] = 100 * BC.floor_ms(tfb, BC.HBM_NOMINAL_TBS) / tt
     row["ratio_vs_torch"] = tt / t
+    if kind == "w8a16":
+        try:
+            row["torch_scaled_mm_graph_us"] = scaled_mm_us(xs, qs, M) * 1e3
+            row["ratio_vs_torch_scaled_mm"] = row["torch_scaled_mm_graph_us"] / row["vkc_graph_us"]
+        except Exception as e:  # noqa: BLE001 - recorded, never replaced by another figure
+            row["torch_scaled_mm_error"] = BC.err(e)
     if wb <= SWEEP_MAX_BYTES:
         alts = {}
         for p in alternatives(kind, M, N, K):
@@ -169,7 +224,8 @@ def main(out_path: str) -> None:
     ws = torch.empty(G.workspace_elems(max(ms), max(n for _, _, n, _ in SHAPES)), device="cuda", dtype=torch.float32)
     rows, cmp = [], BC.Comparisons()
     lim = f"HBM floor (weights + x + y) at {BC.HBM_NOMINAL_TBS} TB/s nominal"
-    for kind in ("bf16", "w4a16"):
+    kinds = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else ("bf16", "w4a16", "w8a16")
+    for kind in kinds:
         for model, proj, N, K in SHAPES:
             for M in ms:
                 try:
@@ -183,6 +239,9 @@ def main(out_path: str) -> None:
                 case = f"{kind} {model} {proj} M={M}"
                 cmp.add("gemv", case, "device", "op", r.get("vkc_graph_us"), "torch_matmul_bf16",
                         r.get("torch_graph_us"), unit="us", pct_limit=r.get("pct_floor"), limit=lim)
+                if "torch_scaled_mm_graph_us" in r:
+                    cmp.add("gemv", case, "device", "op", r.get("vkc_graph_us"), "torch_scaled_mm_fp8",
+                            r["torch_scaled_mm_graph_us"], unit="us", pct_limit=r.get("pct_floor"), limit=lim)
                 for dec in ("int", "prmt"):
                     if f"vkc_{dec}_graph_us" in r:
                         cmp.add("gemv", case, "device", f"op_{dec}", r[f"vkc_{dec}_graph_us"], "torch_matmul_bf16",

@@ -66,6 +66,23 @@ def test_w4a16_args_alpha_and_fp8_scales(rec):
     assert args[5] == 0.25 and args[6:13] == (M, N, K, K, K // 2, K // 16, N)
 
 
+def test_w8a16_args_and_block_scales(rec):
+    """Block-FP8 weights: e4m3 (or uint8) [N, K], fp32 scales [cdiv(N, 128), cdiv(K, 128)] whose row stride (40
+    at K = 5120) needs no multiple of 16; split-K through the workspace and the reduce."""
+    M, N, K = 3, 6144, 5120
+    G.gemv_w8a16(Dev((M, K)), Dev((N, K), U8), Dev((48, 40), F32), out=Dev((M, N)), workspace=ws())
+    p = G.plan("w8a16", M, N, K, 132, (2, 2))
+    base, grid, args = rec.calls[0]
+    assert base == G._base("w8a16", 16, p.bn, p.bk) and grid == (-(-N // p.bn), p.split, 1)
+    assert args[5:] == (M, N, K, K, K, 40, N, p.k_split)
+    rec.calls.clear()
+    M, N, K = 16, 2048, 4096
+    p = G.plan("w8a16", M, N, K, 132, (2, 2))
+    assert p.split > 1 and p.bk == 128
+    G.gemv_w8a16(Dev((M, K)), Dev((N, K), U8), Dev((16, 32), F32), out=Dev((M, N)), workspace=ws())
+    assert [c[0] for c in rec.calls] == [G._base("w8a16", 16, p.bn, 128), "gemv.splitk_reduce"]
+
+
 def test_forced_plan(rec):
     p = G.Plan(32, 16, 256, 4, 1280)
     G.gemv(Dev((5, 5120)), Dev((64, 5120)), out=Dev((5, 64)), workspace=ws(), _plan=p)
@@ -109,6 +126,20 @@ def test_forced_plan(rec):
      "weight_packed row stride \\(24\\)"),
     (lambda: G.gemv_w4a16(Dev((4, 40)), Dev((8, 20), U8), Dev((8, 2), U8), 1.0, out=Dev((4, 8))),
      "K = 2 \\* weight_packed.shape\\[1\\] = 40"),
+    (lambda: G.gemv_w8a16(Dev((4, 64)), Dev((8, 64)), Dev((1, 1), F32), out=Dev((4, 8))),
+     "weight must be uint8"),
+    (lambda: G.gemv_w8a16(Dev((4, 64)), Dev((8, 64), U8), Dev((1, 2), F32), out=Dev((4, 8))),
+     "weight_scale_inv has shape"),
+    (lambda: G.gemv_w8a16(Dev((4, 64)), Dev((8, 64), U8), Dev((1, 1)), out=Dev((4, 8))),
+     "weight_scale_inv must be float32"),
+    (lambda: G.gemv_w8a16(Dev((4, 64)), Dev((8, 64), U8), Dev((1, 1), F32, offset=1), out=Dev((4, 8))),
+     "weight_scale_inv must be 16-byte aligned"),
+    (lambda: G.gemv_w8a16(Dev((4, 64)), Dev((8, 64), U8, strides=(72, 1)), Dev((1, 1), F32), out=Dev((4, 8))),
+     "weight row stride \\(72\\)"),
+    (lambda: G.gemv_w8a16(Dev((4, 40)), Dev((8, 40), U8), Dev((1, 1), F32), out=Dev((4, 8))),
+     "K=40 must be a positive multiple of 16"),
+    (lambda: G.gemv_w8a16(Dev((65, 64)), Dev((8, 64), U8), Dev((1, 1), F32), out=Dev((65, 8))),
+     "M=65 exceeds max_m"),
 ])
 def test_bad_inputs_refused_before_launch(rec, call, msg):
     with pytest.raises(OpError, match=msg):

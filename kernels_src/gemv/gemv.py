@@ -16,6 +16,9 @@ Tails: N and M are masked; K is masked against K (a split boundary is a multiple
 last tile of the last split can be partial). The runtime promises (div=16 hints) K % 16 == 0 (bf16), row
 strides % 16 elements and 16-byte aligned pointers, which keeps the masked loads vectorized.
 
+Block-wise FP8 weights (gemv_w8a16_kernel): e4m3 bytes [N, K] with one fp32 scale per 128 x 128 block,
+dequantized in the kernel (bf16 activations: W8A16; its docstring has the decoding).
+
 NVFP4 weights (gemv_w4a16_kernel; the layout the op documents):
   w_packed [N, K/2] uint8: byte j of row n holds k = 2j in its LOW nibble and k = 2j + 1 in its high nibble;
            a nibble is e2m1 (bit 3 sign, bits 2..1 exponent (bias 1), bit 0 mantissa): 0, .5, 1, 1.5, 2, 3, 4, 6.
@@ -278,6 +281,44 @@ def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, s
                 acc += _e2m1_bits(((w64 >> (4 * i)) & 0xF).to(tl.int32)) * sf * xi[None, :]
     y = tl.sum(acc, axis=1) * alpha
     _store_out(y[:, None], n, tl.arange(0, 1), N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
+
+
+@triton.jit
+def gemv_w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
+                      k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y = x @ dequant(W)^T with block-wise FP8 weights (Qwen's *-FP8 checkpoints): w [N, K] uint8 bytes of
+    float8 e4m3fn (row stride stride_wn bytes), s [cdiv(N, 128), cdiv(K, 128)] fp32 (``weight_scale_inv``, the
+    multiplier of each 128 x 128 block; row stride stride_sn elements), W[n, k] = e4m3(w[n, k]) * s[n // 128,
+    k // 128]; x [M, K] bf16 -> y [M, N] bf16, or fp32 partials in ws. BLOCK_K == 128 and BLOCK_N divides 128, so
+    a tile meets one scale per K step: the e4m3 bytes become exact bf16 values times 2^-8 (fp16 bits of the 7 low
+    bits << 7, the sign << 8, subnormals included; the NaN codes 0x7F / 0xFF decode as +-480), the MMA sums one
+    K step of them into fp32, and the step's scale (times 2^8) multiplies that before it joins the accumulator.
+    Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M; K % 16 == 0; k_split a positive multiple of 128."""
+    tl.static_assert(BLOCK_K == 128, "one weight scale per K step: BLOCK_K must be the 128 of the scale blocks")
+    tl.static_assert(128 % BLOCK_N == 0, "one weight scale per K step: BLOCK_N must divide 128")
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    m_ok = m < M
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
+    s_row = s_ptr + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(K, k_lo + k_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        b = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0).to(tl.int32)
+        bits = ((b & 0x7F) << 7) | ((b & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
+        w = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.bfloat16)
+        xt = tl.load(x_rows + k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+        sc = tl.load(s_row + k0 // 128) * 256.0
+        acc += tl.dot(w, xt) * sc
+    _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
 
 
 @triton.jit

@@ -8,14 +8,16 @@ Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule)
                                           weight decoder (gemv.py)
   w4a16.m{16,32,64}.n16.k256.{int,prmt}   NVFP4, narrow tile
   w4a16.m1.n{64,16}.k256.{int,prmt}       NVFP4 at M = 1: the CUDA-core kernel (gemv_w4a16_m1_kernel)
+  w8a16.m{16,32,64}.n{64,16}.k128         block-wise FP8 weights (128 x 128 fp32 scales) dequantized in the
+                                          kernel (gemv_w8a16_kernel), wide and narrow tiles
   splitk_reduce                the fixed-order fp32 sum of split-K partials -> bf16
 
 Every pointer, K, each weight/x/scale row stride and k_split carry div=16 (checked by the runtime); M, N and y's
-row stride carry none. num_warps / num_stages are first choices made without a device to time them: retune with
+row stride carry none, nor does the FP8 block scales' row stride (cdiv(K, 128) elements: 40 at K = 5120). num_warps / num_stages are first choices made without a device to time them: retune with
 ``vkc tune`` (benchmarks/bench_gemv.py measures the cases).
 
 Grids (axis 0 first):
-  bf16.*, w4a16.*   (cdiv(N, BLOCK_N), n_split)
+  bf16.*, w4a16.*, w8a16.*   (cdiv(N, BLOCK_N), n_split)
   splitk_reduce     (cdiv(N, BLOCK), M)
 """
 from vkc.spec import Arg, KernelSpec
@@ -32,6 +34,12 @@ _W4A16 = [
     ("stride_xm", "i32", 16), ("stride_wn", "i32", 16), ("stride_sn", "i32", 16), ("stride_om", "i32", None),
     ("k_split", "i32", 16),
 ]
+_W8A16 = [
+    ("x_ptr", "*bf16", 16), ("w_ptr", "*u8", 16), ("s_ptr", "*fp32", 16), ("out_ptr", "*bf16", 16),
+    ("ws_ptr", "*fp32", 16), ("M", "i32", None), ("N", "i32", None), ("K", "i32", 16),
+    ("stride_xm", "i32", 16), ("stride_wn", "i32", 16), ("stride_sn", "i32", None), ("stride_om", "i32", None),
+    ("k_split", "i32", 16),
+]
 _REDUCE = [
     ("ws_ptr", "*fp32", 16), ("out_ptr", "*bf16", 16), ("M", "i32", None), ("N", "i32", None),
     ("stride_om", "i32", None), ("n_split", "i32", None),
@@ -39,13 +47,20 @@ _REDUCE = [
 
 M_BUCKETS = (16, 32, 64)
 # kind -> its M buckets (BLOCK_M); NVFP4 has a CUDA-core kernel for M = 1 (the MMA kernels pad M to 16)
-BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS}
+BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": M_BUCKETS}
 # kind -> (BLOCK_N, BLOCK_K, num_warps) per tile
 TILES = {
     "bf16": ((64, 128, 4), (16, 256, 4)),
     "w4a16": ((64, 256, 8), (16, 256, 4)),
+    "w8a16": ((64, 128, 4), (16, 128, 4)),
 }
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
+
+
+# the wide FP8 tile at M 64: 2 stages on the 99 KB archs, and 8 warps on sm_120a / sm_121a, where 4 spill 16 B
+# (ptxas 13.4: the [64, 128] tile of decoded weights beside the [64, 64] accumulator)
+_W8_M64_WIDE = {a: {"num_stages": 2, **({"num_warps": 8} if a in ("sm_120a", "sm_121a") else {})}
+                for a in _SMALL_SMEM}
 
 
 def _args(params):
@@ -53,7 +68,9 @@ def _args(params):
 
 
 # kind -> [(name suffix, extra constexprs)]: the NVFP4 kernels come with both weight decoders (gemv.py)
-_DECODERS = {"bf16": [("", {})], "w4a16": [(".int", {"PRMT": False}), (".prmt", {"PRMT": True})]}
+_DECODERS = {"bf16": [("", {})], "w4a16": [(".int", {"PRMT": False}), (".prmt", {"PRMT": True})],
+             "w8a16": [("", {})]}
+_ARGS = {"bf16": _BF16, "w4a16": _W4A16, "w8a16": _W8A16}
 
 SPECS = []
 for _kind, _tiles in TILES.items():
@@ -62,12 +79,13 @@ for _kind, _tiles in TILES.items():
             SPECS.append(KernelSpec(
                 name=f"{_kind}.m{_bm}.n{_bn}.k{_bk}{_sfx}", source="gemv.py",
                 entry=f"gemv_{_kind}_m1_kernel" if _bm == 1 else f"gemv_{_kind}_kernel",
-                args=_args(_BF16 if _kind == "bf16" else _W4A16),
+                args=_args(_ARGS[_kind]),
                 constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, **_dec},
                 num_warps=_warps, num_stages=3,
                 # 2 stages: x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 in 99 KB; the wide
                 # NVFP4 kernels at M 16 on sm_120a/sm_121a (.int spills 16 B there with 3 stages, ptxas 13.4)
-                overrides=({a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else
+                overrides=(_W8_M64_WIDE if (_kind, _bm, _bn) == ("w8a16", 64, 64) else
+                           {a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else
                            {a: {"num_stages": 2} for a in ("sm_120a", "sm_121a")}
                            if (_kind, _bm, _bn) == ("w4a16", 16, 64) else {})))
 

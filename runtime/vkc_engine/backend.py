@@ -32,7 +32,10 @@ FP8 linears (block-wise FP8 checkpoints, vkc_engine.model): :meth:`VkcBackend.we
 and the float32 block scales as an :class:`Fp8Weight`; ``linear`` of one runs ``ops.gemm_fp8``:
 ``quantize_fp8_per_token_group`` of the bf16 activations into buffers made once in ``prepare`` (rows up to the
 step's token budget, K up to the model's widest FP8 linear: no allocation, graph-capturable), then
-``linear_fp8_block``, at every M (no FP8 GEMV exists; the small-M rule applies to bf16 weights only). A model
+``linear_fp8_block``, at every M. With FP8_GEMV on, the small-M rule takes FP8 linears too, to
+``ops.gemv.gemv_w8a16`` (the e4m3 weights dequantized in the kernel, bf16 activations: W8A16 where the GEMM
+path is W8A8); FP8_GEMV is off until that kernel is measured on the H200 (it reads half the bytes of the
+bf16 GEMV; the W8A8 GEMM at M = 1 made a 27B FP8 step 1.45x the bf16 one). A model
 with FP8 weights on an arch without the FP8 kernels (sm_80 / sm_86) is refused by ``check_model`` (no silent
 dequantization).
 """
@@ -43,11 +46,12 @@ import numpy as np
 from .loader import RawTensor, to_bf16_bits, to_float32
 from .profiling import FAMILIES, OpProfiler
 
-__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "GEMV_MAX_M", "FAMILIES"]
+__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "GEMV_MAX_M", "FP8_GEMV", "FAMILIES"]
 
 BF16, F32, I32 = "bfloat16", "float32", "int32"
 _DT = {"bf16": BF16, "f32": F32, "i32": I32, "u8": "uint8"}
 GEMV_MAX_M = 16  # the small-M linear rule (module docstring)
+FP8_GEMV = False  # the small-M rule for FP8 linears too (gemv_w8a16; module docstring: held back until measured)
 STAGING_BYTES = 4 << 20  # initial pinned upload ring (grows when one upload needs more than half of it)
 
 
@@ -390,9 +394,15 @@ class VkcBackend(OpProfiler):
         return self._gemm.linear(x, w, out, stream=self._s)
 
     def _linear_fp8(self, x, w: Fp8Weight, out):
-        """quantize_fp8_per_token_group(x) into the prepared buffers, then linear_fp8_block (any M)."""
+        """quantize_fp8_per_token_group(x) into the prepared buffers, then linear_fp8_block (any M); with FP8_GEMV
+        the small-M rule's gemv_w8a16."""
         g, buf = self._gemm_fp8, self._fp8_buf
         M, K = x.shape
+        m = self._small_m
+        if FP8_GEMV and m and M <= m:
+            ok, ws = self._gemv_plan(M, w.q.shape[0], K, kind="w8a16")
+            if ok:
+                return self._gemv.gemv_w8a16(x, w.q, w.scale, out, stream=self._s, workspace=ws)
         if g is None or buf is None:
             raise BackendError("an FP8 linear needs check_model and prepare of a model with a quantization_config")
         if M > buf[2] or K > buf[3]:
@@ -520,11 +530,11 @@ class VkcBackend(OpProfiler):
 
 
     # ---------------------------------------------------------------------------------------- graphs
-    def _gemv_plan(self, M: int, N: int, K: int):
+    def _gemv_plan(self, M: int, N: int, K: int, kind: str = "bf16"):
         """(whether ops.gemv takes this call, the workspace to pass it): the small-M rule -- K % 16 == 0 and its
         split-K fits the workspace, which grows here on eager calls (the graph runner warms every bucket up
         before the first capture); a call that does not split gets no workspace."""
-        key = (M, N, K)
+        key = (M, N, K, kind)
         if self._gemv_need is None:
             self._gemv_need = {}
         need = self._gemv_need.get(key)
@@ -532,7 +542,7 @@ class VkcBackend(OpProfiler):
             if K % 16 or N < 1:
                 need = -1
             else:
-                need = self._gemv.split_workspace_elems(M, N, K, device=self.device)
+                need = self._gemv.split_workspace_elems(M, N, K, kind=kind, device=self.device)
             self._gemv_need[key] = need
         if need < 0:
             return False, None

@@ -2,6 +2,7 @@
 
     gemv(x, weight)                                    y[M, N] = x[M, K] @ weight[N, K]^T
     gemv_w4a16(x, weight_packed, weight_scale, alpha)  the same with NVFP4 weights dequantized in the kernel
+    gemv_w8a16(x, weight, weight_scale_inv)            the same with block-wise FP8 weights (W8A16)
 
 bf16 activations in and out, fp32 accumulation, 1 <= M <= :func:`max_m` (64). Each weight byte is read once
 (every program holds all M rows of x), so the time is set by the weight bytes; larger M belongs to the GEMM.
@@ -20,6 +21,13 @@ Layouts and requirements (checked before any launch, :class:`OpError` otherwise)
                 ModelOpt stores ``weight_scale_2`` as a multiplier: pass weight_scale_2 as is. Both formats'
                 ``weight_packed`` / ``weight`` and ``weight_scale`` tensors are already in the layout above
                 (low nibble first, [N, K/16] e4m3), unless a loader swizzled them.
+  block-wise FP8 (Qwen's *-FP8 checkpoints, dequantized in the kernel; the activations stay bf16):
+  weight        [N, K] float8_e4m3fn (or its uint8 bytes), last dim contiguous, row stride % 16, 16-byte aligned
+  weight_scale_inv  [cdiv(N, 128), cdiv(K, 128)] float32, the MULTIPLIER of each 128 x 128 block (the
+                checkpoint's name): W[n, k] = e4m3(weight[n, k]) * weight_scale_inv[n // 128, k // 128]; last dim
+                contiguous (any row stride), 16-byte aligned. Unlike ops.gemm_fp8.linear_fp8_block (W8A8: x
+                quantized per 1 x 128 group first), x enters the MMA as bf16, so the result is the product of the
+                dequantized weights with x itself.
 
 Dispatch (:func:`plan`, a pure function of host ints, so graph-stable): M picks the smallest M bucket of
 (16, 32, 64) that holds it (NVFP4: of (1, 16, 32, 64); M = 1 runs a CUDA-core kernel, no MMA padding); for each tile (wide: 64 weight rows per program, narrow: 16) and each split count s
@@ -54,19 +62,19 @@ from ..stream import is_capturing
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 from ._check import sm_count as _sm_count
 
-__all__ = ["gemv", "gemv_w4a16", "max_m", "plan", "Plan", "workspace", "workspace_elems", "split_workspace_elems",
+__all__ = ["gemv", "gemv_w4a16", "gemv_w8a16", "max_m", "plan", "Plan", "workspace", "workspace_elems", "split_workspace_elems",
            "BASES", "M_BUCKETS", "BUCKETS", "bucket",
            "MAX_SPLIT", "DECODERS", "DEFAULT_DECODER"]
 
 BF16 = "bfloat16"
 M_BUCKETS = (16, 32, 64)
 # kind -> its M buckets (kernels_src/gemv/spec.py compiles the same); NVFP4 at M = 1 runs a CUDA-core kernel
-BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS}
+BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": M_BUCKETS}
 MAX_SPLIT = 16
 MIN_K_TILES_PER_SPLIT = 4
 # kind -> (BLOCK_N, BLOCK_K) per tile, wide first (kernels_src/gemv/spec.py compiles the same list)
-TILES = {"bf16": ((64, 128), (16, 256)), "w4a16": ((64, 256), (16, 256))}
-_WEIGHT_BYTES_PER_ELEM = {"bf16": 2.0, "w4a16": 0.5 + 1.0 / 16}
+TILES = {"bf16": ((64, 128), (16, 256)), "w4a16": ((64, 256), (16, 256)), "w8a16": ((64, 128), (16, 128))}
+_WEIGHT_BYTES_PER_ELEM = {"bf16": 2.0, "w4a16": 0.5 + 1.0 / 16, "w8a16": 1.0 + 4.0 / (128 * 128)}
 SPLIT_LAUNCH_COST = 0.03  # the reduce launch, as a fraction of the weight streaming time
 L2_COST = 0.25  # an L2 byte (x re-read by every program) relative to an HBM byte
 SATURATE = 0.3  # the fraction of the resident slots that saturates HBM (a partial wave above it runs at full speed)
@@ -350,3 +358,39 @@ def gemv_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream
     fits_i32(op, stride_w=sw, stride_s=ss)
     return _run(op, key, "w4a16", xt, yt, res, M, N, K, (pt, st), (alpha,), ((pt, st), (alpha,), (sw, ss)),
                 workspace, s, out, (xt, pt, st, yt), _plan, dec)
+
+
+def gemv_w8a16(x, weight, weight_scale_inv, out=None, *, stream=None, workspace=None, _plan: Plan | None = None):
+    """y [M, N] bf16 = x [M, K] @ W^T with block-wise FP8 weights W[n, k] = e4m3(weight[n, k]) *
+    weight_scale_inv[n // 128, k // 128] dequantized in the kernel (x stays bf16), 1 <= M <= max_m(). Layouts,
+    dispatch and workspace in the module doc."""
+    op = "gemv_w8a16"
+    s = stream_of(stream)
+    key = (op, workspace is None, _plan)
+    tensors = (x, weight, weight_scale_inv, out) if workspace is None else \
+        (x, weight, weight_scale_inv, out, workspace)
+    if out is not None and _calls.run(key, tensors, (), s):
+        return out
+    try:
+        wt = tensor(op, "weight", weight, "float8_e4m3fn", ndim=2)
+    except OpError as e:
+        if "must be float8_e4m3fn" not in str(e):
+            raise
+        wt = tensor(op, "weight", weight, "uint8", ndim=2)
+    N, K = wt.shape
+    if K == 0 or K % 16:
+        raise OpError(f"{op}: K={K} must be a positive multiple of 16")
+    st = tensor(op, "weight_scale_inv", weight_scale_inv, "float32", ndim=2, shape=(_cdiv(N, 128), _cdiv(K, 128)))
+    xt, M, yt, res = _prepare(op, x, out, N, K, (wt, st))
+    if M == 0 or N == 0:
+        return res
+    sw, ss = row_stride(wt), row_stride(st)
+    _aligned(op, "weight", wt, "weight row stride", sw)
+    _aligned(op, "weight_scale_inv", st)
+    _aligned(op, "out", yt)
+    _no_overlap(op, xt, yt, "x", "out")
+    _no_overlap(op, wt, yt, "weight", "out")
+    _no_overlap(op, st, yt, "weight_scale_inv", "out")
+    fits_i32(op, stride_w=sw, stride_s=ss)
+    return _run(op, key, "w8a16", xt, yt, res, M, N, K, (wt, st), (), ((wt, st), (), (sw, ss)), workspace, s, out,
+                (xt, wt, st, yt), _plan)
