@@ -115,8 +115,11 @@ def compare_route(ids, wts, x, gw, k, renorm, sg=None, tol=2e-5):
 
 
 @pytest.mark.parametrize("M,E,k,H,renorm,shared", [(1, 16, 4, 128, True, False), (3, 8, 2, 64, False, True),
-                                                    (20, 16, 8, 256, True, True), (100, 16, 4, 64, True, False)])
+                                                    (20, 16, 8, 256, True, True), (100, 16, 4, 64, True, False),
+                                                    (2, 16, 4, 2048, True, False), (1, 300, 8, 2048, True, True)])
 def test_route_vs_float64(M_, M, E, k, H, renorm, shared):
+    """(2, 16, 4, 2048): 16 K splits, every row of the top-k kernel's [NS, EB] partial tile; (1, 300, ...): the
+    e512 top-k kernel with 8 splits."""
     moe, reg, ar = M_
     g = torch.Generator().manual_seed(M * 100 + E)
     x, gw = bf16(g, M, H), bf16(g, E, H, scale=0.3)
@@ -126,7 +129,10 @@ def test_route_vs_float64(M_, M, E, k, H, renorm, shared):
     if renorm:
         np.testing.assert_allclose(wts[:, :k].sum(1), 1.0, atol=1e-6)
     assert reg.launched[-2] == "moe.route.logits.small"  # M <= ops/moe/common.py SMALL_M
-    assert reg.launched[-1] == "moe.route.topk.e32"
+    from vkc_runtime.ops.moe import common as C
+    assert reg.launched[-1] == C.topk_base(C.topk_eb(E))
+    if H == 2048:
+        assert C.route_split(M, E, H, 16, 32, 128)[0] == (16 if E <= 32 else 8)
 
 
 def test_route_exact_ties_lower_id_first(M_):
