@@ -192,6 +192,3 @@ def test_report_and_start_line(tmp_path):
     assert "mode=readwrite" in line and rep["fingerprint"] in line and "loaded=0" in line
     assert c.selected() == {str(K1): 2}
 
-
-def test_distributed_broadcast_not_claimed():
-    pytest.skip("future: TP > 1 plan broadcast across ranks is not implemented (single-process plan cache only)")

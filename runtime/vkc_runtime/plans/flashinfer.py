@@ -25,14 +25,12 @@ vkc tactic; the parser and the mapping are tested against a descriptor table (te
 """
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .keys import M_BUCKETS
-from .store import PlanFileError, strict_json
+from .store import PlanFileError, read_text, strict_json
 
 __all__ = ["FlashInferImport", "parse_key", "read", "parse_document", "tactic_map", "FP4_OP", "FP4_RUNNER",
            "META_KEYS", "UPSTREAM_TACTICS"]
@@ -243,15 +241,4 @@ def parse_document(text: str, expect: Mapping[str, Any], tactic_ids: Mapping[int
 
 def read(path: str | Path, expect: Mapping[str, Any], tactic_ids: Mapping[int, int] | None = None) -> FlashInferImport:
     """Import ``path`` (read-only; PlanFileError on any rejection, FileNotFoundError when absent)."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise PlanFileError(f"{path} is not a regular file")
-    if st.st_size > MAX_BYTES:
-        raise PlanFileError(f"{path} is over {MAX_BYTES} bytes")
-    with open(path, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PlanFileError(f"{path}: not UTF-8: {e}") from None
-    return parse_document(text, expect, tactic_ids)
+    return parse_document(read_text(path, MAX_BYTES), expect, tactic_ids)

@@ -184,20 +184,26 @@ def parse(text: str, expect: Mapping[str, Any]) -> dict[PlanKey, dict[str, Any]]
     return out
 
 
-def load(path: Path, expect: Mapping[str, Any]) -> dict[PlanKey, dict[str, Any]]:
-    """Read and :func:`parse` a file; FileNotFoundError when there is none, PlanFileError when it is rejected."""
+def read_text(path: str | Path, max_bytes: int) -> str:
+    """A plan file's text: a regular file of at most ``max_bytes`` bytes of UTF-8 (PlanFileError otherwise,
+    FileNotFoundError when there is none); read once, never more than ``max_bytes + 1`` bytes (a file growing
+    after the stat is caught by the parser: its text is cut)."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise PlanFileError(f"{path} is not a regular file")
-    if st.st_size > MAX_BYTES:
-        raise PlanFileError(f"{path} is {st.st_size} bytes (over {MAX_BYTES})")
+    if st.st_size > max_bytes:
+        raise PlanFileError(f"{path} is {st.st_size} bytes (over {max_bytes})")
     with open(path, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
+        data = f.read(max_bytes + 1)
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise PlanFileError(f"not UTF-8: {e}") from None
-    return parse(text, expect)
+        raise PlanFileError(f"{path}: not UTF-8: {e}") from None
+
+
+def load(path: Path, expect: Mapping[str, Any]) -> dict[PlanKey, dict[str, Any]]:
+    """Read and :func:`parse` a file; FileNotFoundError when there is none, PlanFileError when it is rejected."""
+    return parse(read_text(path, MAX_BYTES), expect)
 
 
 def _sort_key(e: Mapping[str, Any]):
