@@ -4,12 +4,11 @@ graph vs graph in the same process, microseconds, % of the HBM floor.
 y[M, N] = x[M, K] @ W[N, K]^T over the Qwen3.5/3.6 27B and 35B-A3B projection shapes, M in MS. Floor = the
 compulsory bytes (weights, x read, y written; NVFP4 weights: K/2 packed bytes + K/16 scale bytes per row) at
 the nominal 4.8 TB/s (pct_floor) and at the copy bandwidth measured in this process (pct_copy); block-FP8 weights:
-K bytes + cdiv(K, 128) / 128 fp32 scales per row. Weight
-buffers rotate over enough copies that all of them together exceed 2.5x the 60 MB L2 (n_sets), so no case
-times cache hits. The W4A16 and W8A16 rows also time cuBLAS bf16 on the dequantized weights (the bytes the format saves); the
-W8A16 rows also time cuBLAS FP8 (torch._scaled_mm, W8A8 with per-tensor scales, x already quantized: its
-quantization is not timed; x padded to a multiple of 16 rows, which cuBLASLt FP8 needs) as
-``torch_scaled_mm_graph_us``.
+K bytes + cdiv(K, 128) / 128 fp32 scales per row. Weight buffers rotate over enough copies that all of them
+together exceed 2.5x the 60 MB L2 (n_sets), so no case times cache hits. The W4A16 and W8A16 rows also time
+cuBLAS bf16 on the dequantized weights (the bytes the format saves); the W8A16 rows also time cuBLAS FP8
+(torch._scaled_mm, W8A8 with per-tensor scales, x already quantized: its quantization is not timed; x padded to
+a multiple of 16 rows, which cuBLASLt FP8 needs) as ``torch_scaled_mm_graph_us``.
 Every vkc case records its relative error against torch (a fast wrong kernel cannot pass unnoticed), the plan
 the dispatch rule picked, and, for weights up to SWEEP_MAX_BYTES, forced alternatives (each tile, split
 1/2/4/8) so the rule can be checked and retuned (``alternatives``, ``best_alternative``). W4A16 rows time both

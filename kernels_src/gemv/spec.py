@@ -13,8 +13,9 @@ Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule)
   splitk_reduce                the fixed-order fp32 sum of split-K partials -> bf16
 
 Every pointer, K, each weight/x/scale row stride and k_split carry div=16 (checked by the runtime); M, N and y's
-row stride carry none, nor does the FP8 block scales' row stride (cdiv(K, 128) elements: 40 at K = 5120). num_warps / num_stages are first choices made without a device to time them: retune with
-``vkc tune`` (benchmarks/bench_gemv.py measures the cases).
+row stride carry none, nor does the FP8 block scales' row stride (cdiv(K, 128) elements: 40 at K = 5120).
+num_warps / num_stages are first choices made without a device to time them: retune with ``vkc tune``
+(benchmarks/bench_gemv.py measures the cases).
 
 Grids (axis 0 first):
   bf16.*, w4a16.*, w8a16.*   (cdiv(N, BLOCK_N), n_split)

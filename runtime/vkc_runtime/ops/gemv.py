@@ -62,8 +62,8 @@ from ..stream import is_capturing
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 from ._check import sm_count as _sm_count
 
-__all__ = ["gemv", "gemv_w4a16", "gemv_w8a16", "max_m", "plan", "Plan", "workspace", "workspace_elems", "split_workspace_elems",
-           "BASES", "M_BUCKETS", "BUCKETS", "bucket",
+__all__ = ["gemv", "gemv_w4a16", "gemv_w8a16", "max_m", "plan", "Plan", "workspace", "workspace_elems",
+           "split_workspace_elems", "BASES", "M_BUCKETS", "BUCKETS", "bucket",
            "MAX_SPLIT", "DECODERS", "DEFAULT_DECODER"]
 
 BF16 = "bfloat16"
