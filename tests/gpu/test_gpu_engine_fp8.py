@@ -11,7 +11,8 @@ in_proj_a; in_proj_b FP8 but dequantized at load; MoE experts FP8 in the file, d
 - CUDA graph replay == the same padded step run eagerly, bit for bit;
 - greedy continuations vs the numpy-backend engine, and graphs vs enforce_eager, with the divergence rule of
   tests/gpu/test_gpu_engine.py (a divergence only where the reference's top-1 / top-2 margin is within twice the
-  largest teacher-forced logit difference between the two on that sequence).
+  largest teacher-forced logit difference between the two on that sequence);
+- FP8_GEMV on (captured steps' FP8 linears on gemv_w8a16): decode logits vs the W8A8 step, replay == eager.
 """
 from __future__ import annotations
 
@@ -157,3 +158,36 @@ def test_generate_with_graphs_equals_enforce_eager(setup):
     noise = 2.0 * float(np.abs(llm.prompt_logits(seq) - eager.prompt_logits(seq)).max())
     used = _graphs_vs_eager(f"{name} fp8 graphs vs eager", llm, eager, prompts, params, max(noise, 1e-3))
     assert used and any(n < b for n, b in used), used
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_fp8_gemv_decode_steps(setup, monkeypatch, n):
+    """vkc_engine.backend.FP8_GEMV on (held back until measured): an engine whose captured decode steps run the
+    FP8 linears on gemv_w8a16 (W8A16) gives decode logits within the FP8 tolerance of the same step with
+    FP8_GEMV off (W8A8: the difference is the activations' FP8 quantization, which W8A16 skips), finite, and
+    its graph replay equals its eager padded step bit for bit."""
+    import vkc_engine.backend as B
+    from vkc_engine.graphs import bucket_for
+    name, d, _, llm = setup
+    monkeypatch.setattr(B, "FP8_GEMV", True)
+    on = _engine(d)
+    g = on.graphs
+    Bk = bucket_for(n, g.buckets)
+    outs = {}
+    for tag, eng in (("on", on), ("off", llm)):
+        chunks, release = _decode_batch(eng, n, seed=190 + n)
+        try:
+            snap = _snapshot(eng)
+            if tag == "on":
+                eager = _eager_padded(eng, chunks, Bk)
+                _restore(eng, snap)
+            eng.backend.rows(eng.model.bufs["logits"], Bk).fill_bytes(0xFF, stream=eng.backend._s)
+            outs[tag] = eng.backend.to_host(eng.graphs.run(chunks, Bk))
+            _restore(eng, snap)
+        finally:
+            release()
+    assert np.isfinite(outs["on"]).all()
+    assert np.array_equal(outs["on"].view(np.uint32), eager.view(np.uint32)), "graph replay != eager (same step)"
+    rel = float(np.abs(outs["on"] - outs["off"]).max() / np.abs(outs["off"]).max())
+    record("engine", case=f"{name} fp8 gemv_w8a16 vs W8A8 decode n={n} bucket={Bk}", rel_max=rel)
+    assert rel < _tols(name)[0]
