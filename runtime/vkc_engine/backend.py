@@ -66,6 +66,15 @@ def _free_host(drv, ptr: int) -> None:
         pass
 
 
+def _op_module(name: str, what: str):
+    """``vkc_runtime.ops.<name>``, imported on first use (as ``from vkc_runtime.ops import <name>`` would);
+    BackendError naming ``what`` when this build lacks it."""
+    try:
+        return getattr(__import__("vkc_runtime.ops", fromlist=[name]), name)
+    except (ImportError, AttributeError) as e:
+        raise BackendError(f"vkc_runtime.ops.{name} ({what}) is not available: {e}") from None
+
+
 class BackendError(RuntimeError):
     """The backend cannot run this model or configuration (the message says which op or size)."""
 
@@ -123,10 +132,7 @@ class VkcBackend(OpProfiler):
         from vkc_runtime.ops import act, attn, conv, embedding, gdn, gdn_decode, norm, rope  # noqa: PLC0415
         from vkc_runtime.tensor import TensorRef  # noqa: PLC0415
         if gemm is None:
-            try:
-                from vkc_runtime.ops import gemm  # noqa: PLC0415
-            except ImportError as e:
-                raise BackendError(f"vkc_runtime.ops.gemm (the BF16 linear op) is not available: {e}") from None
+            gemm = _op_module("gemm", "the BF16 linear op")
         self._drv, self._mem, self._Ref, self._streams = driver, memory, TensorRef, streams
         self._norm, self._attn, self._conv, self._gdn, self._gdn_dec, self._gemm = \
             norm, attn, conv, gdn, gdn_decode, gemm
@@ -138,12 +144,7 @@ class VkcBackend(OpProfiler):
 
     def _moe_ops(self):
         if self._moe is None:
-            try:
-                from vkc_runtime.ops import moe  # noqa: PLC0415
-            except ImportError as e:
-                raise BackendError(f"vkc_runtime.ops.moe (the MoE kernels a qwen3_5_moe model needs) is not "
-                                   f"available: {e}") from None
-            self._moe = moe
+            self._moe = _op_module("moe", "the MoE kernels a qwen3_5_moe model needs")
         return self._moe
 
     # ---------------------------------------------------------------------------------------- checks
@@ -176,12 +177,7 @@ class VkcBackend(OpProfiler):
     def _fp8_ops(self):
         """ops.gemm_fp8, checked to have the block GEMM and the group quantizer on this device's arch."""
         if self._gemm_fp8 is None:
-            try:
-                from vkc_runtime.ops import gemm_fp8  # noqa: PLC0415
-            except ImportError as e:
-                raise BackendError(f"vkc_runtime.ops.gemm_fp8 (the FP8 GEMM an FP8 checkpoint needs) is not "
-                                   f"available: {e}") from None
-            g = gemm_fp8
+            g = _op_module("gemm_fp8", "the FP8 GEMM an FP8 checkpoint needs")
             need = [g.quant_base("group")] + [g.gemm_base("block", bm, bn) for bm, bn in g.TILES["block"]]
             have = [b for b in need if g.has_kernel(b)]
             if need[0] not in have or len(have) < 2:
