@@ -120,12 +120,14 @@ def scaled_mm_us(xs, qs, M):
 def alternatives(kind, M, N, K):
     bm = G.bucket(kind, M)
     alts = []
-    for bn, bk in G.TILES[kind]:
-        kt = -(-K // bk)
-        for s in (1, 2, 4, 8):
-            tiles = -(-kt // s)
-            if -(-kt // tiles) == s:
-                alts.append(G.Plan(bm, bn, bk, s, tiles * bk))
+    # BF16 at M = 1 also times the MMA kernel's tiles (bucket 16: the path before the CUDA-core M = 1 kernel)
+    for b in (bm, 16) if (kind == "bf16" and bm == 1) else (bm,):
+        for bn, bk in G.tiles(kind, b):
+            kt = -(-K // bk)
+            for s in (1, 2, 4, 8):
+                tiles = -(-kt // s)
+                if -(-kt // tiles) == s:
+                    alts.append(G.Plan(b, bn, bk, s, tiles * bk))
     return alts
 
 
@@ -170,7 +172,7 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
         torch_w += [torch_w[0].clone() for _ in range(torch_sets - 1)]  # bytes matter, not values
     chosen = G.plan(kind, M, N, K, torch.cuda.get_device_properties(0).multi_processor_count,
                     tuple(max(1, G.get_kernel(G._base(kind, G.bucket(kind, M), bn, bk, G.DEFAULT_DECODER))
-                              .max_active_blocks()) for bn, bk in G.TILES[kind]))
+                              .max_active_blocks()) for bn, bk in G.tiles(kind, G.bucket(kind, M))))
     row["plan"] = plan_name(chosen)
     vkc(0, None)
     torch.matmul(xs[0], torch_w[0].T, out=ref)

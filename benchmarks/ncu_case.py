@@ -3,6 +3,9 @@ cudaProfilerStart/Stop so `ncu --profile-from-start off` sees only that call's k
 
 usage: python benchmarks/ncu_case.py gdn <T> <hk> <hv>      (chunked GDN prefill, one sequence of T tokens)
        python benchmarks/ncu_case.py decode <B> <L>           (attention decode, 24/4 x 256, block 16)
+       python benchmarks/ncu_case.py engine <shape> <B> [eager|graph]   (one decode step of bench_engine's
+                                     model shape with random weights, B sequences; graph: the step's CUDA graph
+                                     replayed, which ncu profiles node by node)
 """
 from __future__ import annotations
 
@@ -12,6 +15,32 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _engine_step(shape: str, B: int, graphs: bool = False):
+    """One pure-decode step of B sequences (eager: every kernel a launch of its own; graph: the replayed step)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import bench_engine
+    from vkc_engine import LLM, SamplingParams
+    d = tempfile.mkdtemp()
+    (Path(d) / "config.json").write_text(json.dumps(bench_engine.SHAPES[shape]))
+    llm = LLM(d, load_format="dummy", max_num_seqs=B, max_num_batched_tokens=max(64, B), max_model_len=128,
+              memory_fraction=0.3, enforce_eager=not graphs)
+    V = llm.cfg.vocab_size
+    sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    for b in range(B):
+        llm.add_request([(7 * b + j) % V for j in range(16)], sp)
+    llm.step()  # the prefill
+    llm.step()  # one warm decode step
+    bench_engine._sync(llm)
+
+    def call():
+        llm.step()
+        bench_engine._sync(llm)
+    return call
 
 
 def main(argv):
@@ -28,6 +57,8 @@ def main(argv):
 
         def call():
             A.decode(q, kc, vc, bt, sl, 256 ** -0.5, out=out, max_seq_len=L)
+    elif what == "engine":
+        call = _engine_step(argv[1], int(argv[2]), graphs=len(argv) > 3 and argv[3] == "graph")
     else:
         raise SystemExit(__doc__)
     call()

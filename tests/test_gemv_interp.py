@@ -91,7 +91,8 @@ def test_bf16_every_spec_with_tails(name):
 
 
 @pytest.mark.parametrize("name,M,split_tiles", [("bf16.m16.n64.k128", 1, 1), ("bf16.m32.n16.k256", 20, 2),
-                                                ("bf16.m64.n64.k128", 64, 3)])
+                                                ("bf16.m64.n64.k128", 64, 3), ("bf16.m1.n4.k1024", 1, 1),
+                                                ("bf16.m1.n16.k256", 1, 2)])
 def test_bf16_split_k(name, M, split_tiles):
     """Several splits (the last one shorter and with a K tail), poisoned workspace, deterministic reduce:
     the split result equals the float64 product and is bit-identical on a second run."""
@@ -109,18 +110,24 @@ def test_bf16_split_k(name, M, split_tiles):
     assert torch.equal(y.view(torch.int16), y2.view(torch.int16))
 
 
-def test_bf16_each_weight_row_and_k_matters():
-    """One-hot x picks single weight columns: y[m, n] == w[n, k_m] exactly (no mixing of rows or columns)."""
-    name = "bf16.m16.n16.k256"
+@pytest.mark.parametrize("name", ["bf16.m16.n16.k256", "bf16.m1.n4.k1024"])
+def test_bf16_each_weight_row_and_k_matters(name):
+    """One-hot x picks single weight columns: y[m, n] == w[n, k_m] exactly (no mixing of rows or columns; the
+    M = 1 kernel takes one one-hot row per launch, the K positions at both sides of its tile boundaries)."""
     g = torch.Generator().manual_seed(_seed())
-    M, N, K = 5, 40, 512 + 16
-    ks = [0, 255, 256, 511, 527]
-    x = torch.zeros(M, K, dtype=torch.bfloat16)
+    N, K = 40, 2048 + 16
+    ks = [0, 255, 256, 1023, 1024, 2047, 2063]
+    x = torch.zeros(len(ks), K, dtype=torch.bfloat16)
     for m, k in enumerate(ks):
         x[m, k] = 1.0
     w = rnd(g, N, K)
-    y = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-    run_bf16(name, x, w, y, split_tiles=1)
+    rows = [x] if cfg(name)[0] > 1 else [x[m:m + 1] for m in range(len(ks))]
+    ys = []
+    for xr in rows:
+        y = torch.full((xr.shape[0], N), float("nan"), dtype=torch.bfloat16)
+        run_bf16(name, xr, w, y, split_tiles=triton.cdiv(K, cfg(name)[2]))
+        ys.append(y)
+    y = torch.cat(ys)
     for m, k in enumerate(ks):
         assert torch.equal(y[m], w[:, k]), (m, k)
 

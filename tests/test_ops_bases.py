@@ -93,7 +93,7 @@ def test_naming_functions_produce_only_declared_names():
     assert attn == set(A_BASES) | set(A_OPTIONAL)
     from vkc_runtime.ops import gemv as GV
     gv = {GV._reduce_base()} | {GV._base(k, bm, bn, bk, d) for k in GV.TILES for bm in GV.BUCKETS[k]
-                                for bn, bk in GV.TILES[k] for d in GV.DECODERS}
+                                for bn, bk in GV.tiles(k, bm) for d in GV.DECODERS}
     assert gv == set(GV.BASES)
 
 

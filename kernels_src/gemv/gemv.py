@@ -12,6 +12,8 @@ stores bf16 y directly; otherwise it stores its fp32 partial to ws[s, m, n] (a [
 workspace) and gemv_reduce_kernel sums the partials in the fixed order s = 0, 1, ... (deterministic: no
 atomics) and stores bf16 y. Both paths are compiled into one kernel (n_split is a runtime value).
 
+M = 1 (gemv_bf16_m1_kernel) runs on CUDA cores: an fp32 [BLOCK_N, BLOCK_K] product per K step, reduced once.
+
 Tails: N and M are masked; K is masked against K (a split boundary is a multiple of BLOCK_K, so only the
 last tile of the last split can be partial). The runtime promises (div=16 hints) K % 16 == 0 (bf16), row
 strides % 16 elements and 16-byte aligned pointers, which keeps the masked loads vectorized.
@@ -79,6 +81,33 @@ def gemv_bf16_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_w
         xt = tl.load(x_rows + k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
         acc = tl.dot(w, xt, acc)
     _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
+
+
+@triton.jit
+def gemv_bf16_m1_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_om, k_split,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """gemv_bf16_kernel for M = 1 (BLOCK_M == 1) on CUDA cores: no MMA padding the one row of x to 16, and
+    tiles narrow enough (4 or 16 weight rows) that even N = 2048 gives hundreds of programs without split-K.
+    Each K step multiplies the [BLOCK_N, BLOCK_K] weight tile by x's BLOCK_K values into an fp32 accumulator of
+    the same shape; one reduction over its columns at the end. Same ABI, grid and outputs as gemv_bf16_kernel."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = n < N
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(K, k_lo + k_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = (k0 + rk) < K
+        w = tl.load(w_rows + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        xk = tl.load(x_ptr + k0 + rk, mask=k_ok, other=0.0)
+        acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
+    y = tl.sum(acc, axis=1)
+    m = tl.arange(0, 1)
+    _store_out(y[:, None], n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
 
 
 @triton.jit

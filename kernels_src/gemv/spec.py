@@ -3,6 +3,10 @@
 Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule):
   bf16.m{16,32,64}.n64.k128    BF16 weights, wide tile (N blocks of 64 rows)
   bf16.m{16,32,64}.n16.k256    BF16 weights, narrow tile (more programs for small N)
+  bf16.m1.n16.k256, bf16.m1.n4.k1024   BF16 at M = 1: the CUDA-core kernel (gemv_bf16_m1_kernel), 16 rows x
+                               256 of K (4 warps) and 4 rows x 1024 (8 warps); picked on the H200 by
+                               benchmarks/explore_decode.py (35B-A3B projections: 59-83% of the HBM floor, the
+                               MMA kernel at M = 1 36-80%)
   w4a16.m{16,32,64}.n64.k256.{int,prmt}   NVFP4 weights dequantized in the kernel, wide tile (8 warps: the
                                           dequantized tile is 64 values per thread); .int / .prmt: the
                                           weight decoder (gemv.py)
@@ -47,14 +51,16 @@ _REDUCE = [
 ]
 
 M_BUCKETS = (16, 32, 64)
-# kind -> its M buckets (BLOCK_M); NVFP4 has a CUDA-core kernel for M = 1 (the MMA kernels pad M to 16)
-BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": M_BUCKETS}
+# kind -> its M buckets (BLOCK_M); BF16 and NVFP4 have a CUDA-core kernel for M = 1 (the MMA kernels pad M to 16)
+BUCKETS = {"bf16": (1,) + M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": M_BUCKETS}
 # kind -> (BLOCK_N, BLOCK_K, num_warps) per tile
 TILES = {
     "bf16": ((64, 128, 4), (16, 256, 4)),
     "w4a16": ((64, 256, 8), (16, 256, 4)),
     "w8a16": ((64, 128, 4), (16, 128, 4)),
 }
+# kind -> its own tiles for the M = 1 bucket where they differ from TILES (the op's M1_TILES lists the same)
+M1_TILES = {"bf16": ((16, 256, 4), (4, 1024, 8))}
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
 
 
@@ -74,8 +80,9 @@ _DECODERS = {"bf16": [("", {})], "w4a16": [(".int", {"PRMT": False}), (".prmt", 
 _ARGS = {"bf16": _BF16, "w4a16": _W4A16, "w8a16": _W8A16}
 
 SPECS = []
-for _kind, _tiles in TILES.items():
+for _kind in TILES:
     for _bm in BUCKETS[_kind]:
+        _tiles = M1_TILES.get(_kind, TILES[_kind]) if _bm == 1 else TILES[_kind]
         for (_bn, _bk, _warps), (_sfx, _dec) in ((t, d) for t in _tiles for d in _DECODERS[_kind]):
             SPECS.append(KernelSpec(
                 name=f"{_kind}.m{_bm}.n{_bn}.k{_bk}{_sfx}", source="gemv.py",

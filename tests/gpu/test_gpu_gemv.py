@@ -166,7 +166,7 @@ def test_every_kernel_and_split_through_forced_plans(G, kind):
         M = max(1, bm - 3)
         x = torch.randn(M, K, device="cuda", generator=gen(fresh_seed())).to(torch.bfloat16)
         ref = ref_bf16(x, w) if kind == "bf16" else ref_w4(x, packed, scale, 0.25)
-        for bn, bk in G.TILES[kind]:
+        for bn, bk in G.tiles(kind, bm):
             kt = -(-K // bk)
             for s in (1, 3, 8):
                 per = -(-kt // s)

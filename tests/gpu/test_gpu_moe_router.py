@@ -103,3 +103,58 @@ def test_router_forced_kernel_vs_float64_and_deterministic(forced, M, renorm, sh
         assert torch.equal(ids, runs[0][0]), f"{tag}: ids differ between runs"
         assert torch.equal(wts.view(torch.int32), runs[0][1].view(torch.int32)), f"{tag}: weights differ"
     check_vs_float64(*runs[0], x, gw, sg, renorm, tag)
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 16])
+def test_fused_router_equals_two_launches_and_replays(M):
+    """The one-launch router (route.fused: the last logits program to take a ticket runs the top-k) against
+    the two launches on the same inputs: bitwise equal ids and weights, eager and in 200 replays of a captured
+    graph on a torch stream with fresh inputs each time (a program reading partials another SM had not yet
+    published, or a counter not reset, would show up as a mismatch or as ids never written: the outputs are
+    poisoned before every replay), then vs float64."""
+    import vkc_runtime  # noqa: F401
+    from vkc_runtime.ops import moe
+    ws = moe.moe_workspace(M, E, K, H, 512, shared=True)
+    _, gw, sg = router_inputs(M, 77)
+    xs = [router_inputs(M, 500 + i)[0] for i in range(8)]
+    x = torch.empty_like(xs[0])
+    outs = {f: (torch.empty(M, K + 1, dtype=torch.int32, device="cuda"),
+                torch.empty(M, K + 1, device="cuda")) for f in (False, True)}
+
+    def both(s=None):
+        for f, (i_, w_) in outs.items():
+            moe.route(x, gw, K, renormalize=True, shared_gate_w=sg, topk_ids=i_, topk_weights=w_, workspace=ws,
+                      stream=s, _fused=f)
+
+    def poison():
+        for i_, w_ in outs.values():
+            i_.fill_(-7)
+            w_.fill_(float("nan"))
+
+    def same(tag):
+        (i2, w2), (i1, w1) = outs[False], outs[True]
+        assert (i1 >= 0).all() and not torch.isnan(w1).any(), f"{tag}: the fused router left outputs unwritten"
+        assert torch.equal(i1, i2), f"{tag}: ids differ"
+        assert torch.equal(w1.view(torch.int32), w2.view(torch.int32)), f"{tag}: weights differ"
+
+    for i, xi in enumerate(xs):
+        x.copy_(xi)
+        poison()
+        both()
+        torch.cuda.synchronize()
+        same(f"eager M={M} input {i}")
+    check_vs_float64(*outs[True], x, gw, sg, True, f"fused M={M}")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        both(s.cuda_stream)  # warm (bound calls) on the capture stream
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        both(s.cuda_stream)
+    for r in range(200):
+        x.copy_(xs[r % len(xs)])
+        poison()
+        g.replay()
+        torch.cuda.synchronize()
+        same(f"replay {r} M={M}")
+    assert int(ws.ticket.to_numpy()[0]) == 0, "the counter is not back to 0"

@@ -30,7 +30,9 @@ Layouts and requirements (checked before any launch, :class:`OpError` otherwise)
                 dequantized weights with x itself.
 
 Dispatch (:func:`plan`, a pure function of host ints, so graph-stable): M picks the smallest M bucket of
-(16, 32, 64) that holds it (NVFP4: of (1, 16, 32, 64); M = 1 runs a CUDA-core kernel, no MMA padding); for each tile (wide: 64 weight rows per program, narrow: 16) and each split count s
+(16, 32, 64) that holds it (BF16 and NVFP4: of (1, 16, 32, 64); M = 1 runs a CUDA-core kernel, no MMA padding);
+for each tile of the bucket (:func:`tiles`; wide: 64 weight rows per program, narrow: 16; BF16 at M = 1: 16 and
+4) and each split count s
 (1..16, at least 4 K tiles per split) the rule estimates the time relative to streaming the weights at full
 bandwidth (:func:`_wave_cost`: full waves of resident programs saturate HBM; a last partial wave, or a launch
 smaller than the machine, of r programs runs at min(1, r / (0.3 * slots)) of it), times the L2 re-reads of x,
@@ -63,17 +65,19 @@ from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tenso
 from ._check import sm_count as _sm_count
 
 __all__ = ["gemv", "gemv_w4a16", "gemv_w8a16", "max_m", "plan", "Plan", "workspace", "workspace_elems",
-           "split_workspace_elems", "BASES", "M_BUCKETS", "BUCKETS", "bucket",
+           "split_workspace_elems", "BASES", "M_BUCKETS", "BUCKETS", "bucket", "tiles", "TILES", "M1_TILES",
            "MAX_SPLIT", "DECODERS", "DEFAULT_DECODER"]
 
 BF16 = "bfloat16"
 M_BUCKETS = (16, 32, 64)
-# kind -> its M buckets (kernels_src/gemv/spec.py compiles the same); NVFP4 at M = 1 runs a CUDA-core kernel
-BUCKETS = {"bf16": M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": M_BUCKETS}
+# kind -> its M buckets (kernels_src/gemv/spec.py compiles the same); BF16 and NVFP4 at M = 1 run CUDA-core kernels
+BUCKETS = {"bf16": (1,) + M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": M_BUCKETS}
 MAX_SPLIT = 16
 MIN_K_TILES_PER_SPLIT = 4
 # kind -> (BLOCK_N, BLOCK_K) per tile, wide first (kernels_src/gemv/spec.py compiles the same list)
 TILES = {"bf16": ((64, 128), (16, 256)), "w4a16": ((64, 256), (16, 256)), "w8a16": ((64, 128), (16, 128))}
+# kind -> the M = 1 bucket's own tiles where they differ from TILES (BF16: 16 and 4 weight rows per program)
+M1_TILES = {"bf16": ((16, 256), (4, 1024))}
 _WEIGHT_BYTES_PER_ELEM = {"bf16": 2.0, "w4a16": 0.5 + 1.0 / 16, "w8a16": 1.0 + 4.0 / (128 * 128)}
 SPLIT_LAUNCH_COST = 0.03  # the reduce launch, as a fraction of the weight streaming time
 L2_COST = 0.25  # an L2 byte (x re-read by every program) relative to an HBM byte
@@ -93,7 +97,12 @@ def _reduce_base() -> str:
     return "gemv.splitk_reduce"
 
 
-BASES = tuple(_base(k, bm, bn, bk, d) for k in TILES for bm in BUCKETS[k] for bn, bk in TILES[k]
+def tiles(kind: str, bm: int) -> tuple:
+    """The (BLOCK_N, BLOCK_K) tiles compiled for one kind and M bucket, wide first."""
+    return M1_TILES.get(kind, TILES[kind]) if bm == 1 else TILES[kind]
+
+
+BASES = tuple(_base(k, bm, bn, bk, d) for k in TILES for bm in BUCKETS[k] for bn, bk in tiles(k, bm)
               for d in (DECODERS if k == "w4a16" else (None,))) + (_reduce_base(),)
 
 
@@ -139,21 +148,21 @@ def plan(kind: str, M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[int
     bm = bucket(kind, M)
     wb = _WEIGHT_BYTES_PER_ELEM[kind]
     best = None
-    for t, (bn, bk) in enumerate(TILES[kind]):
+    for t, (bn, bk) in enumerate(tiles(kind, bm)):
         slots = max(1, num_sms) * max(1, ctas_per_sm[t] if t < len(ctas_per_sm) else 1)
         nb = _cdiv(N, bn)
         kt = _cdiv(K, bk)
         x_cost = L2_COST * (2.0 * bm) / (bn * wb)  # x bytes re-read from L2 per weight byte
         for s in range(1, min(MAX_SPLIT, max(1, kt // MIN_K_TILES_PER_SPLIT)) + 1):
-            tiles = _cdiv(kt, s)
-            if _cdiv(kt, tiles) != s:  # that many splits would leave one empty
+            per = _cdiv(kt, s)
+            if _cdiv(kt, per) != s:  # that many splits would leave one empty
                 continue
             extra = 0.0
             if s > 1:  # the reduce launch, and the fp32 partials written and read back, per weight byte
                 extra = SPLIT_LAUNCH_COST + 2.0 * 4.0 * s * M / (K * wb)
             cost = _wave_cost(nb * s, slots) * (1.0 + x_cost) + extra
             if best is None or cost < best[0] - 1e-9:
-                best = (cost, Plan(bm, bn, bk, s, tiles * bk))
+                best = (cost, Plan(bm, bn, bk, s, per * bk))
     return best[1]
 
 
@@ -171,7 +180,7 @@ def split_workspace_elems(M: int, N: int, K: int, *, kind: str = "bf16", device:
         raise OpError(f"gemv: M={M} is outside 1..{max_m()} (larger M belongs to the GEMM)")
     bm = bucket(kind, M)
     dec = DEFAULT_DECODER if kind == "w4a16" else None
-    kerns = [get_kernel(_base(kind, bm, bn, bk, dec), device=device) for bn, bk in TILES[kind]]
+    kerns = [get_kernel(_base(kind, bm, bn, bk, dec), device=device) for bn, bk in tiles(kind, bm)]
     p = plan(kind, int(M), int(N), int(K), _sm_count(kerns[0].device),
              tuple(max(1, k.max_active_blocks()) for k in kerns))
     return p.split * int(M) * int(N) if p.split > 1 else 0
@@ -248,11 +257,11 @@ def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspac
     dev = same_device(op, xt, yt, *wrefs)
     sms = _sm_count(dev)
     bm = bucket(kind, M)
-    kerns = [get_kernel(_base(kind, bm, bn, bk, decoder)) for bn, bk in TILES[kind]]
+    kerns = [get_kernel(_base(kind, bm, bn, bk, decoder)) for bn, bk in tiles(kind, bm)]
     p = forced if forced is not None else plan(kind, M, N, K, sms, tuple(max(1, k.max_active_blocks()) for k in kerns))
     if forced is not None:
         _check_forced(op, kind, p, M, K)
-    k = kerns[TILES[kind].index((p.bn, p.bk))] if p.bm == bm else get_kernel(_base(kind, p.bm, p.bn, p.bk, decoder))
+    k = kerns[tiles(kind, bm).index((p.bn, p.bk))] if p.bm == bm else get_kernel(_base(kind, p.bm, p.bn, p.bk, decoder))
     sy = row_stride(yt)
     sx = row_stride(xt) if M > 1 else 0
     _aligned(op, "x", xt, "x row stride", sx)
@@ -279,7 +288,7 @@ def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspac
 
 
 def _check_forced(op, kind, p, M, K):
-    if not isinstance(p, Plan) or (p.bn, p.bk) not in TILES[kind] or p.bm not in BUCKETS[kind] or M > p.bm:
+    if not isinstance(p, Plan) or p.bm not in BUCKETS[kind] or (p.bn, p.bk) not in tiles(kind, p.bm) or M > p.bm:
         raise OpError(f"{op}: _plan {p!r} names no compiled kernel for M={M}")
     if p.k_split < p.bk or p.k_split % p.bk or p.split != _cdiv(K, p.k_split) or not 1 <= p.split <= MAX_SPLIT:
         raise OpError(f"{op}: _plan {p!r}: k_split must be a multiple of {p.bk} and split == cdiv(K, k_split)")
