@@ -120,8 +120,8 @@ def scaled_mm_us(xs, qs, M):
 def alternatives(kind, M, N, K):
     bm = G.bucket(kind, M)
     alts = []
-    # BF16 at M = 1 also times the MMA kernel's tiles (bucket 16: the path before the CUDA-core M = 1 kernel)
-    for b in (bm, 16) if (kind == "bf16" and bm == 1) else (bm,):
+    # BF16 / FP8 at M = 1 also time the MMA kernel's tiles (bucket 16: the path before the CUDA-core M = 1 kernels)
+    for b in (bm, 16) if (kind in ("bf16", "w8a16") and bm == 1) else (bm,):
         for bn, bk in G.tiles(kind, b):
             kt = -(-K // bk)
             for s in (1, 2, 4, 8):
@@ -171,8 +171,8 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
         torch_w = [dequant_bf16(qs[0][0], qs[0][1], alpha)]
         torch_w += [torch_w[0].clone() for _ in range(torch_sets - 1)]  # bytes matter, not values
     chosen = G.plan(kind, M, N, K, torch.cuda.get_device_properties(0).multi_processor_count,
-                    tuple(max(1, G.get_kernel(G._base(kind, G.bucket(kind, M), bn, bk, G.DEFAULT_DECODER))
-                              .max_active_blocks()) for bn, bk in G.tiles(kind, G.bucket(kind, M))))
+                    tuple(max(1, G.get_kernel(G._base(kind, G.bucket(kind, M, N), bn, bk, G.DEFAULT_DECODER))
+                              .max_active_blocks()) for bn, bk in G.tiles(kind, G.bucket(kind, M, N))))
     row["plan"] = plan_name(chosen)
     vkc(0, None)
     torch.matmul(xs[0], torch_w[0].T, out=ref)

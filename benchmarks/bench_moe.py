@@ -12,9 +12,7 @@ Paths (rows ``op: moe_block_paths``, M in PATH_MS = 1, 2, 4, 8, 16, first): the 
 decode_gate_up -> decode_down, ops/moe/decode_ops.py) and its grouped path (route -> align -> grouped GEMMs ->
 combine) forced with ``path=`` on the same inputs, side by side with the floor and % of it, the path the rule
 (``DECODE_MAX_M``) takes, the decode path's pieces, and each compiled decode tile forced (``alternatives``:
-gate_up / down alone, on the routing of the set): the figures to set DECODE_MAX_M and the tile rule from;
-the router with each path forced (``route_two_launches`` / ``route_fused``: logits + top-k, or the one launch
-the rule takes up to ops/moe/common.py FUSED_MAX_M): the figures FUSED_MAX_M is set from.
+gate_up / down alone, on the routing of the set): the figures to set DECODE_MAX_M and the tile rule from.
 ``decode_pair_bytes``: what the decode kernels would read if no pair's weights came from L2 (pairs x expert).
 Router tiles (rows ``op: moe_route_tiles``, M in ROUTE_MS): moe.route with each logits kernel forced
 (route.logits.small / .large through ops/moe/common.py SMALL_M) and the kernel the rule picks: the crossover
@@ -34,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from vkc_runtime.ops import moe
-from vkc_runtime.ops.moe.common import FUSED_MAX_M
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as BC  # noqa: E402
@@ -224,12 +221,6 @@ def bench_paths(M, W, copy_tbs):
         moe.route(xs[i], gw, K, renormalize=True, shared_gate_w=sg, topk_ids=ids, topk_weights=wts, workspace=ws,
                   stream=s)
     _time(row, "route", v_route, True, n_sets)
-    row["route_fused_max_m"] = FUSED_MAX_M
-    for name, fused in (("route_two_launches", False), ("route_fused", True)):  # both router paths forced
-        def fn(i, s, fused=fused):
-            moe.route(xs[i], gw, K, renormalize=True, shared_gate_w=sg, topk_ids=ids, topk_weights=wts,
-                      workspace=ws, stream=s, _fused=fused)
-        _time(row, name, fn, True, n_sets)
     alts = {}
     for kind, tiles in D.TILES.items():
         for tile in tiles:

@@ -105,12 +105,13 @@ def test_arch_without_fp8_kernels_is_refused(fp8_launches, ckpt, monkeypatch):
 
 
 def test_fp8_gemv_in_captured_steps_when_on(fp8_launches, ckpt, monkeypatch):
-    """FP8_GEMV on (held back by default until measured): the captured decode steps' FP8 linears take
-    gemv_w8a16 through its real validation (the e4m3 bytes and block scales of the Fp8Weight, column views of a
-    fused output), their split-K workspace sized by the warm-up (no allocation inside a capture); eager and
-    prefill steps keep quantize + linear_fp8_block."""
+    """FP8_GEMV on: the captured decode steps' FP8 linears of M <= FP8_GEMV_MAX_M (1) rows take gemv_w8a16 through
+    its real validation (the e4m3 bytes and block scales of the Fp8Weight, column views of a fused output), their
+    split-K workspace sized by the warm-up (no allocation inside a capture); eager and prefill steps and captured
+    steps of more rows keep quantize + linear_fp8_block."""
     from vkc_engine import backend as B
     monkeypatch.setattr(B, "FP8_GEMV", True)
+    assert B.FP8_GEMV_MAX_M == 1
     be = Fp8StreamBackend(monkeypatch)
     llm = LLM(ckpt, backend=be, max_num_seqs=5, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
               block_size=64)
@@ -121,6 +122,6 @@ def test_fp8_gemv_in_captured_steps_when_on(fp8_launches, ckpt, monkeypatch):
     assert not be.allocs_in_capture, be.allocs_in_capture[:5]
     bases = [b for b, _ in fp8_launches]
     w8 = [b for b in bases if b.startswith("gemv.w8a16.")]
-    assert w8 and all(b.startswith("gemv.w8a16.m16.") for b in w8)  # batches <= 5 rows: the 16-row bucket
+    assert w8 and all(b.startswith("gemv.w8a16.m1.") for b in w8)  # the one-row bucket's CUDA-core kernel
     assert any(b.startswith("gemm_fp8.block.") for b in bases[n_setup:])  # prefill still on the W8A8 GEMM
     assert not [(b, s) for b, s in fp8_launches if s != STREAM]

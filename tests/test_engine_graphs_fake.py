@@ -123,7 +123,7 @@ def test_gemv_workspace_grows_eagerly_never_in_capture(launches):
     from vkc_runtime import memory
     from vkc_runtime.ops import gemv
     be = StreamBackend()
-    M, N, K = 1, 1024, 5120  # 16 output programs of the wide tile on 264 slots (recorder occupancy 2): K split
+    M, N, K = 2, 1024, 5120  # 16 output programs of the wide tile on 264 slots (recorder occupancy 2): K split
     need = gemv.split_workspace_elems(M, N, K)
     assert need > 0 and need % (M * N) == 0
     assert gemv.split_workspace_elems(16, 248320, 5120) == 0  # the LM head: enough programs, no split

@@ -38,8 +38,9 @@ def finite_codes(rng, *shape):
     return np.where((c & 0x7F) == 0x7F, c ^ 0x01, c).astype(np.uint8)  # no NaN codes in random weights
 
 
-def run(name, x, codes, scales, y, split_tiles=None):
-    """Launch one w8a16 spec: x [M, K] bf16, codes [N, K] uint8, scales [cdiv(N,128), cdiv(K,128)] fp32 -> y."""
+def run(name, x, codes, scales, y, split_tiles=None, arch=None):
+    """Launch one w8a16 spec (``arch``: with that arch's overrides, e.g. the M = 1 kernel's integer decoder on
+    sm_80): x [M, K] bf16, codes [N, K] uint8, scales [cdiv(N,128), cdiv(K,128)] fp32 -> y."""
     c = SPECS[name].constexprs
     bn, bk = c["BLOCK_N"], c["BLOCK_K"]
     M, K = x.shape
@@ -49,7 +50,7 @@ def run(name, x, codes, scales, y, split_tiles=None):
     split = triton.cdiv(kt, per)
     ws = torch.full((split * M * N,), float("nan"), dtype=torch.float32, device=DEV)
     launch_spec(SPECS[name], (triton.cdiv(N, bn), split), x, codes, scales, y, ws, M, N, K, x.stride(0),
-                codes.stride(0), scales.stride(0), y.stride(0), per * bk)
+                codes.stride(0), scales.stride(0), y.stride(0), per * bk, arch=arch)
     if split > 1:
         r = SPECS["splitk_reduce"]
         launch_spec(r, (triton.cdiv(N, r.constexprs["BLOCK"]), M), ws, y, M, N, y.stride(0), split)
@@ -146,3 +147,43 @@ def test_each_block_scale_lands_on_its_block():
             rows = slice(128 * nb, 128 * (nb + 1))
             err = rel_err(np64(y)[:, rows], ref[:, rows])
             assert err < 1e-2, f"block ({nb}, {kb}) seed {seed}: rel err {err:.3e}"
+
+
+M1_SPECS = [n for n in W8_SPECS if ".m1." in n]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])  # the hardware e4m3 conversion / the integer decoder
+@pytest.mark.parametrize("name", M1_SPECS)
+def test_m1_kernel_codes_blocks_and_split(name, arch):
+    """The CUDA-core M = 1 kernel, both decoders: every finite code exact (one-hot x picks one column per
+    launch, 16 codes per column), each 128 x 128 block's scale on its block (scales 2^0 .. 2^5: a wrong block is
+    off by a power of two), and split-K with a K tail through a NaN-poisoned workspace; N and K tails masked,
+    the padding past N untouched."""
+    assert SPECS[name].for_arch(arch).constexprs["NATIVE"] == (arch != "sm_80")
+    N, K = 256, 384
+    codes = np.zeros((N, K), np.uint8)
+    cols = (5, 200, 383)  # one K position per scale column block
+    for j, k in enumerate(cols):
+        codes[:, k] = ((np.arange(N) + 85 * j) % 256).astype(np.uint8)
+    codes = np.where((codes & 0x7F) == 0x7F, codes ^ 0x01, codes).astype(np.uint8)
+    sc = np.exp2(np.arange(6, dtype=np.float32)).reshape(2, 3)
+    for k in cols:
+        x = torch.zeros(1, K, dtype=torch.bfloat16)
+        x[0, k] = 1.0
+        yb, y = strided(1, N)
+        run(name, x.to(DEV), torch.from_numpy(codes).to(DEV), torch.from_numpy(sc).to(DEV), y, arch=arch)
+        want = reference(x, codes, sc)
+        bad = np.argwhere(np64(y) != want)
+        assert bad.size == 0, f"k={k}: {len(bad)} wrong, first {tuple(bad[0])}: {np64(y)[tuple(bad[0])]} vs " \
+                              f"{want[tuple(bad[0])]}"
+        assert torch.isnan(yb[:, N:].float()).all(), "wrote past N"
+    seed = _seed()
+    rng, g = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+    bk = SPECS[name].constexprs["BLOCK_K"]
+    N, K = 136, 2 * bk + 144  # 3 K tiles, the last one partial
+    x, codes, sc = case(rng, g, 1, N, K)
+    y = torch.full((1, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    split = run(name, x.to(DEV), torch.from_numpy(codes).to(DEV), torch.from_numpy(sc).to(DEV), y, 1, arch=arch)
+    assert split == 3
+    err = rel_err(np64(y), reference(x, codes, sc))
+    assert err < 1e-2, f"{name} {arch} seed {seed}: rel err {err:.3e}"

@@ -4,8 +4,7 @@ against the tensors the test handed the op (tests/test_bounds_interp.py's checke
 sentinel-filled buffers, outputs and scratch poisoned), against the float64 references of refs_moe.py.
 
 route: ids and weights vs numpy (near-ties reported, exact ties -> the lower id), renormalise on/off, the
-shared-expert fold, the small (split-K) and large logits kernels, the one-launch (fused) router: the same bits
-as the two launches, its counter back to 0 after every call; align: every invariant (each valid pair
+shared-expert fold, the small (split-K) and large logits kernels; align: every invariant (each valid pair
 exactly once, groups padded, block_expert, tails), invalid ids dropped, all pairs to one expert, empty
 experts, the one- and two-launch paths; combine vs float64 (rows of invalid ids never read); the block with a
 float32 stand-in of the grouped GEMM (test-only)."""
@@ -82,32 +81,22 @@ def workspace(moe, ar, M, E, k, H, I, shared, part=None, keep=None):
         return Cai(t)
     return moe.MoeWorkspace(max_tokens=M, num_experts=E, top_k=k, hidden=H, intermediate=I, shared=shared,
                             topk_ids=buf(Pk, torch.int32), topk_weights=buf(Pk, torch.float32),
-                            part=buf(part, torch.float32, "part"),
-                            ticket=_ticket(ar), hist=buf(hist_chunks(Pk) * HIST_BINS, torch.int32),
+                            part=buf(part, torch.float32, "part"), hist=buf(hist_chunks(Pk) * HIST_BINS, torch.int32),
                             sorted_ids=buf(cap, torch.int32), block_expert=buf(nblk, torch.int32),
                             num_padded=buf(1, torch.int32), h=buf(Pk * I, torch.bfloat16),
                             y=buf(Pk * H, torch.bfloat16))
 
 
-def _ticket(ar):
-    """The fused router's counter: a zero int32 in the arena (``.t``: the tensor, for the test to read)."""
-    t = ar.put(torch.zeros(1, dtype=torch.int32))
-    c = Cai(t)
-    c.t = t
-    return c
-
-
-def run_route(moe, ar, x, gw, k, renorm, sg=None, keep=None, fused=None, ws=None):
+def run_route(moe, ar, x, gw, k, renorm, sg=None, keep=None):
     M, H = x.shape
     E = gw.shape[0]
     kout = k + int(sg is not None)
     ids = ar.poison((M, kout), torch.int32)
     wts = ar.poison((M, kout), torch.float32)
-    ws = ws or workspace(moe, ar, M, E, k, H, 16, sg is not None, keep=keep)
+    ws = workspace(moe, ar, M, E, k, H, 16, sg is not None, keep=keep)
     moe.route(Cai(ar.put(x)), Cai(ar.put(gw)), k, renormalize=renorm,
               shared_gate_w=None if sg is None else Cai(ar.put(sg)), topk_ids=Cai(ids), topk_weights=Cai(wts),
-              workspace=ws, _fused=fused)
-    assert int(ws.ticket.t[0]) == 0, "the fused router's counter is not back to 0"
+              workspace=ws)
     return ids.numpy().astype(np.int64), wts.numpy().astype(np.float64)
 
 
@@ -130,54 +119,20 @@ def compare_route(ids, wts, x, gw, k, renorm, sg=None, tol=2e-5):
                                                     (2, 16, 4, 2048, True, False), (1, 300, 8, 2048, True, True)])
 def test_route_vs_float64(M_, M, E, k, H, renorm, shared):
     """(2, 16, 4, 2048): 16 K splits, every row of the top-k kernel's [NS, EB] partial tile; (1, 300, ...): the
-    e512 top-k kernel with 8 splits. The rule's path, then the other one forced (fused: M <= 16)."""
+    e512 top-k kernel with 8 splits."""
     moe, reg, ar = M_
-    from vkc_runtime.ops.moe import common as C
     g = torch.Generator().manual_seed(M * 100 + E)
     x, gw = bf16(g, M, H), bf16(g, E, H, scale=0.3)
     sg = bf16(g, 1, H, scale=0.1) if shared else None
-    rule_fused = M <= C.FUSED_MAX_M
-    for fused in (None, not rule_fused) if M <= 16 else (None,):
-        n0 = len(reg.launched)
-        ids, wts = run_route(moe, ar, x, gw, k, renorm, sg, fused=fused)
-        compare_route(ids, wts, x, gw, k, renorm, sg)
-        if renorm:
-            np.testing.assert_allclose(wts[:, :k].sum(1), 1.0, atol=1e-6)
-        if (rule_fused if fused is None else fused):
-            assert reg.launched[n0:] == [C.fused_base(C.topk_eb(E))], reg.launched[n0:]
-        else:  # M <= ops/moe/common.py SMALL_M: the small logits tile
-            assert reg.launched[n0:] == ["moe.route.logits.small", C.topk_base(C.topk_eb(E))], reg.launched[n0:]
+    ids, wts = run_route(moe, ar, x, gw, k, renorm, sg)
+    compare_route(ids, wts, x, gw, k, renorm, sg)
+    if renorm:
+        np.testing.assert_allclose(wts[:, :k].sum(1), 1.0, atol=1e-6)
+    assert reg.launched[-2] == "moe.route.logits.small"  # M <= ops/moe/common.py SMALL_M
+    from vkc_runtime.ops.moe import common as C
+    assert reg.launched[-1] == C.topk_base(C.topk_eb(E))
     if H == 2048:
         assert C.route_split(M, E, H, 16, 32, 128)[0] == (16 if E <= 32 else 8)
-
-
-@pytest.mark.parametrize("M", [1, 3, 4])
-def test_route_fused_equals_two_launches(M_, M):
-    """The 35B-A3B router (E = 256 + the shared gate, top-8, 16 K splits of H = 2048): the one-launch router gives
-    the two launches' ids and weights bit for bit (the same partials, summed in the same order), twice on one
-    workspace (its counter is reset by the call that used it)."""
-    moe, reg, ar = M_
-    from vkc_runtime.ops.moe import common as C
-    g = torch.Generator().manual_seed(1000 + M)
-    E, H, k = 256, 2048, 8
-    gw, sg = bf16(g, E, H, scale=0.3), bf16(g, 1, H, scale=0.1)
-    ws = workspace(moe, ar, M, E, k, H, 16, True)
-    for rep in range(2):
-        x = bf16(g, M, H)
-        two = run_route(moe, ar, x, gw, k, True, sg, fused=False, ws=ws)
-        n0 = len(reg.launched)
-        one = run_route(moe, ar, x, gw, k, True, sg, fused=True, ws=ws)
-        assert reg.launched[n0:] == [C.fused_base(256)]
-        assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1]), rep
-        compare_route(*one, x, gw, k, True, sg)
-
-
-def test_route_fused_refuses_many_rows(M_):
-    moe, _, ar = M_
-    g = torch.Generator().manual_seed(3)
-    x, gw = bf16(g, 17, 64), bf16(g, 16, 64)
-    with pytest.raises(moe.OpError, match="fused router takes M <= 16"):
-        run_route(moe, ar, x, gw, 4, True, fused=True)
 
 
 def test_route_exact_ties_lower_id_first(M_):
@@ -220,14 +175,13 @@ def test_route_split_rule():
 
 
 def test_route_small_tiles_sum_every_split(M_):
-    """The logits of every split are summed: H = 2048 at M = 2 uses 16 K splits (small tiles), both paths."""
+    """The logits of every split are summed: H = 2048 at M = 2 uses 16 K splits (small tiles)."""
     moe, reg, ar = M_
     g = torch.Generator().manual_seed(3)
     x, gw = bf16(g, 2, 2048), bf16(g, 16, 2048, scale=0.05)
-    for fused in (False, True):
-        ids, wts = run_route(moe, ar, x, gw, 4, True, fused=fused)
-        compare_route(ids, wts, x, gw, 4, True)
-        assert reg.launched[-1 - int(not fused)] == ("moe.route.fused.e32" if fused else "moe.route.logits.small")
+    ids, wts = run_route(moe, ar, x, gw, 4, True)
+    compare_route(ids, wts, x, gw, 4, True)
+    assert reg.launched[-2] == "moe.route.logits.small"
 
 
 def check_partials(part, before, x, gw, sg, size):

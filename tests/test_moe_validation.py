@@ -28,7 +28,7 @@ def ws(M, E, k, H, I=64, shared=False, part=None):
                             part=Dev((part or 16 * max(M, 64) * (E + 1),), F32),
                             hist=Dev((max(C.hist_chunks(Pk) * C.HIST_BINS, 1),), I32), sorted_ids=Dev((cap,), I32),
                             block_expert=Dev((cap // 16,), I32), num_padded=Dev((1,), I32),
-                            h=Dev((Pk * I,), BF16), y=Dev((Pk * H,), BF16), ticket=Dev((1,), I32))
+                            h=Dev((Pk * I,), BF16), y=Dev((Pk * H,), BF16))
 
 
 def route_args(M=1, E=256, H=2048, k=8, shared=False, **over):
@@ -47,19 +47,7 @@ def call_route(a):
 
 def test_route_grids_and_arguments(rec):
     assert C.SMALL_M == 128  # the grids below are the rule's, on both sides of its crossover
-    assert C.FUSED_MAX_M == 4
-    for M in (1, 4):  # one launch: the small logits grid, then the top-k's arguments
-        rec.calls.clear()
-        call_route(route_args(M=M, shared=True))
-        ((b1, g1, a1),) = rec.calls
-        assert (b1, g1) == ("moe.route.fused.e256", (1, 8, 16))
-        # M, E, H, stride_x, k_split, has_shared, top_k, k', renorm
-        assert a1[7:] == (M, 256, 2048, 2048, 128, 1, 8, 9, 1)
-    rec.calls.clear()
-    call_route(route_args(M=5, shared=True, workspace=ws(5, 256, 8, 2048, shared=True)))
-    assert [c[0] for c in rec.calls] == ["moe.route.logits.small", "moe.route.topk.e256"]  # M > FUSED_MAX_M
-    rec.calls.clear()
-    call_route(route_args(M=1, shared=True, _fused=False))
+    call_route(route_args(M=1, shared=True))
     (b1, g1, a1), (b2, g2, a2) = rec.calls
     assert (b1, g1) == ("moe.route.logits.small", (1, 8, 16))       # 8 E tiles x 16 K splits of 128
     assert a1[4:] == (1, 256, 2048, 2048, 128, 1)                     # M, E, H, stride_x, k_split, has_shared
@@ -76,19 +64,6 @@ def test_route_grids_and_arguments(rec):
         call_route(route_args(M=M, shared=True))  # the 35B-A3B router on both sides of SMALL_M = 128
         (b1, g1, a1), (b2, g2, a2) = rec.calls
         assert (b1, g1, a1[8]) == want and a2[5] == want[1][2] and rec.calls[1][1] == (M, 1, 1), (M, b1, g1, a1, a2)
-
-
-def test_fused_route_needs_the_workspace_counter(rec):
-    w = ws(1, 256, 8, 2048)
-    w.ticket = None
-    with pytest.raises(moe.OpError, match="no 'ticket' buffer"):
-        call_route(route_args(M=1, workspace=w))
-    w.ticket = Dev((1,), F32)
-    with pytest.raises(moe.OpError, match="ticket"):
-        call_route(route_args(M=1, workspace=w))
-    assert rec.calls == []
-    call_route(route_args(M=1, workspace=w, _fused=False))  # the two launches need no counter
-    assert len(rec.calls) == 2
 
 
 @pytest.mark.parametrize("over,msg", [
@@ -242,26 +217,18 @@ def test_bound_calls_replay_what_validation_launches(rec, monkeypatch):
         moe.combine(T((M * 9, 2048)), ids, wts, 257, out=T((M, 2048)))
         return x, ids
 
-    x1, _ = calls(6)  # M > FUSED_MAX_M: the two router launches
+    x1, _ = calls(4)
     first = list(rec.calls)
     rec.calls.clear()
-    x2, ids2 = calls(6)
+    x2, ids2 = calls(4)
     assert sum(c.hits for c in (route_ops._route_calls, route_ops._align_calls, route_ops._combine_calls)) == 3
     assert [(b, g) for b, g, _ in rec.calls] == [(b, g) for b, g, _ in first]
     assert rec.calls[0][2][0] == x2.data_ptr() != x1.data_ptr()        # the new pointers patched in
     a, b = rec.calls[1][2], first[1][2]                                   # topk: part (the workspace's) and
     assert a[0] == b[0] and a[3:] == b[3:] and a[1] != b[1]               # scalars fixed, ids patched
     with pytest.raises(moe.OpError, match="topk_ids has shape"):
-        moe.route(T((7, 2048)), T((256, 2048)), 8, renormalize=True, shared_gate_w=T((1, 2048)),
-                  topk_ids=ids2, topk_weights=T((6, 9), "torch.float32"), workspace=w)
-    rec.calls.clear()
-    calls(4)  # the fused router: part and ticket (the workspace's) and the scalars fixed, x and ids patched
-    first = list(rec.calls)
-    rec.calls.clear()
-    x4, _ = calls(4)
-    a, b = rec.calls[0][2], first[0][2]
-    assert rec.calls[0][0] == first[0][0] == "moe.route.fused.e256"
-    assert a[0] == x4.data_ptr() != b[0] and a[3:5] == b[3:5] and a[5] != b[5] and a[7:] == b[7:]
+        moe.route(T((5, 2048)), T((256, 2048)), 8, renormalize=True, shared_gate_w=T((1, 2048)),
+                  topk_ids=ids2, topk_weights=T((4, 9), "torch.float32"), workspace=w)
     bound.clear_bound_calls()
 
 

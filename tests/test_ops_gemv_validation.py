@@ -51,13 +51,15 @@ def test_bf16_split_k_launches_reduce(rec):
 
 def test_m_bucket_and_x_stride_for_one_row(rec):
     # (fake allocations are 256 MB apart: weights kept below that)
+    G.gemv(Dev((1, 2048)), Dev((4096, 2048)), out=Dev((1, 4096)), workspace=ws())
     G.gemv(Dev((1, 2048)), Dev((20480, 2048)), out=Dev((1, 20480)), workspace=ws())
     G.gemv(Dev((2, 2048)), Dev((20480, 2048)), out=Dev((2, 20480)), workspace=ws())
     G.gemv(Dev((33, 2048)), Dev((20480, 2048)), out=Dev((33, 20480)), workspace=ws(1 << 24))
     main = [c for c in rec.calls if c[0] != "gemv.splitk_reduce"]
     assert main[0][0].startswith("gemv.bf16.m1.") and main[0][2][7] == 0  # M = 1: the CUDA-core kernel
-    assert main[1][0].startswith("gemv.bf16.m16.") and main[1][2][7] == 2048
-    assert main[2][0].startswith("gemv.bf16.m64.")
+    assert main[1][0].startswith("gemv.bf16.m16.") and main[1][2][7] == 0  # M = 1, N > 8192: the MMA kernel
+    assert main[2][0].startswith("gemv.bf16.m16.") and main[2][2][7] == 2048
+    assert main[3][0].startswith("gemv.bf16.m64.")
 
 
 def test_w4a16_args_alpha_and_fp8_scales(rec):
@@ -175,8 +177,11 @@ def test_plan_rule_properties():
         for N, K in [(16480, 5120), (5120, 17408), (248320, 2048), (2048, 4096), (48, 5120), (9216, 2048)]:
             for M in (1, 7, 16, 17, 33, 64):
                 p = G.plan(kind, M, N, K, 132, (2, 4))
-                # the smallest bucket that holds M
-                assert M <= p.bm and p.bm in G.BUCKETS[kind] and all(b < M for b in G.BUCKETS[kind] if b < p.bm)
+                # the smallest bucket that holds M (M = 1 outside M1_N_RANGE: the next one)
+                lo, hi = G.M1_N_RANGE.get(kind, (0, N))
+                skip1 = M == 1 and not lo <= N <= hi
+                assert M <= p.bm and p.bm in G.BUCKETS[kind]
+                assert all(b < M or (skip1 and b == 1) for b in G.BUCKETS[kind] if b < p.bm)
                 assert (p.bn, p.bk) in G.tiles(kind, p.bm)
                 assert p.k_split % p.bk == 0 and p.split == -(-K // p.k_split) <= G.MAX_SPLIT
                 assert p.split * M * N <= G.workspace_elems(M, N)
@@ -184,11 +189,17 @@ def test_plan_rule_properties():
     assert G.plan("bf16", 16, 2048, 4096, 132, (2, 4)).split > 1
     assert G.plan("bf16", 1, 48, 5120, 132, (2, 4)).split > 1
     assert G.plan("bf16", 16, 248320, 5120, 132, (2, 4)).split == 1
-    # BF16 at M = 1: the CUDA-core kernel; 4-row tiles give N = 2048 enough programs without split-K (H200:
-    # 6.7 us vs 9.1 for the MMA kernel split 4), 16-row tiles for wide N
-    assert G.plan("bf16", 1, 2048, 4096, 132, (4, 4)).bm == 1
-    assert G.plan("bf16", 1, 12352, 2048, 132, (4, 4))[:4] == (1, 16, 256, 1)
+    # BF16 at M = 1: the CUDA-core kernel for N in M1_N_RANGE; its 4-row tiles give N = 2048 enough programs
+    # without split-K (H200: 6.5 us vs 9.0 for the MMA kernel split 4); other N: the MMA kernels (bucket 16)
+    assert G.M1_N_RANGE["bf16"] == (1024, 8192)
+    assert G.bucket("bf16", 1, 1023) == 16 and G.bucket("bf16", 1, 1024) == 1
+    assert G.plan("bf16", 1, 2048, 4096, 132, (4,)) == G.Plan(1, 4, 1024, 1, 4096)
+    assert G.plan("bf16", 1, 8192, 2048, 132, (4,)).bm == 1
+    assert G.plan("bf16", 1, 8193, 2048, 132, (2, 4)).bm == 16 == G.bucket("bf16", 1, 8193)
+    assert G.plan("bf16", 1, 248320, 2048, 132, (2, 4)).bm == 16
     assert G.plan("bf16", 2, 2048, 4096, 132, (2, 4)).bm == 16
+    # FP8 at M = 1: the CUDA-core kernel at every N
+    assert G.plan("w8a16", 1, 248320, 5120, 132, (4, 4)).bm == 1 == G.bucket("w8a16", 1, 248320)
     with pytest.raises(OpError, match="outside 1..64"):
         G.plan("bf16", 65, 10, 16, 132)
     assert G.max_m() == 64

@@ -351,6 +351,46 @@ def gemv_w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, 
 
 
 @triton.jit
+def gemv_w8a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
+                         k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         NATIVE: tl.constexpr):
+    """gemv_w8a16_kernel for M = 1 (BLOCK_M == 1) on CUDA cores: the [BLOCK_N, BLOCK_K] e4m3 tile decoded to fp32
+    (NATIVE: the hardware's fp8 conversion, sm_89+; else the integer decoding of gemv_w8a16_kernel, times 2^8
+    once at the end) and multiplied by x * scale, formed once per column (x[k] * s[n // 128, k // 128]: BLOCK_N
+    divides 128, so a program's rows share one scale row) into an fp32 accumulator of the tile's shape, reduced
+    once. Same ABI, grid and outputs as gemv_w8a16_kernel; BLOCK_K and k_split multiples of 128."""
+    tl.static_assert(BLOCK_K % 128 == 0, "BLOCK_K must be a multiple of the 128 of the scale blocks")
+    tl.static_assert(128 % BLOCK_N == 0, "one scale row per program: BLOCK_N must divide 128")
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = n < N
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
+    s_row = s_ptr + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(K, k_lo + k_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + rk
+        k_ok = k < K
+        b = tl.load(w_rows + k0, mask=n_ok[:, None] & k_ok[None, :], other=0)
+        if NATIVE:
+            w = b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            bi = b.to(tl.int32)
+            bits = ((bi & 0x7F) << 7) | ((bi & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
+            w = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        xs = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * tl.load(s_row + k // 128, mask=k_ok, other=0.0)
+        acc += w * xs[None, :]
+    y = tl.sum(acc, axis=1)
+    if not NATIVE:
+        y = y * 256.0
+    _store_out(y[:, None], n, tl.arange(0, 1), N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
+
+
+@triton.jit
 def gemv_reduce_kernel(ws_ptr, out_ptr, M, N, stride_om, n_split, BLOCK: tl.constexpr):
     """y[m, n] = bf16(sum_{s = 0 .. n_split-1} ws[s, m, n]) in that order. ws [n_split, M, N] fp32 contiguous.
     Grid (cdiv(N, BLOCK), M)."""

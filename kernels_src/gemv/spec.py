@@ -3,10 +3,9 @@
 Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule):
   bf16.m{16,32,64}.n64.k128    BF16 weights, wide tile (N blocks of 64 rows)
   bf16.m{16,32,64}.n16.k256    BF16 weights, narrow tile (more programs for small N)
-  bf16.m1.n16.k256, bf16.m1.n4.k1024   BF16 at M = 1: the CUDA-core kernel (gemv_bf16_m1_kernel), 16 rows x
-                               256 of K (4 warps) and 4 rows x 1024 (8 warps); picked on the H200 by
-                               benchmarks/explore_decode.py (35B-A3B projections: 59-83% of the HBM floor, the
-                               MMA kernel at M = 1 36-80%)
+  bf16.m1.n4.k1024             BF16 at M = 1, 1024 <= N <= 8192 (the op rule): the CUDA-core kernel
+                               (gemv_bf16_m1_kernel), 4 rows x 1024 of K, 8 warps (H200, benchmarks/
+                               explore_decode.py and bench_gemv.py: 6.5 us at 2048 x 4096, the MMA kernel 9.0)
   w4a16.m{16,32,64}.n64.k256.{int,prmt}   NVFP4 weights dequantized in the kernel, wide tile (8 warps: the
                                           dequantized tile is 64 values per thread); .int / .prmt: the
                                           weight decoder (gemv.py)
@@ -14,6 +13,10 @@ Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule)
   w4a16.m1.n{64,16}.k256.{int,prmt}       NVFP4 at M = 1: the CUDA-core kernel (gemv_w4a16_m1_kernel)
   w8a16.m{16,32,64}.n{64,16}.k128         block-wise FP8 weights (128 x 128 fp32 scales) dequantized in the
                                           kernel (gemv_w8a16_kernel), wide and narrow tiles
+  w8a16.m1.n8.k512, w8a16.m1.n4.k1024     FP8 at M = 1: the CUDA-core kernel (gemv_w8a16_m1_kernel), 4 warps;
+                                          NATIVE (the hardware's e4m3 conversion) on sm_89+, the integer
+                                          decoder on sm_80/86 (H200 JIT sweep: 55-81% of the FP8 floor over
+                                          the 27B/35B-A3B projections, 2-3x the MMA kernel at M = 1)
   splitk_reduce                the fixed-order fp32 sum of split-K partials -> bf16
 
 Every pointer, K, each weight/x/scale row stride and k_split carry div=16 (checked by the runtime); M, N and y's
@@ -51,8 +54,8 @@ _REDUCE = [
 ]
 
 M_BUCKETS = (16, 32, 64)
-# kind -> its M buckets (BLOCK_M); BF16 and NVFP4 have a CUDA-core kernel for M = 1 (the MMA kernels pad M to 16)
-BUCKETS = {"bf16": (1,) + M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": M_BUCKETS}
+# kind -> its M buckets (BLOCK_M); every kind has a CUDA-core kernel for M = 1 (the MMA kernels pad M to 16)
+BUCKETS = {"bf16": (1,) + M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": (1,) + M_BUCKETS}
 # kind -> (BLOCK_N, BLOCK_K, num_warps) per tile
 TILES = {
     "bf16": ((64, 128, 4), (16, 256, 4)),
@@ -60,7 +63,8 @@ TILES = {
     "w8a16": ((64, 128, 4), (16, 128, 4)),
 }
 # kind -> its own tiles for the M = 1 bucket where they differ from TILES (the op's M1_TILES lists the same)
-M1_TILES = {"bf16": ((16, 256, 4), (4, 1024, 8))}
+M1_TILES = {"bf16": ((4, 1024, 8),), "w8a16": ((8, 512, 4), (4, 1024, 4))}
+_NO_FP8_CVT = ("sm_80", "sm_86")  # no hardware e4m3 conversion (Triton's fp8e4nv needs sm_89+)
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
 
 
@@ -84,15 +88,18 @@ for _kind in TILES:
     for _bm in BUCKETS[_kind]:
         _tiles = M1_TILES.get(_kind, TILES[_kind]) if _bm == 1 else TILES[_kind]
         for (_bn, _bk, _warps), (_sfx, _dec) in ((t, d) for t in _tiles for d in _DECODERS[_kind]):
+            _fp8_m1 = (_kind, _bm) == ("w8a16", 1)
             SPECS.append(KernelSpec(
                 name=f"{_kind}.m{_bm}.n{_bn}.k{_bk}{_sfx}", source="gemv.py",
                 entry=f"gemv_{_kind}_m1_kernel" if _bm == 1 else f"gemv_{_kind}_kernel",
                 args=_args(_ARGS[_kind]),
-                constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, **_dec},
+                constexprs={"BLOCK_M": _bm, "BLOCK_N": _bn, "BLOCK_K": _bk, **_dec,
+                            **({"NATIVE": True} if _fp8_m1 else {})},
                 num_warps=_warps, num_stages=3,
                 # 2 stages: x tiles of 64 rows (32 KB per stage at BLOCK_K 256) do not fit 3 in 99 KB; the wide
                 # NVFP4 kernels at M 16 on sm_120a/sm_121a (.int spills 16 B there with 3 stages, ptxas 13.4)
-                overrides=(_W8_M64_WIDE if (_kind, _bm, _bn) == ("w8a16", 64, 64) else
+                overrides=({a: {"constexprs": {"NATIVE": False}} for a in _NO_FP8_CVT} if _fp8_m1 else
+                           _W8_M64_WIDE if (_kind, _bm, _bn) == ("w8a16", 64, 64) else
                            {a: {"num_stages": 2} for a in _SMALL_SMEM} if _bm == 64 else
                            {a: {"num_stages": 2} for a in ("sm_120a", "sm_121a")}
                            if (_kind, _bm, _bn) == ("w4a16", 16, 64) else {})))
@@ -100,4 +107,4 @@ for _kind in TILES:
 SPECS.append(KernelSpec(name="splitk_reduce", source="gemv.py", entry="gemv_reduce_kernel", args=_args(_REDUCE),
                         constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
 
-del _kind, _tiles, _bm, _bn, _bk, _warps, _sfx, _dec
+del _kind, _tiles, _bm, _bn, _bk, _warps, _sfx, _dec, _fp8_m1

@@ -1,8 +1,8 @@
 """The MoE router: fp32 logits ``x @ gate_w^T``, softmax over the E experts, top-k, optional renormalisation
 and the optional shared-expert fold (Qwen3.5/3.6 MoE, HF ``Qwen3_5MoeTopKRouter``).
 
-Two launches, or one for a few tokens (the logits are split over M tiles, E tiles and K ranges so that a
-decode step with M = 1 still spreads the 1 MB router weight over ~128 programs):
+Two launches (the logits are split over M tiles, E tiles and K ranges so that a decode step with M = 1
+still spreads the 1 MB router weight over ~128 programs):
 
   router_logits_kernel  grid (cdiv(M, BM), cdiv(E, BE), n_split): program (i, j, s) writes the partial
                         logits of rows [i*BM, ...) and experts [j*BE, ...) over K range
@@ -19,13 +19,6 @@ decode step with M = 1 still spreads the 1 MB router weight over ~128 programs):
                         id E with weight sigmoid(x . shared_gate_w). Writes ids int32 / weights fp32 [M, k_out]
                         (row-major, contiguous). (It took BR = 2048 // EB rows and summed the partials in a
                         loop of dependent loads: 16 us at M = 1 on the H200 under ncu, 3.5x the logits launch.)
-  router_fused_kernel   both in one launch for M <= BM (decode): the logits kernel's grid and partials; each
-                        program then takes a ticket (an int32 counter, atomic add with acquire-release order at
-                        GPU scope, after a CTA barrier so the whole program's partial stores come before it); the
-                        program that draws the last ticket has every partial visible and runs the top-k of all
-                        M rows (loads that bypass L1: .cg), then sets the counter back to 0 for the next call.
-                        The same partials summed in the same order as the two-launch path: identical ids and
-                        weights. The counter must be 0 before the first call (the op allocates it zeroed).
 
 Pipelining: a tile loaded for the tl.dot has no other use inside the dot's loop. Triton 3.9's software
 pipeliner gives a load used both by an asynchronous wgmma (sm_90a, the 128 x 128 tiles) and in registers one
@@ -34,8 +27,8 @@ run-to-run different logits; upstream triton-lang/triton issue 6691, PR 7110); t
 x in a loop of its own. tests/test_moe_route_pipeline.py checks the sm_90a TTGIR for it.
 
 Bounds: x rows past M, experts past E and K past H are masked; the partials buffer holds
-n_split * M * (E + 1) floats (the op checks it); the fused kernel's counter is one int32. A picked id is
-clamped to [0, E - 1] (NaN logits give an unspecified id in that range).
+n_split * M * (E + 1) floats (the op checks it). A picked id is clamped to [0, E - 1] (NaN logits give an
+unspecified id in that range).
 """
 import triton
 import triton.language as tl
@@ -43,9 +36,11 @@ import triton.language as tl
 from kernels_src.common import sigmoid_f32
 
 @triton.jit
-def _logits_partial(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared, pid_m, pid_e, s,
-                    BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
-    """Program (pid_m, pid_e, s) of the logits grid: its partials to part[s, m, e] (and column E)."""
+def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared,
+                         BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_e = tl.program_id(1)
+    s = tl.program_id(2)
     rm = pid_m * BM + tl.arange(0, BM)
     re = pid_e * BE + tl.arange(0, BE)
     rk = tl.arange(0, BK)
@@ -77,28 +72,18 @@ def _logits_partial(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, 
 
 
 @triton.jit
-def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared,
-                         BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
-    _logits_partial(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared, tl.program_id(0),
-                    tl.program_id(1), tl.program_id(2), BM, BE, BK)
-
-
-@triton.jit
-def _topk_row(part_ptr, ids_ptr, wts_ptr, row, M, E, n_split, top_k, k_out, renorm, has_shared,
-              EB: tl.constexpr, KB: tl.constexpr, NS: tl.constexpr):
-    """Softmax + top-k of one row from its n_split partials (the module doc); the loads bypass L1 (.cg), so
-    partials another SM wrote in this launch (the fused kernel) are read from L2, never a stale L1 line."""
-    row = tl.cast(row, tl.int64)  # a program id, or the fused kernel's loop index (a Python int in the interpreter)
+def router_topk_kernel(part_ptr, ids_ptr, wts_ptr, M, E, n_split, top_k, k_out, renorm, has_shared,
+                       EB: tl.constexpr, KB: tl.constexpr, NS: tl.constexpr):
+    row = tl.program_id(0)
     ce = tl.arange(0, EB)
     emask = ce < E
     cs = tl.arange(0, NS)
     smask = cs < n_split
     ld = E + 1
     # every split's partial row in one [NS, EB] load (no chain of dependent loads), summed in a fixed order
-    pp = part_ptr + row * ld + cs[:, None].to(tl.int64) * (M.to(tl.int64) * ld)
-    logit = tl.sum(tl.load(pp + ce[None, :], mask=smask[:, None] & emask[None, :], other=0.0,
-                           cache_modifier=".cg"), 0)
-    sh = tl.sum(tl.load(pp + E, mask=smask[:, None] & (has_shared != 0), other=0.0, cache_modifier=".cg"), 0)
+    pp = part_ptr + row.to(tl.int64) * ld + cs[:, None].to(tl.int64) * (M.to(tl.int64) * ld)
+    logit = tl.sum(tl.load(pp + ce[None, :], mask=smask[:, None] & emask[None, :], other=0.0), 0)
+    sh = tl.sum(tl.load(pp + E, mask=smask[:, None] & (has_shared != 0), other=0.0), 0)
     logit = tl.where(emask, logit, float("-inf"))
     p = tl.exp(logit - tl.max(logit, 0))
     p = p / tl.sum(p, 0)
@@ -123,31 +108,6 @@ def _topk_row(part_ptr, ids_ptr, wts_ptr, row, M, E, n_split, top_k, k_out, reno
         sel_w = tl.where(kk == top_k, sigmoid_f32(sh), sel_w)
         sel_i = tl.where(kk == top_k, E, sel_i)
     om = (kk < k_out) & (row < M)
-    optr = row * k_out + kk
+    optr = row.to(tl.int64) * k_out + kk
     tl.store(ids_ptr + optr, sel_i, mask=om)
     tl.store(wts_ptr + optr, sel_w, mask=om)
-
-
-@triton.jit
-def router_topk_kernel(part_ptr, ids_ptr, wts_ptr, M, E, n_split, top_k, k_out, renorm, has_shared,
-                       EB: tl.constexpr, KB: tl.constexpr, NS: tl.constexpr):
-    _topk_row(part_ptr, ids_ptr, wts_ptr, tl.program_id(0), M, E, n_split, top_k, k_out, renorm, has_shared,
-              EB, KB, NS)
-
-
-@triton.jit
-def router_fused_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, ticket_ptr, ids_ptr, wts_ptr, M, E, H, stride_x, k_split,
-                        has_shared, top_k, k_out, renorm, BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-                        EB: tl.constexpr, KB: tl.constexpr, NS: tl.constexpr):
-    """router_logits_kernel's grid (M <= BM: one M tile), then the last program to finish runs
-    router_topk_kernel's rows (module doc)."""
-    _logits_partial(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared, tl.program_id(0),
-                    tl.program_id(1), tl.program_id(2), BM, BE, BK)
-    tl.debug_barrier()  # every thread's partial stores before the ticket (whose release publishes them)
-    total = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-    if ticket == total - 1:
-        n_split = tl.num_programs(2)
-        for row in range(0, M):
-            _topk_row(part_ptr, ids_ptr, wts_ptr, row, M, E, n_split, top_k, k_out, renorm, has_shared, EB, KB, NS)
-        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")

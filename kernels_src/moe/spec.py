@@ -7,8 +7,6 @@ Bases:
   route.logits.large   BM 128, BE 128, BK 64 (prefill)
   route.topk.e{32,256,512}   softmax + top-k over E <= EB experts; one row per program, KB 16 slots, NS 16
                        partial splits at most (ops/moe/common.py MAX_SPLIT)
-  route.fused.e{32,256,512}  both in one launch for M <= 16 (decode): route.logits.small's tiles, then the last
-                       program to finish runs route.topk.e*'s rows (route.py)
   align.hist           CH 2048 pairs per program, EB 512 bins (E' <= 512)
   align.scatter        one program per expert; BLOCK 1024, CH 2048, EB 512
   combine              BH 512 columns per program
@@ -19,7 +17,6 @@ Pointers, H, x's row stride and k_split carry div=16 (route); y/out pointers, H 
 Grids:
   route.logits.*   (cdiv(M, BM), cdiv(E, BE), n_split)
   route.topk.*     (M,)
-  route.fused.*    (1, cdiv(E, BE), n_split), the logits' grid with M <= BM
   align.hist       (cdiv(P, CH),)
   align.scatter    (E',)
   combine          (M, cdiv(H, BH))
@@ -47,8 +44,6 @@ _LOGITS = [Arg("x_ptr", "*bf16", div=16), Arg("w_ptr", "*bf16", div=16), Arg("sg
 _TOPK = [Arg("part_ptr", "*fp32", div=16), Arg("ids_ptr", "*i32"), Arg("wts_ptr", "*fp32"), Arg("M", "i32"),
          Arg("E", "i32"), Arg("n_split", "i32"), Arg("top_k", "i32"), Arg("k_out", "i32"), Arg("renorm", "i32"),
          Arg("has_shared", "i32")]
-_FUSED = (_LOGITS[:4] + [Arg("ticket_ptr", "*i32"), Arg("ids_ptr", "*i32"), Arg("wts_ptr", "*fp32")] + _LOGITS[4:]
-          + [Arg("top_k", "i32"), Arg("k_out", "i32"), Arg("renorm", "i32")])
 _HIST = [Arg("ids_ptr", "*i32"), Arg("hist_ptr", "*i32", div=16), Arg("P", "i32"), Arg("E", "i32")]
 _SCATTER = [Arg("ids_ptr", "*i32"), Arg("hist_ptr", "*i32", div=16), Arg("sorted_ptr", "*i32"),
             Arg("bexp_ptr", "*i32"), Arg("npad_ptr", "*i32"), Arg("P", "i32"), Arg("E", "i32"),
@@ -70,10 +65,6 @@ SPECS = [
                overrides={a: {"num_stages": 1 if a in ("sm_120a", "sm_121a") else 2} for a in _SMALL_SMEM}),
     *(KernelSpec(name=f"route.topk.e{eb}", source="route.py", entry="router_topk_kernel", args=_TOPK,
                  constexprs={"EB": eb, "KB": 16, "NS": MAX_SPLIT}, num_warps=1 if eb <= 32 else 4, num_stages=1)
-      for eb in TOPK_EB),
-    *(KernelSpec(name=f"route.fused.e{eb}", source="route.py", entry="router_fused_kernel", args=_FUSED,
-                 constexprs={"BM": 16, "BE": 32, "BK": 128, "EB": eb, "KB": 16, "NS": MAX_SPLIT}, num_warps=4,
-                 num_stages=3)
       for eb in TOPK_EB),
     KernelSpec(name="align.hist", source="align.py", entry="align_hist_kernel", args=_HIST,
                constexprs={"CH": 2048, "EB": EB_ALIGN}, num_warps=4, num_stages=1),

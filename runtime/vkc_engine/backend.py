@@ -32,10 +32,11 @@ FP8 linears (block-wise FP8 checkpoints, vkc_engine.model): :meth:`VkcBackend.we
 and the float32 block scales as an :class:`Fp8Weight`; ``linear`` of one runs ``ops.gemm_fp8``:
 ``quantize_fp8_per_token_group`` of the bf16 activations into buffers made once in ``prepare`` (rows up to the
 step's token budget, K up to the model's widest FP8 linear: no allocation, graph-capturable), then
-``linear_fp8_block``, at every M. With FP8_GEMV on, the small-M rule takes FP8 linears too, to
-``ops.gemv.gemv_w8a16`` (the e4m3 weights dequantized in the kernel, bf16 activations: W8A16 where the GEMM
-path is W8A8); FP8_GEMV is off until that kernel is measured on the H200 (it reads half the bytes of the
-bf16 GEMV; the W8A8 GEMM at M = 1 made a 27B FP8 step 1.45x the bf16 one). A model
+``linear_fp8_block``, at every M. With FP8_GEMV on (the default), captured steps' FP8 linears of M <=
+FP8_GEMV_MAX_M (1) rows take ``ops.gemv.gemv_w8a16`` instead (the e4m3 weights dequantized in the kernel, bf16
+activations: W8A16 where the GEMM path is W8A8): its CUDA-core M = 1 kernel ran the 27B/35B-A3B projections at
+55-81% of the FP8 floor on the H200, 2-3x its MMA kernels at M = 1, which stay behind the W8A8 GEMM at larger M
+(the W8A8 GEMM at M = 1 made a 27B FP8 step 1.45x the bf16 one; BENCHMARKS.md). A model
 with FP8 weights on an arch without the FP8 kernels (sm_80 / sm_86) is refused by ``check_model`` (no silent
 dequantization).
 """
@@ -46,12 +47,13 @@ import numpy as np
 from .loader import RawTensor, to_bf16_bits, to_float32
 from .profiling import FAMILIES, OpProfiler
 
-__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "GEMV_MAX_M", "FP8_GEMV", "FAMILIES"]
+__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "GEMV_MAX_M", "FP8_GEMV", "FP8_GEMV_MAX_M", "FAMILIES"]
 
 BF16, F32, I32 = "bfloat16", "float32", "int32"
 _DT = {"bf16": BF16, "f32": F32, "i32": I32, "u8": "uint8"}
 GEMV_MAX_M = 16  # the small-M linear rule (module docstring)
-FP8_GEMV = False  # the small-M rule for FP8 linears too (gemv_w8a16; module docstring: held back until measured)
+FP8_GEMV = True  # the small-M rule for FP8 linears too (gemv_w8a16, module docstring)
+FP8_GEMV_MAX_M = 1  # ... for M <= this (gemv_w8a16's CUDA-core M = 1 kernel)
 STAGING_BYTES = 4 << 20  # initial pinned upload ring (grows when one upload needs more than half of it)
 
 
@@ -395,7 +397,7 @@ class VkcBackend(OpProfiler):
         g, buf = self._gemm_fp8, self._fp8_buf
         M, K = x.shape
         m = self._small_m
-        if FP8_GEMV and m and M <= m:
+        if FP8_GEMV and m and M <= min(m, FP8_GEMV_MAX_M):
             ok, ws = self._gemv_plan(M, w.q.shape[0], K, kind="w8a16")
             if ok:
                 return self._gemv.gemv_w8a16(x, w.q, w.scale, out, stream=self._s, workspace=ws)

@@ -12,7 +12,8 @@ in_proj_a; in_proj_b FP8 but dequantized at load; MoE experts FP8 in the file, d
 - greedy continuations vs the numpy-backend engine, and graphs vs enforce_eager, with the divergence rule of
   tests/gpu/test_gpu_engine.py (a divergence only where the reference's top-1 / top-2 margin is within twice the
   largest teacher-forced logit difference between the two on that sequence);
-- FP8_GEMV on (captured steps' FP8 linears on gemv_w8a16): decode logits vs the W8A8 step, replay == eager.
+- FP8_GEMV on and off (captured one-row steps' FP8 linears on gemv_w8a16 or the W8A8 GEMM): decode logits vs
+  the W8A8 step, replay == eager.
 """
 from __future__ import annotations
 
@@ -162,13 +163,15 @@ def test_generate_with_graphs_equals_enforce_eager(setup):
 
 @pytest.mark.parametrize("n", [1, 5])
 def test_fp8_gemv_decode_steps(setup, monkeypatch, n):
-    """vkc_engine.backend.FP8_GEMV on (held back until measured): an engine whose captured decode steps run the
-    FP8 linears on gemv_w8a16 (W8A16) gives decode logits within the FP8 tolerance of the same step with
-    FP8_GEMV off (W8A8: the difference is the activations' FP8 quantization, which W8A16 skips), finite, and
-    its graph replay equals its eager padded step bit for bit."""
+    """vkc_engine.backend.FP8_GEMV on: an engine whose captured decode steps run the FP8 linears of one row on
+    gemv_w8a16 (W8A16) gives decode logits within the FP8 tolerance of the same step with FP8_GEMV off (W8A8:
+    the difference is the activations' FP8 quantization, which W8A16 skips), finite, and its graph replay
+    equals its eager padded step bit for bit. n = 5 (bucket 5 > FP8_GEMV_MAX_M): both take the W8A8 GEMM."""
     import vkc_engine.backend as B
     from vkc_engine.graphs import bucket_for
-    name, d, _, llm = setup
+    name, d, _, _ = setup
+    monkeypatch.setattr(B, "FP8_GEMV", False)
+    llm = _engine(d)
     monkeypatch.setattr(B, "FP8_GEMV", True)
     on = _engine(d)
     g = on.graphs

@@ -75,7 +75,7 @@ def test_every_kernel_and_split_through_forced_plans(G):
         M = max(1, bm - 3)
         x = torch.randn(M, K, device="cuda", generator=gen(fresh_seed())).to(torch.bfloat16)
         r = ref(x, q, sc)
-        for bn, bk in G.TILES["w8a16"]:
+        for bn, bk in G.tiles("w8a16", bm):
             kt = -(-K // bk)
             for s in (1, 3, 8):
                 per = -(-kt // s)

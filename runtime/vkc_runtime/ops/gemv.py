@@ -27,12 +27,14 @@ Layouts and requirements (checked before any launch, :class:`OpError` otherwise)
                 checkpoint's name): W[n, k] = e4m3(weight[n, k]) * weight_scale_inv[n // 128, k // 128]; last dim
                 contiguous (any row stride), 16-byte aligned. Unlike ops.gemm_fp8.linear_fp8_block (W8A8: x
                 quantized per 1 x 128 group first), x enters the MMA as bf16, so the result is the product of the
-                dequantized weights with x itself.
+                dequantized weights with x itself. The e4m3 NaN codes (0x7F / 0xFF; no checkpoint holds them)
+                decode as +-480 in the integer decoders and as NaN in the M = 1 kernel's hardware conversion
+                (sm_89+).
 
 Dispatch (:func:`plan`, a pure function of host ints, so graph-stable): M picks the smallest M bucket of
-(16, 32, 64) that holds it (BF16 and NVFP4: of (1, 16, 32, 64); M = 1 runs a CUDA-core kernel, no MMA padding);
-for each tile of the bucket (:func:`tiles`; wide: 64 weight rows per program, narrow: 16; BF16 at M = 1: 16 and
-4) and each split count s
+(1, 16, 32, 64) that holds it (:func:`bucket`; M = 1 runs a CUDA-core kernel, no MMA padding; BF16 only for
+N in M1_N_RANGE (1024..8192), other N take bucket 16); for each tile of the bucket (:func:`tiles`; wide: 64
+weight rows per program, narrow: 16; at M = 1: 4-64) and each split count s
 (1..16, at least 4 K tiles per split) the rule estimates the time relative to streaming the weights at full
 bandwidth (:func:`_wave_cost`: full waves of resident programs saturate HBM; a last partial wave, or a launch
 smaller than the machine, of r programs runs at min(1, r / (0.3 * slots)) of it), times the L2 re-reads of x,
@@ -66,18 +68,23 @@ from ._check import sm_count as _sm_count
 
 __all__ = ["gemv", "gemv_w4a16", "gemv_w8a16", "max_m", "plan", "Plan", "workspace", "workspace_elems",
            "split_workspace_elems", "BASES", "M_BUCKETS", "BUCKETS", "bucket", "tiles", "TILES", "M1_TILES",
-           "MAX_SPLIT", "DECODERS", "DEFAULT_DECODER"]
+           "M1_N_RANGE", "MAX_SPLIT", "DECODERS", "DEFAULT_DECODER"]
 
 BF16 = "bfloat16"
 M_BUCKETS = (16, 32, 64)
-# kind -> its M buckets (kernels_src/gemv/spec.py compiles the same); BF16 and NVFP4 at M = 1 run CUDA-core kernels
-BUCKETS = {"bf16": (1,) + M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": M_BUCKETS}
+# kind -> its M buckets (kernels_src/gemv/spec.py compiles the same); M = 1 runs CUDA-core kernels
+BUCKETS = {"bf16": (1,) + M_BUCKETS, "w4a16": (1,) + M_BUCKETS, "w8a16": (1,) + M_BUCKETS}
 MAX_SPLIT = 16
 MIN_K_TILES_PER_SPLIT = 4
 # kind -> (BLOCK_N, BLOCK_K) per tile, wide first (kernels_src/gemv/spec.py compiles the same list)
 TILES = {"bf16": ((64, 128), (16, 256)), "w4a16": ((64, 256), (16, 256)), "w8a16": ((64, 128), (16, 128))}
-# kind -> the M = 1 bucket's own tiles where they differ from TILES (BF16: 16 and 4 weight rows per program)
-M1_TILES = {"bf16": ((16, 256), (4, 1024))}
+# kind -> the M = 1 bucket's own tiles where they differ from TILES (few weight rows per program)
+M1_TILES = {"bf16": ((4, 1024),), "w8a16": ((8, 512), (4, 1024))}
+# kind -> the N range whose M = 1 calls take the CUDA-core kernel (outside it: the MMA kernels' M bucket 16).
+# BF16 on the H200 (bench_gemv): 6.5 vs 9.0 us at N = 2048 (K 4096), 18.4-19.1 vs 19.3-19.5 at N = 5120-6144, but
+# the MMA kernel's 64-row tiles win from N = 9216 on (12.8 vs 13.5, 14.9 vs 16.9 at 12352 x 2048); below N = 1024
+# its 4-row tiles give fewer than 256 programs and its 1024-wide K tiles little room to split K
+M1_N_RANGE = {"bf16": (1024, 8192)}
 _WEIGHT_BYTES_PER_ELEM = {"bf16": 2.0, "w4a16": 0.5 + 1.0 / 16, "w8a16": 1.0 + 4.0 / (128 * 128)}
 SPLIT_LAUNCH_COST = 0.03  # the reduce launch, as a fraction of the weight streaming time
 L2_COST = 0.25  # an L2 byte (x re-read by every program) relative to an HBM byte
@@ -111,9 +118,14 @@ def max_m() -> int:
     return M_BUCKETS[-1]
 
 
-def bucket(kind: str, M: int) -> int:
-    """The smallest compiled M bucket of ``kind`` that holds M rows."""
-    return next(b for b in BUCKETS[kind] if M <= b)
+def bucket(kind: str, M: int, N: int | None = None) -> int:
+    """The M bucket of ``kind`` a call of M rows (and N outputs) takes: the smallest that holds M, except that
+    M = 1 with N outside M1_N_RANGE[kind] takes the next one (the MMA kernels)."""
+    b = next(b for b in BUCKETS[kind] if M <= b)
+    lo, hi = M1_N_RANGE.get(kind, (0, 1 << 62))
+    if b == 1 and N is not None and not lo <= N <= hi:
+        return next(x for x in BUCKETS[kind] if x > 1)
+    return b
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -145,7 +157,7 @@ def plan(kind: str, M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[int
         raise OpError(f"gemv: unknown kind {kind!r}")
     if not 1 <= M <= max_m():
         raise OpError(f"gemv: M={M} is outside 1..{max_m()} (larger M belongs to the GEMM)")
-    bm = bucket(kind, M)
+    bm = bucket(kind, M, N)
     wb = _WEIGHT_BYTES_PER_ELEM[kind]
     best = None
     for t, (bn, bk) in enumerate(tiles(kind, bm)):
@@ -178,7 +190,7 @@ def split_workspace_elems(M: int, N: int, K: int, *, kind: str = "bf16", device:
         raise OpError(f"gemv: unknown kind {kind!r}")
     if not 1 <= M <= max_m():
         raise OpError(f"gemv: M={M} is outside 1..{max_m()} (larger M belongs to the GEMM)")
-    bm = bucket(kind, M)
+    bm = bucket(kind, M, N)
     dec = DEFAULT_DECODER if kind == "w4a16" else None
     kerns = [get_kernel(_base(kind, bm, bn, bk, dec), device=device) for bn, bk in tiles(kind, bm)]
     p = plan(kind, int(M), int(N), int(K), _sm_count(kerns[0].device),
@@ -256,7 +268,7 @@ def _run(op, key, kind, xt, yt, res, M, N, K, wrefs, scalars, mid_args, workspac
          decoder=None):
     dev = same_device(op, xt, yt, *wrefs)
     sms = _sm_count(dev)
-    bm = bucket(kind, M)
+    bm = bucket(kind, M, N)
     kerns = [get_kernel(_base(kind, bm, bn, bk, decoder)) for bn, bk in tiles(kind, bm)]
     p = forced if forced is not None else plan(kind, M, N, K, sms, tuple(max(1, k.max_active_blocks()) for k in kerns))
     if forced is not None:

@@ -15,9 +15,7 @@ Layouts (device arrays, row-major; P = M * k' (token, pick) pairs, flat pair ind
   y            bf16 [P, H] (the second grouped GEMM's rows per pair), out bf16 [M, H]
 
 Ops: :func:`route` (2 launches: split-K fp32 logits, then softmax / top-k / renormalise / shared fold in a
-fixed-order sum of the splits; 1 for M <= common.FUSED_MAX_M, where the logits launch's last program does the
-second part), :func:`align` (1 launch for P <= 2048, else 2), :func:`grouped_gemm` (ops/moe/grouped_ops.py),
-:func:`combine` (1),
+fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`grouped_gemm` (ops/moe/grouped_ops.py), :func:`combine` (1),
 :func:`decode_gate_up` / :func:`decode_down` (ops/moe/decode_ops.py: per-pair GEMVs for a few tokens, 1 launch
 each), :func:`sparse_moe_block` (M <= decode_ops.DECODE_MAX_M: route -> decode_gate_up -> decode_down; else
 route -> align -> grouped_gemm(silu_mul) -> grouped_gemm -> combine) with its :func:`moe_workspace`. Limits:

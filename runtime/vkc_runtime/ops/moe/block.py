@@ -60,7 +60,6 @@ class MoeWorkspace:
     the block takes [M, ...] prefixes). Pk = max_tokens * k':
       topk_ids int32 [Pk], topk_weights fp32 [Pk]         router output
       part fp32                                          router partial logits (max over M of n_split * M * (E + 1))
-      ticket int32 [1], zero                             the one-launch router's counter (0 between calls)
       hist int32 [cdiv(Pk, 2048) * 512] (>= 1)           align's per-chunk histograms
       sorted_ids int32, block_expert int32 (largest align_capacity over BLOCK_MS), num_padded int32 [1]
       h bf16 [Pk * intermediate], y bf16 [Pk * hidden]    GEMM outputs (h: the decode path's too)
@@ -80,7 +79,6 @@ class MoeWorkspace:
     num_padded: Any
     h: Any
     y: Any
-    ticket: Any = None
 
     @property
     def experts_total(self) -> int:
@@ -125,7 +123,6 @@ def moe_workspace(max_tokens: int, num_experts: int, top_k: int, hidden: int, in
     return MoeWorkspace(max_tokens=max_tokens, num_experts=num_experts, top_k=top_k, hidden=hidden,
                         intermediate=intermediate, shared=bool(shared), topk_ids=ids,
                         topk_weights=e(Pk, "float32"), part=e(part, "float32"),
-                        ticket=memory.DeviceArray.zeros((1,), "int32", device=device),
                         hist=e(hist_chunks(Pk) * HIST_BINS, "int32"), sorted_ids=e(cap, "int32"),
                         block_expert=e(nblk, "int32"), num_padded=e(1, "int32"), h=e(Pk * intermediate, BF16),
                         y=e(Pk * hidden, BF16))

@@ -13,9 +13,6 @@ TOPK_EB = (32, 256, 512)
 # (kernels_src/moe/route.py, "Pipelining"); the fixed kernel passes tests/gpu/test_gpu_moe_router.py on the H200.
 RULE_SMALL_M = 128
 SMALL_M = RULE_SMALL_M
-# up to FUSED_MAX_M tokens the router is one launch (route.fused: the logits grid, then its last program runs the
-# top-k of every row, serially: its cost grows with M, the launch it saves does not); M <= the small tile's BM 16
-FUSED_MAX_M = 4
 SPLIT_TARGET = 128  # programs the router's logits launch aims for (about one per SM of an H100/H200)
 MAX_SPLIT = 16
 HIST_CHUNK = 2048   # align.hist's CH (pairs per program): align histograms directly when P <= this
@@ -31,10 +28,6 @@ def topk_base(eb: int) -> str:
     return f"moe.route.topk.e{eb}"
 
 
-def fused_base(eb: int) -> str:
-    return f"moe.route.fused.e{eb}"
-
-
 def align_base(kind: str) -> str:
     return f"moe.align.{kind}"
 
@@ -43,8 +36,7 @@ def combine_base() -> str:
     return "moe.combine"
 
 
-BASES = (logits_base("small"), logits_base("large"), *(topk_base(e) for e in TOPK_EB),
-         *(fused_base(e) for e in TOPK_EB), align_base("hist"),
+BASES = (logits_base("small"), logits_base("large"), *(topk_base(e) for e in TOPK_EB), align_base("hist"),
          align_base("scatter"), combine_base())
 
 

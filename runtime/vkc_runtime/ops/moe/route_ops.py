@@ -6,9 +6,9 @@ from ... import memory
 from ...bound import CallCache, Launch
 from ...kernels import get_kernel
 from .._check import BF16, OpError, cdiv, fits_i32, grid_y, row_stride, same_device, stream_of, tensor
-from .common import (FUSED_MAX_M, HIST_BINS, HIST_CHUNK, MAX_EXPERTS, MAX_TOPK, a16, align_base, align_capacity,
-                     check_experts, combine_base, contiguous, fused_base, hist_chunks, logits_base, logits_size,
-                     route_split, routing, topk_base, topk_eb)
+from .common import (HIST_BINS, HIST_CHUNK, MAX_EXPERTS, MAX_TOPK, a16, align_base, align_capacity, check_experts,
+                     combine_base, contiguous, hist_chunks, logits_base, logits_size, route_split, routing, topk_base,
+                     topk_eb)
 
 __all__ = ["route", "align", "combine", "route_scratch_floats", "align_scratch_ints"]
 
@@ -34,13 +34,11 @@ def align_scratch_ints(P: int) -> int:
     return hist_chunks(P) * HIST_BINS
 
 
-def _scratch(op, workspace, attr, n, dtype, dev, *, zeroed=False):
+def _scratch(op, workspace, attr, n, dtype, dev):
     """The workspace's buffer ``attr`` (at least n elements) or, without a workspace, a fresh allocation
-    (eager calls only: inside a graph capture pass the workspace), zero-filled when ``zeroed``."""
+    (eager calls only: inside a graph capture pass the workspace)."""
     if workspace is None:
-        d = None if dev < 0 else dev
-        make = memory.DeviceArray.zeros if zeroed else memory.DeviceArray.empty
-        return make((max(n, 1),), dtype, device=d).tensor_ref()
+        return memory.DeviceArray.empty((max(n, 1),), dtype, device=None if dev < 0 else dev).tensor_ref()
     buf = getattr(workspace, attr, None)
     if buf is None:
         raise OpError(f"{op}: workspace has no {attr!r} buffer (use moe_workspace)")
@@ -52,19 +50,16 @@ def _scratch(op, workspace, attr, n, dtype, dev, *, zeroed=False):
 
 
 def route(x, gate_w, top_k, *, renormalize, shared_gate_w=None, topk_ids, topk_weights, workspace=None,
-          stream=None, _fused: bool | None = None):
+          stream=None):
     """Router: fp32 ``logits = x @ gate_w^T`` ([M, E]), softmax over E, the top_k experts (ties: lower id) and
     their probabilities (divided by their sum when ``renormalize``) -> ``topk_ids`` int32 / ``topk_weights``
     float32 [M, k']. With ``shared_gate_w`` ([1, H] or [H] bf16) column k holds expert id E and weight
     sigmoid(x . shared_gate_w) (k' = top_k + 1), else k' = top_k. ``workspace``: a :class:`MoeWorkspace` (its
-    ``part`` and ``ticket`` buffers; needed inside a graph capture), else they are allocated per call. Up to
-    ``FUSED_MAX_M`` tokens it is one launch (route.fused), else two; ``_fused`` forces either (benchmarks, tests;
-    fused needs M <= 16)."""
+    ``part`` buffer; needed inside a graph capture), else the partial logits are allocated per call."""
     op = "moe.route"
     s = stream_of(stream)
     shared = shared_gate_w is not None
-    # the type too: 8.0 == 8, True == 1
-    key = (op, type(top_k), top_k, bool(renormalize), shared, workspace, _fused)
+    key = (op, type(top_k), top_k, bool(renormalize), shared, workspace)  # the type too: 8.0 == 8, True == 1
     ins = (x, gate_w, topk_ids, topk_weights) + ((shared_gate_w,) if shared else ())
     if workspace is not None and _route_calls.run(key, ins, (), s):
         return topk_ids, topk_weights
@@ -102,29 +97,17 @@ def route(x, gate_w, top_k, *, renormalize, shared_gate_w=None, topk_ids, topk_w
     if M == 0:
         return topk_ids, topk_weights
     fits_i32(op, M=M, H=H, stride_x=sx, P=M * kout, E_times_H=E * H)
-    d = None if dev < 0 else dev
-    fused = M <= FUSED_MAX_M if _fused is None else bool(_fused)
-    if fused:  # one launch: the logits grid of the kernel's own (small) tiles, M within one M tile
-        kt = kl = get_kernel(fused_base(topk_eb(E)), device=d)
-        BM, BE, BK = _kernel_tiles(kt)
-        if M > BM:
-            raise OpError(f"{op}: the fused router takes M <= {BM} tokens, got M={M}")
-    else:
-        kl = get_kernel(logits_base(logits_size(M)), device=d)
-        BM, BE, BK = _kernel_tiles(kl)
-        kt = get_kernel(topk_base(topk_eb(E)), device=d)
+    kl = get_kernel(logits_base(logits_size(M)), device=None if dev < 0 else dev)
+    BM, BE, BK = _kernel_tiles(kl)
     n_split, k_split = route_split(M, E, H, BM, BE, BK)
     part = _scratch(op, workspace, "part", n_split * M * (E + 1), "float32", dev)
+    kt = get_kernel(topk_base(topk_eb(E)), device=None if dev < 0 else dev)
     if n_split > int(kt.constexprs["NS"]):  # route_split caps it at MAX_SPLIT; the kernel loads NS splits
         raise OpError(f"{op}: {n_split} K splits > the top-k kernel's {kt.constexprs['NS']}")
-    hs, rn = int(shared), int(bool(renormalize))
-    grid = (cdiv(M, BM), grid_y(op, cdiv(E, BE)), n_split)
-    if fused:
-        ticket = _scratch(op, workspace, "ticket", 1, "int32", dev, zeroed=True)
-        launches = [Launch(kt, grid, (xt, wt, sgt, part, ticket, it, ot, M, E, H, sx, k_split, hs, top_k, kout, rn))]
-    else:
-        launches = [Launch(kl, grid, (xt, wt, sgt, part, M, E, H, sx, k_split, hs)),
-                    Launch(kt, (M, 1, 1), (part, it, ot, M, E, n_split, top_k, kout, rn, hs))]
+    hs = int(shared)
+    launches = [Launch(kl, (cdiv(M, BM), grid_y(op, cdiv(E, BE)), n_split),
+                       (xt, wt, sgt, part, M, E, H, sx, k_split, hs)),
+                Launch(kt, (M, 1, 1), (part, it, ot, M, E, n_split, top_k, kout, int(bool(renormalize)), hs))]
     slots = None if workspace is None else (xt, wt, it, ot) + ((sgt,) if shared else ())
     _route_calls.launch(key, slots, (), launches, s)
     return topk_ids, topk_weights
