@@ -125,11 +125,15 @@ def test_graph_replay_equals_eager(setup, n):
         _restore(llm, snap)
         assert np.isfinite(graph).all() and graph.shape == (n, llm.cfg.vocab_size)
         assert np.array_equal(graph.view(np.uint32), eager.view(np.uint32)), "graph replay != eager (same step)"
-        plain = be.to_host(llm._run(chunks))  # eager path (bf16 linears on the GEMM), B = n
+        plain = be.to_host(llm._run(chunks))  # eager path (the W8A8 GEMM for every FP8 linear), B = n
         _restore(llm, snap)
         rel = float(np.abs(plain - graph).max() / np.abs(plain).max())
         record("engine", case=f"{name} fp8 graph vs eager decode n={n} bucket={B}", rel_max=rel)
-        assert rel < 0.03
+        import vkc_engine.backend as BK
+        if BK.FP8_GEMV and B <= BK.FP8_GEMV_MAX_M:  # the graph's FP8 linears are W8A16 (gemv_w8a16), the eager
+            assert rel < _tols(name)[0]            # step's W8A8: test_fp8_gemv_decode_steps' FP8 tolerance
+        else:
+            assert rel < 0.03
     finally:
         release()
 
