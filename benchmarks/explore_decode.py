@@ -3,113 +3,46 @@ and split reach the HBM floor for 8-50 MB weights, where the vendored choices (m
 38-70% (bf16 gemv) and 48-78% (MoE decode gate_up / down).
 
 Parts (argv[1], default all):
-  gemv   the vendored MMA kernel (kernels_src/gemv/gemv.py gemv_bf16_kernel, BLOCK_M 16) over tiles x warps x
-         stages x split-K (+ the fixed-order reduce), and a CUDA-core M = 1 kernel written here (``gemv1``: a
-         [BN, BK] fp32 product accumulated over K, one reduction at the end; optional split-K) over the same
-         grid, on the 35B-A3B projections (GDN in 12352 x 2048, GDN out 2048 x 4096, attention qkv 9216 x 2048,
+  gemv   the MMA kernel (kernels_src/gemv/gemv.py gemv_bf16_kernel, BLOCK_M 16) over tiles x warps x stages,
+         and the CUDA-core M = 1 kernel (gemv_bf16_m1_kernel: a [BN, BK] fp32 product accumulated over K, one
+         reduction at the end; first written here, vendored after this sweep) over the same grid, on the
+         35B-A3B projections (GDN in 12352 x 2048, GDN out 2048 x 4096, attention qkv 9216 x 2048,
          attention out 2048 x 4096) and cuBLAS (torch.matmul) as the reference point;
-  w8     block-wise FP8 weights (W8A16, 128 x 128 fp32 scales) at M = 1: the vendored MMA kernel
-         (gemv_w8a16_kernel, BLOCK_M 16) and a CUDA-core kernel written here (``w8_m1``: the e4m3 bytes decoded
-         with integer ops, or with the hardware's fp8 conversion where it exists (sm_89+), times x * scale
+  w8     block-wise FP8 weights (W8A16, 128 x 128 fp32 scales) at M = 1: the MMA kernel (gemv_w8a16_kernel,
+         BLOCK_M 16) and the CUDA-core kernel (gemv_w8a16_m1_kernel, vendored after this sweep: the e4m3 bytes
+         decoded with integer ops, or NATIVE with the hardware's fp8 conversion (sm_89+), times x * scale
          computed once per column) on the 27B and 35B-A3B projections, cuBLAS bf16 on the dequantized weights
          and cuBLAS FP8 (torch._scaled_mm, per-tensor, x already fp8 and padded to 16 rows) as reference points;
   moe    kernels_src/moe/decode.py's gate_up / down kernels over BLOCK_N x BLOCK_K (x SB) x warps x stages at
          M = 1 with 8 routed experts + the shared one (E' = 257, I = 512, H = 2048).
-Every row: the graph-replayed median per call (10 calls per graph, so back-to-back launches as in a decode
+Split-K is not swept here: its reduce kernel cannot run under Triton's JIT at M = 1 (M == 1 is specialized to
+a constant; the AOT build does not do that), so bench_gemv.py times the splits through the op. Every row: the
+graph-replayed median per call (10 calls per graph, so back-to-back launches as in a decode
 step's graph), weights rotated over copies that together exceed 2.5x L2, the % of the floor (compulsory bytes
 at 4.26 TB/s: the weights, x, y), and the relative error vs float64. One JSON line per case.
 Run on the device: ``python3 benchmarks/explore_decode.py [gemv|w8|moe]`` (PYTHONPATH with the repository).
 """
 import itertools
 import json
+import os
 import sys
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, ".")
-from kernels_src.gemv.gemv import gemv_bf16_kernel, gemv_reduce_kernel, gemv_w8a16_kernel  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels_src.gemv.gemv import (gemv_bf16_kernel, gemv_bf16_m1_kernel, gemv_w8a16_kernel,  # noqa: E402
+                                   gemv_w8a16_m1_kernel)
+from timing import graph_ms  # noqa: E402
 from kernels_src.moe.decode import moe_decode_down_kernel, moe_decode_gate_up_kernel  # noqa: E402
 
 TBS = 4.26e12
 
 
-@triton.jit
-def gemv1(x_ptr, w_ptr, out_ptr, ws_ptr, N, K, stride_wn, k_split, BN: tl.constexpr, BK: tl.constexpr):
-    """y[0, n] = x[0, :] . W[n, :] (M = 1, CUDA cores). Grid (cdiv(N, BN), n_split); fp32 partials to
-    ws[s, n] when split."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    n = pid_n * BN + tl.arange(0, BN)
-    n_ok = n < N
-    rk = tl.arange(0, BK)
-    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
-    k_lo = pid_k * k_split
-    k_hi = tl.minimum(K, k_lo + k_split)
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        k_ok = (k0 + rk) < K
-        w = tl.load(rows + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        xk = tl.load(x_ptr + k0 + rk, mask=k_ok, other=0.0)
-        acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
-    y = tl.sum(acc, axis=1)
-    if n_split == 1:
-        tl.store(out_ptr + n, y.to(tl.bfloat16), mask=n_ok)
-    else:
-        tl.store(ws_ptr + pid_k.to(tl.int64) * N + n, y, mask=n_ok)
-
-
-@triton.jit
-def w8_m1(x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr,
-          NATIVE: tl.constexpr):
-    """y[0, n] = sum_k x[k] * e4m3(w[n, k]) * s[n // 128, k // 128] (M = 1, CUDA cores; BN divides 128)."""
-    pid = tl.program_id(0)
-    n = pid * BN + tl.arange(0, BN)
-    n_ok = n < N
-    rk = tl.arange(0, BK)
-    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
-    s_row = s_ptr + ((pid * BN) // 128).to(tl.int64) * stride_sn
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        k_ok = (k0 + rk) < K
-        b = tl.load(rows + k0, mask=n_ok[:, None] & k_ok[None, :], other=0)
-        if NATIVE:
-            w = b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        else:
-            bi = b.to(tl.int32)
-            bits = ((bi & 0x7F) << 7) | ((bi & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
-            w = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        xs = tl.load(x_ptr + k0 + rk, mask=k_ok, other=0.0).to(tl.float32) * \
-            tl.load(s_row + (k0 + rk) // 128, mask=k_ok, other=0.0)
-        acc += w * xs[None, :]
-    y = tl.sum(acc, axis=1)
-    if not NATIVE:
-        y = y * 256.0
-    tl.store(out_ptr + n, y.to(tl.bfloat16), mask=n_ok)
-
-
-def time_graph(fn, reps=30):
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(10):
-            fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 100)  # us per call
-    ts.sort()
-    return ts[len(ts) // 2]
+def time_graph(fn):
+    """Median us per call of ``fn()`` (no arguments: it rotates its own inputs), 10 calls per captured graph."""
+    return graph_ms(lambda i, st: fn(), vkc=False, inner=10, reps=30) * 1e3
 
 
 def emit(**kw):
@@ -145,7 +78,7 @@ def gemv_part():
             (2, 4, 8, 16), (256, 512, 1024), (4, 8), (1, 3)) if bn * bk <= 8192]
         for kind, bn, bk, w, st in cands:
             ctas = triton.cdiv(N, bn)
-            for split in (1, 2, 4, 8):
+            for split in (1,):  # split-K: the module doc
                 ks = triton.cdiv(triton.cdiv(K, split), bk) * bk
                 if triton.cdiv(K, ks) != split:
                     continue
@@ -158,11 +91,9 @@ def gemv_part():
                                                         ks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=w,
                                                         num_stages=st)
                     else:
-                        gemv1[(ctas, split)](x1, ws_[i], y, wsp, N, K, K, ks, BN=bn, BK=bk, num_warps=w,
-                                             num_stages=st)
-                    if split > 1:
-                        gemv_reduce_kernel[(triton.cdiv(N, 1024), 1)](wsp, y, 1, N, y.stride(0), split, BLOCK=1024,
-                                                                      num_warps=4)
+                        gemv_bf16_m1_kernel[(ctas, split)](x1, ws_[i], y, wsp, 1, N, K, 0, K, y.stride(0), ks,
+                                                           BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, num_warps=w,
+                                                           num_stages=st)
                 try:
                     it[0] = 0
                     y.fill_(float("nan"))
@@ -230,8 +161,10 @@ def w8_part():
                         x1, ws_[i], scs[i], y, y, 1, N, K, x1.stride(0), K, scs[i].stride(0), y.stride(0),
                         triton.cdiv(K, 128) * 128, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=3)
                 else:
-                    w8_m1[(triton.cdiv(N, bn),)](x1, ws_[i], scs[i], y, N, K, K, scs[i].stride(0), BN=bn, BK=bk,
-                                                 NATIVE=nat, num_warps=w, num_stages=1)
+                    gemv_w8a16_m1_kernel[(triton.cdiv(N, bn), 1)](
+                        x1, ws_[i], scs[i], y, y, 1, N, K, 0, K, scs[i].stride(0), y.stride(0),
+                        triton.cdiv(K, bk) * bk, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, NATIVE=nat, num_warps=w,
+                        num_stages=1)
             try:
                 it[0] = 0
                 y.fill_(float("nan"))
