@@ -34,9 +34,9 @@ and the float32 block scales as an :class:`Fp8Weight`; ``linear`` of one runs ``
 step's token budget, K up to the model's widest FP8 linear: no allocation, graph-capturable), then
 ``linear_fp8_block``, at every M. With FP8_GEMV on (the default), captured steps' FP8 linears of M <=
 FP8_GEMV_MAX_M (1) rows take ``ops.gemv.gemv_w8a16`` instead (the e4m3 weights dequantized in the kernel, bf16
-activations: W8A16 where the GEMM path is W8A8): its CUDA-core M = 1 kernel ran the 27B/35B-A3B projections at
-55-81% of the FP8 floor on the H200, 2-3x its MMA kernels at M = 1, which stay behind the W8A8 GEMM at larger M
-(the W8A8 GEMM at M = 1 made a 27B FP8 step 1.45x the bf16 one; BENCHMARKS.md). A model
+activations: W8A16 where the GEMM path is W8A8): its CUDA-core M = 1 kernel ran the 27B projections at 49-73%
+of the FP8 floor on the H200 (1.35-1.63x cuBLAS bf16), 1.5-3x its MMA kernels, which stay behind the W8A8 GEMM
+at larger M; a 27B FP8 step at B = 1 went from 20.4 to 10.2 ms (BENCHMARKS.md, session 12). A model
 with FP8 weights on an arch without the FP8 kernels (sm_80 / sm_86) is refused by ``check_model`` (no silent
 dequantization).
 """
