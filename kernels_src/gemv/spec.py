@@ -16,7 +16,7 @@ Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule)
   w8a16.m1.n8.k512, w8a16.m1.n4.k1024     FP8 at M = 1: the CUDA-core kernel (gemv_w8a16_m1_kernel), 4 warps;
                                           NATIVE (the hardware's e4m3 conversion) on sm_89+, the integer
                                           decoder on sm_80/86 (H200 JIT sweep: 55-81% of the FP8 floor over
-                                          the 27B/35B-A3B projections, 2-3x the MMA kernel at M = 1)
+                                          the 27B/35B-A3B projections, 1.5-3.6x the MMA kernel at M = 1)
   splitk_reduce                the fixed-order fp32 sum of split-K partials -> bf16
 
 Every pointer, K, each weight/x/scale row stride and k_split carry div=16 (checked by the runtime); M, N and y's

@@ -35,7 +35,7 @@ step's token budget, K up to the model's widest FP8 linear: no allocation, graph
 ``linear_fp8_block``, at every M. With FP8_GEMV on (the default), captured steps' FP8 linears of M <=
 FP8_GEMV_MAX_M (1) rows take ``ops.gemv.gemv_w8a16`` instead (the e4m3 weights dequantized in the kernel, bf16
 activations: W8A16 where the GEMM path is W8A8): its CUDA-core M = 1 kernel ran the 27B projections at 49-73%
-of the FP8 floor on the H200 (1.35-1.63x cuBLAS bf16), 1.5-3x its MMA kernels, which stay behind the W8A8 GEMM
+of the FP8 floor on the H200 (1.35-1.63x cuBLAS bf16), 1.4-1.8x its MMA kernels, which stay behind the W8A8 GEMM
 at larger M; a 27B FP8 step at B = 1 went from 20.4 to 10.2 ms (BENCHMARKS.md, session 12). A model
 with FP8 weights on an arch without the FP8 kernels (sm_80 / sm_86) is refused by ``check_model`` (no silent
 dequantization).
