@@ -5,7 +5,8 @@ usage: python benchmarks/ncu_case.py gdn <T> <hk> <hv>      (chunked GDN prefill
        python benchmarks/ncu_case.py decode <B> <L>           (attention decode, 24/4 x 256, block 16)
        python benchmarks/ncu_case.py engine <shape> <B> [eager|graph]   (one decode step of bench_engine's
                                      model shape with random weights, B sequences; graph: the step's CUDA graph
-                                     replayed, which ncu profiles node by node)
+                                     replayed, which ncu profiles node by node; the eager mode ran on the H200 in session 12, the graph
+                                     mode not yet)
 """
 from __future__ import annotations
 
