@@ -49,6 +49,22 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
+def sweep_row(part, run, it, out, want, floor, **key):
+    """One row of a GEMV sweep: the rotation counter reset and ``out`` poisoned, one call checked against the
+    float64 ``want``, then the graph timing; an exception becomes the row's error."""
+    try:
+        it[0] = 0
+        out.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        err = rel(out[:1], want)
+        us = time_graph(run)
+    except Exception as e:  # noqa: BLE001
+        emit(part=part, **key, error=str(e)[:200])
+        return
+    emit(part=part, **key, us=round(us, 2), pct_floor=round(100 * floor / us, 1), rel_err=err)
+
+
 def rel(a, b):
     return ((a.double() - b).abs().max() / b.abs().max()).item()
 
@@ -94,19 +110,8 @@ def gemv_part():
                         gemv_bf16_m1_kernel[(ctas, split)](x1, ws_[i], y, wsp, 1, N, K, 0, K, y.stride(0), ks,
                                                            BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, num_warps=w,
                                                            num_stages=st)
-                try:
-                    it[0] = 0
-                    y.fill_(float("nan"))
-                    run()
-                    torch.cuda.synchronize()
-                    err = rel(y[:1], want)
-                    us = time_graph(run)
-                except Exception as e:  # noqa: BLE001
-                    emit(part="gemv", proj=proj, kernel=kind, bn=bn, bk=bk, warps=w, stages=st, split=split,
-                         error=str(e)[:200])
-                    continue
-                emit(part="gemv", proj=proj, N=N, K=K, kernel=kind, bn=bn, bk=bk, warps=w, stages=st, split=split,
-                     us=round(us, 2), pct_floor=round(100 * floor / us, 1), rel_err=err)
+                sweep_row("gemv", run, it, y, want, floor, proj=proj, N=N, K=K, kernel=kind, bn=bn, bk=bk, warps=w,
+                          stages=st, split=split)
         del ws_
         torch.cuda.empty_cache()
 
@@ -165,18 +170,8 @@ def w8_part():
                         x1, ws_[i], scs[i], y, y, 1, N, K, 0, K, scs[i].stride(0), y.stride(0),
                         triton.cdiv(K, bk) * bk, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, NATIVE=nat, num_warps=w,
                         num_stages=1)
-            try:
-                it[0] = 0
-                y.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-                err = rel(y[:1], want)
-                us = time_graph(run)
-            except Exception as e:  # noqa: BLE001
-                emit(part="w8", proj=proj, kernel=kind, bn=bn, bk=bk, warps=w, native=nat, error=str(e)[:200])
-                continue
-            emit(part="w8", proj=proj, N=N, K=K, kernel=kind, bn=bn, bk=bk, warps=w, native=nat, us=round(us, 2),
-                 pct_floor=round(100 * floor / us, 1), rel_err=err)
+            sweep_row("w8", run, it, y, want, floor, proj=proj, N=N, K=K, kernel=kind, bn=bn, bk=bk, warps=w,
+                      native=nat)
         del ws_, wf
         torch.cuda.empty_cache()
 

@@ -57,22 +57,27 @@ def _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split):
 
 
 @triton.jit
+def _program_tile(N, K, k_split, BLOCK_N: tl.constexpr):
+    """Program (pid_n, pid_k) of a gemv grid (cdiv(N, BLOCK_N), n_split): its BLOCK_N output rows n (and n < N)
+    and the K range [k_lo, k_hi) of its split. Returns (pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = pid_k * k_split
+    return pid_n, pid_k, tl.num_programs(1), n, n < N, k_lo, tl.minimum(K, k_lo + k_split)
+
+
+@triton.jit
 def gemv_bf16_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_om, k_split,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """x [M, K] bf16 (row stride stride_xm), W [N, K] bf16 (row stride stride_wn) -> y [M, N] bf16 (row stride
     stride_om), or fp32 partials in ws (see the module doc). Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M;
     k_split a positive multiple of BLOCK_K with n_split * k_split >= K."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
-    n_ok = n < N
     m_ok = m < M
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
-    k_lo = pid_k * k_split
-    k_hi = tl.minimum(K, k_lo + k_split)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -90,15 +95,9 @@ def gemv_bf16_m1_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, strid
     tiles narrow enough (4 or 16 weight rows) that even N = 2048 gives hundreds of programs without split-K.
     Each K step multiplies the [BLOCK_N, BLOCK_K] weight tile by x's BLOCK_K values into an fp32 accumulator of
     the same shape; one reduction over its columns at the end. Same ABI, grid and outputs as gemv_bf16_kernel."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    n_ok = n < N
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
-    k_lo = pid_k * k_split
-    k_hi = tl.minimum(K, k_lo + k_split)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = (k0 + rk) < K
@@ -219,12 +218,8 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
     == 0; k_split a positive multiple of BLOCK_K with n_split * k_split >= K. PRMT: decode packed words with
     _UNPACK8 (inline PTX; compiled kernels only), else bytes elementwise (_dequant; the interpreter's path)."""
     G: tl.constexpr = BLOCK_K // 16  # scale groups per tile
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
-    n_ok = n < N
     m_ok = m < M
     g = tl.arange(0, G)
     j = tl.arange(0, 8)
@@ -235,8 +230,6 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
         w_rows32 = w_rows  # unused
     s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
     x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
-    k_lo = pid_k * k_split
-    k_hi = tl.minimum(K, k_lo + k_split)
     Kg = K // 16
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -269,16 +262,10 @@ def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, s
     PRMT: _UNPACK8_F32 on each 32-bit half (inline PTX), else nibble by nibble. Same ABI, grid and outputs as
     gemv_w4a16_kernel."""
     G: tl.constexpr = BLOCK_K // 16
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+    pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     g = tl.arange(0, G)
     w_rows = w_ptr.to(tl.pointer_type(tl.int64)) + n.to(tl.int64)[:, None] * (stride_wn // 8)
     s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
-    k_lo = pid_k * k_split
-    k_hi = tl.minimum(K, k_lo + k_split)
     Kg = K // 16
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -325,18 +312,12 @@ def gemv_w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, 
     Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M; K % 16 == 0; k_split a positive multiple of 128."""
     tl.static_assert(BLOCK_K == 128, "one weight scale per K step: BLOCK_K must be the 128 of the scale blocks")
     tl.static_assert(128 % BLOCK_N == 0, "one weight scale per K step: BLOCK_N must divide 128")
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
-    n_ok = n < N
     m_ok = m < M
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
     s_row = s_ptr + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
-    k_lo = pid_k * k_split
-    k_hi = tl.minimum(K, k_lo + k_split)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -361,16 +342,10 @@ def gemv_w8a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_x
     once. Same ABI, grid and outputs as gemv_w8a16_kernel; BLOCK_K and k_split multiples of 128."""
     tl.static_assert(BLOCK_K % 128 == 0, "BLOCK_K must be a multiple of the 128 of the scale blocks")
     tl.static_assert(128 % BLOCK_N == 0, "one scale row per program: BLOCK_N must divide 128")
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    n_ok = n < N
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
     s_row = s_ptr + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
-    k_lo = pid_k * k_split
-    k_hi = tl.minimum(K, k_lo + k_split)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + rk
