@@ -104,11 +104,11 @@ def gemv_part():
                     it[0] += 1
                     if kind == "mma":
                         gemv_bf16_kernel[(ctas, split)](x1, ws_[i], y, wsp, 1, N, K, x1.stride(0), K, y.stride(0),
-                                                        ks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=w,
+                                                        ks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PDL=False, num_warps=w,
                                                         num_stages=st)
                     else:
                         gemv_bf16_m1_kernel[(ctas, split)](x1, ws_[i], y, wsp, 1, N, K, 0, K, y.stride(0), ks,
-                                                           BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, num_warps=w,
+                                                           BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, PDL=False, num_warps=w,
                                                            num_stages=st)
                 sweep_row("gemv", run, it, y, want, floor, proj=proj, N=N, K=K, kernel=kind, bn=bn, bk=bk, warps=w,
                           stages=st, split=split)
@@ -164,12 +164,13 @@ def w8_part():
                 if kind == "mma":
                     gemv_w8a16_kernel[(triton.cdiv(N, bn), 1)](
                         x1, ws_[i], scs[i], y, y, 1, N, K, x1.stride(0), K, scs[i].stride(0), y.stride(0),
-                        triton.cdiv(K, 128) * 128, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=3)
+                        triton.cdiv(K, 128) * 128, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PDL=False, num_warps=w,
+                        num_stages=3)
                 else:
                     gemv_w8a16_m1_kernel[(triton.cdiv(N, bn), 1)](
                         x1, ws_[i], scs[i], y, y, 1, N, K, 0, K, scs[i].stride(0), y.stride(0),
-                        triton.cdiv(K, bk) * bk, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, NATIVE=nat, num_warps=w,
-                        num_stages=1)
+                        triton.cdiv(K, bk) * bk, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, NATIVE=nat, PDL=False,
+                        num_warps=w, num_stages=1)
             sweep_row("w8", run, it, y, want, floor, proj=proj, N=N, K=K, kernel=kind, bn=bn, bk=bk, warps=w,
                       native=nat)
         del ws_, wf
@@ -205,7 +206,7 @@ def moe_part():
             it[0] += 1
             moe_decode_gate_up_kernel[(P, triton.cdiv(I, bn))](
                 x, w1s[i % nrot], idss[i % len(idss)], h, P, E + 1, I, H, P, x.stride(0), w1s[0].stride(0),
-                w1s[0].stride(1), h.stride(0), BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st)
+                w1s[0].stride(1), h.stride(0), BLOCK_N=bn, BLOCK_K=bk, PDL=False, num_warps=w, num_stages=st)
         try:
             it[0] = 0
             hs = h.clone()
@@ -227,7 +228,8 @@ def moe_part():
             it[0] += 1
             moe_decode_down_kernel[(1, triton.cdiv(H, bn))](
                 h, w2s[i % nrot], idss[i % len(idss)], wts, out, E + 1, H, I, P, h.stride(0), w2s[0].stride(0),
-                w2s[0].stride(1), out.stride(0), BLOCK_N=bn, BLOCK_K=bk, SB=sb, num_warps=w, num_stages=st)
+                w2s[0].stride(1), out.stride(0), BLOCK_N=bn, BLOCK_K=bk, SB=sb, PDL=False, num_warps=w,
+                num_stages=st)
         try:
             it[0] = 0
             out.fill_(float("nan"))

@@ -456,7 +456,7 @@ def main():
                     it[0] += 1
                     if split > 1:
                         out.zero_()
-                    extra = {"PRMT": True} if kern is gemv_w4a16_kernel else {}
+                    extra = {"PRMT": True, "PDL": False} if kern is gemv_w4a16_kernel else {}
                     args = (x, wps[i], scs[i], out) + ((out,) if kern is gemv_w4a16_kernel else ())
                     kern[(ctas, split)](*args, 0.5, M, N, K, x.stride(0), wps[i].stride(0), scs[i].stride(0),
                                         out.stride(0), ks, BLOCK_M=16, BLOCK_N=BN, BLOCK_K=BK, num_warps=warps,

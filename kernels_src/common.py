@@ -1,6 +1,10 @@
 """Small @triton.jit helpers shared by several kernel families (fp32 in, fp32 out)."""
 import triton
 import triton.language as tl
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without grid dependency control (JIT explorations only): PDL=False everywhere
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
@@ -22,3 +26,17 @@ def floor16(n):
     # constant over 16 lanes and loads/stores vectorize even though `n` carries no divisibility hint.
     return (n // 16) * 16
 
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Programmatic dependent launch (sm_90+; vkc.spec.with_pdl compiles PDL=True and sets the launch attribute
+    together). A kernel launched with the attribute may start while the previous kernel in its stream still
+    runs, so everything before this call may read only the model's weights (never written while a step runs):
+    no activation, state, cache or index read, no store. ``gdc_wait`` then blocks until the previous kernel has
+    finished and its writes are visible; ``gdc_launch_dependents`` right after lets the next kernel start its
+    own pre-wait part. Trigger after wait: when kernel N + 1 starts, kernel N - 1 has completed. PDL=False (the
+    archs without griddepcontrol, and Triton's interpreter) emits nothing."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

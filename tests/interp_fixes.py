@@ -1,5 +1,6 @@
-"""Four Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session
-(kernels are unchanged; only `triton.runtime.interpreter` is touched, and only under TRITON_INTERPRET=1):
+"""Four Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session, and
+one gap filled (kernel code is unchanged; only `triton.runtime.interpreter` and, for 5, two names of
+kernels_src/common.py are touched, and only under TRITON_INTERPRET=1):
 
 1. bf16 tensors are kept as raw uint16 bits and `tl.dot` multiplies those bits as integers. Widen bf16
    operands to fp32 (exact) first: bf16 products with fp32 accumulation, as the tensor cores compute.
@@ -8,6 +9,10 @@
    loads and stores refuse ("mask has unsupported dtype"); such masks are read as the booleans they stand for.
 4. fp32 -> fp8 e4m3 (`float8e4nv`) casts round half up, flush small values and wrap large ones; the GPU
    (`cvt.rn.satfinite.e4m3x2.f32`) rounds to nearest even, keeps subnormals and saturates at +-448.
+5. The interpreter has no grid dependency control (`gdc_wait` / `gdc_launch_dependents` fail outside a
+   compiled kernel): kernels_src/common.py's two names (pdl_enter, the PDL kernels' only use) become no-ops,
+   which is exact -- the interpreter runs each launch to its end before the next starts, so the wait is
+   always already satisfied.
 """
 from __future__ import annotations
 
@@ -66,6 +71,13 @@ def apply() -> None:
         return orig_store(self, ptrs, value, boolean(mask), cache_policy)
 
     create_dot._vkc_fixed = True
+    import kernels_src.common as kc  # the one module that calls the two (pdl_enter)
+
+    def gdc_noop():
+        return None
+
+    kc.gdc_wait = gdc_noop
+    kc.gdc_launch_dependents = gdc_noop
     I.InterpreterBuilder.create_masked_load = create_masked_load
     I.InterpreterBuilder.create_masked_store = create_masked_store
     I.InterpreterBuilder.create_dot = create_dot

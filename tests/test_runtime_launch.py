@@ -321,6 +321,24 @@ def test_python_fallback_cluster_pdl_coop_attributes(tmp_path, fake_cu, clean_en
     assert struct.unpack_from("<7I", l["raw"]) == (10, 1, 1, 128, 1, 1, 0)
 
 
+@pytest.mark.parametrize("env", ["1", "0"])
+def test_pdl_attribute_and_its_switch(tmp_path, fake_cu, clean_env, env):
+    """A launch_pdl kernel gets the programmatic-serialization attribute; VKC_PDL=0 drops it (plain launch)."""
+    clean_env.setenv("VKC_NATIVE", "0")
+    clean_env.setenv("VKC_PDL", env)
+    root = make_root(tmp_path, bases=("norm.k",), pdl=True)
+    fake_cu.current = 0xC0C0
+    _kernel(root).launch(3, (0x7000, 1, 1.0), stream=7)
+    (l,) = fake_cu.launches
+    ids = driver.cu.CUlaunchAttributeID
+    if env == "1":
+        assert l["kind"] == "ex" and [i for i, _ in l["attrs"]] == [
+            int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)]
+        assert l["attrs"][0][1].value.programmaticStreamSerializationAllowed == 1
+    else:
+        assert l["kind"] == "plain" and l["grid"] == (3, 1, 1)
+
+
 def test_python_fallback_cuda_error(tmp_path, fake_cu, clean_env):
     clean_env.setenv("VKC_NATIVE", "0")
     root = make_root(tmp_path, bases=("norm.k",))

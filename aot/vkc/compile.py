@@ -121,4 +121,9 @@ def compile_base(root: Path, rs: ResolvedSpec) -> Compiled:
     launch = {key: md[key] for key in LAUNCH_KEYS}
     params = params_of(rs)
     check_ptx_abi(k.asm["ptx"], md["name"], params)
+    if launch["launch_pdl"] != ("griddepcontrol.wait" in k.asm["ptx"]):
+        # launched early without a wait it would read the previous kernel's outputs before they exist
+        raise SpecError(f"spec {spec.base} on {rs.arch}: launch_pdl={launch['launch_pdl']} but the PTX "
+                        f"{'lacks' if launch['launch_pdl'] else 'has'} griddepcontrol.wait (kernels_src/common.py "
+                        f"pdl_enter)")
     return Compiled(cubin=bytes(k.asm["cubin"]), ptx=k.asm["ptx"], launch=launch, params=params)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vkc_contract import abi
-from vkc_contract.arch import ALL_ARCHS
+from vkc_contract.arch import ALL_ARCHS, ARCHS
 
 _NAME_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -129,6 +129,15 @@ class KernelSpec:
                 raise SpecError(f"{where}: scratch requirement {c.requirement!r} unknown")
         if self.num_ctas > 1 and any(a in ("sm_80", "sm_86", "sm_89") for a in self.archs):
             raise SpecError(f"{where}: num_ctas > 1 needs sm_90+; restrict archs")
+        for arch in self.archs:
+            rs = self.for_arch(arch)
+            pdl, attr = rs.constexprs.get("PDL", False), rs.options.get("launch_pdl", False)
+            if bool(pdl) != bool(attr):
+                # launched with the attribute but no wait: it would read the previous kernel's outputs early
+                raise SpecError(f"{where} on {arch}: constexpr PDL={pdl} and option launch_pdl={attr} must "
+                                f"agree (use with_pdl)")
+            if attr and arch not in PDL_ARCHS:
+                raise SpecError(f"{where}: launch_pdl on {arch}: griddepcontrol needs sm_90+")
 
     @property
     def base(self) -> str:
@@ -189,6 +198,25 @@ class ResolvedSpec:
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in sorted(d.items())}
+
+
+PDL_ARCHS: tuple[str, ...] = tuple(a for a in ALL_ARCHS if ARCHS[a].cc >= (9, 0))  # griddepcontrol
+
+
+def with_pdl(spec: KernelSpec) -> KernelSpec:
+    """``spec`` launched with programmatic dependent launch where the arch has it (PDL_ARCHS): the constexpr
+    PDL=True (the kernel calls kernels_src.common.pdl_enter) and the option launch_pdl=True (the runtime's
+    launch attribute) together; PDL=False without the attribute on the older archs. validate() refuses the two
+    apart: a kernel launched early must wait before it reads what the previous kernel writes."""
+    overrides = {a: dict(ov) for a, ov in spec.overrides.items()}
+    for arch in spec.archs:
+        if arch in PDL_ARCHS:
+            continue
+        ov = overrides.setdefault(arch, {})
+        ov["constexprs"] = {**ov.get("constexprs", {}), "PDL": False}
+        ov["options"] = {**ov.get("options", {}), "launch_pdl": False}
+    return replace(spec, constexprs={**spec.constexprs, "PDL": True},
+                   options={**spec.options, "launch_pdl": True}, overrides=overrides)
 
 
 def with_family(spec: KernelSpec, family: str) -> KernelSpec:

@@ -7,7 +7,7 @@ Grids:
 import triton
 import triton.language as tl
 
-from kernels_src.common import floor16, sigmoid_f32, silu_f32
+from kernels_src.common import floor16, pdl_enter, sigmoid_f32, silu_f32
 
 
 @triton.jit
@@ -20,8 +20,9 @@ def _silu_mul_block(x_row, y_row, I, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def silu_mul_kernel(x_ptr, y_ptr, stride_x, stride_y, I, BLOCK: tl.constexpr):
+def silu_mul_kernel(x_ptr, y_ptr, stride_x, stride_y, I, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """y[m, :I] = silu(x[m, :I]) * x[m, I:2I]; grid (M, cdiv(I, BLOCK))."""
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
@@ -33,11 +34,12 @@ def silu_mul_kernel(x_ptr, y_ptr, stride_x, stride_y, I, BLOCK: tl.constexpr):
 
 @triton.jit
 def sigmoid_mul_kernel(x_ptr, gate_ptr, out_ptr, stride_x, gate_stride_t, gate_stride_h, stride_out, H,
-                       D: tl.constexpr, HEADS_PER_PROG: tl.constexpr):
+                       D: tl.constexpr, HEADS_PER_PROG: tl.constexpr, PDL: tl.constexpr):
     """out[t, h*D + d] = x[t, h*D + d] * sigmoid(gate[t*gate_stride_t + h*gate_stride_h + d]).
 
     out may alias x. Grid (T, cdiv(H, HEADS_PER_PROG)).
     """
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HEADS_PER_PROG + tl.arange(0, HEADS_PER_PROG)
     d = tl.arange(0, D)

@@ -8,7 +8,7 @@ Grids (axis 0 first):
   silu_mul.*                 (M, cdiv(I, BLOCK))
   sigmoid_mul.*              (T, cdiv(H, HEADS_PER_PROG))
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 
 def _args(params, aligned):
@@ -44,3 +44,5 @@ for _sfx, _al in _VARIANTS:
             num_warps=4, num_stages=1))
 
 del _sfx, _al, _d, _hpp
+
+SPECS = [with_pdl(s) for s in SPECS]  # decode steps: programmatic dependent launch (common.py pdl_enter)

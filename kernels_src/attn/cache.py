@@ -13,11 +13,14 @@ Grid (T, cdiv(N, BLOCK)) with N = Hkv * D: axis 0 = token, axis 1 = column block
 import triton
 import triton.language as tl
 
+from kernels_src.common import pdl_enter
+
 
 @triton.jit
 def reshape_and_cache_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                              stride_kt, stride_vt, stride_cb, stride_cs, block_size, N, num_slots,
-                             BLOCK: tl.constexpr):
+                             BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t)
     if (slot >= 0) & (slot < num_slots):

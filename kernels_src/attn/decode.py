@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels_src.attn.common import kv_rows
-from kernels_src.common import sigmoid_f32
+from kernels_src.common import pdl_enter, sigmoid_f32
 
 
 @triton.jit
@@ -117,7 +117,8 @@ def decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
                         scale, num_kv_heads, group, num_splits,
                         stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
                         block_size, max_blocks, num_blocks,
-                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
+                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     _split_partials(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr,
                     scale, num_kv_heads, group, num_splits, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
                     stride_bt, block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
@@ -128,7 +129,9 @@ def decode_fused_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
                         o_ptr, gate_ptr, scale, num_kv_heads, group, num_splits,
                         stride_qb, stride_qh, stride_ob, stride_oh, stride_gb, stride_gh,
                         stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
-                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr):
+                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr,
+                        PDL: tl.constexpr):
+    pdl_enter(PDL)
     b, bh, hq, rmask, prow0 = _split_partials(
         q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr, scale, num_kv_heads, group,
         num_splits, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks,
@@ -168,10 +171,12 @@ def decode_direct_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, o_
                          scale, num_kv_heads, group,
                          stride_qb, stride_qh, stride_ob, stride_oh, stride_gb, stride_gh,
                          stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
-                         D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr):
+                         D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr,
+                        PDL: tl.constexpr):
     """One split: grid (B * Hkv,), program p takes (b, kv head) = divmod(p, Hkv), attends over all L keys
     and writes o[b, h] (bf16, times sigmoid(gate) when HAS_GATE) directly: no partials, no combine launch.
     L <= 0 writes zeros."""
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     kvh = pid % num_kv_heads
     b = (pid // num_kv_heads).to(tl.int64)
@@ -197,7 +202,8 @@ def decode_direct_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, o_
 @triton.jit
 def decode_combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, gate_ptr, num_q_heads, num_splits,
                           stride_ob, stride_oh, stride_gb, stride_gh,
-                          D: tl.constexpr, SPLIT_BLOCK: tl.constexpr, HAS_GATE: tl.constexpr):
+                          D: tl.constexpr, SPLIT_BLOCK: tl.constexpr, HAS_GATE: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     h = pid % num_q_heads
     b = (pid // num_q_heads).to(tl.int64)

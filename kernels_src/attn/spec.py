@@ -28,7 +28,7 @@ Tiles per arch (shared memory: sm_80 163 KB, sm_86/89/120a/121a 99 KB, sm_90a/10
   decode D=256: QB 16 rows (the q heads of one kv head, padded), BLOCK_N 64, 4 warps, 3 stages (Hopper/
                 Blackwell/sm_80; 8 warps on sm_100a, where 4 spill), BLOCK_N 32 on 99 KB archs.
 """
-from vkc.spec import Arg, KernelSpec, ScratchContract
+from vkc.spec import Arg, KernelSpec, ScratchContract, with_pdl
 
 _A = 16  # divisibility hint
 
@@ -187,3 +187,8 @@ for _d in (256, 128):
             constexprs={"D": _d, "SPLIT_BLOCK": 16, "HAS_GATE": _gate}, num_warps=4, num_stages=1))
 
 del _sfx, _al, _d, _base, _ov, _gate, _t
+
+# the decode-step kernels: programmatic dependent launch (kernels_src/common.py pdl_enter); prefill stays plain
+_PDL = ("reshape_and_cache_kernel", "decode_split_kernel", "decode_direct_kernel", "decode_fused_kernel",
+        "decode_combine_kernel")
+SPECS = [with_pdl(s) if s.entry in _PDL else s for s in SPECS]

@@ -17,7 +17,7 @@ Grids:
 import triton
 import triton.language as tl
 
-from kernels_src.common import floor16, silu_f32
+from kernels_src.common import floor16, pdl_enter, silu_f32
 
 
 @triton.jit
@@ -193,10 +193,11 @@ def conv_prefill_kernel(x_ptr, w_ptr, y_ptr, state_ptr, cu_ptr, slot_ptr, stride
 
 @triton.jit
 def _update_block(x_ptr, w_ptr, y_ptr, state_ptr, slot_ptr, stride_x, stride_w, stride_y, stride_ss, stride_sr,
-                  C, num_slots, BLOCK_C: tl.constexpr):
+                  C, num_slots, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
+    pdl_enter(PDL)
     slot = tl.load(slot_ptr + b)
     ok = (slot >= 0) & (slot < num_slots)
     srow = state_ptr + tl.where(ok, slot, 0).to(tl.int64) * stride_ss + c
@@ -221,7 +222,7 @@ def _update_block(x_ptr, w_ptr, y_ptr, state_ptr, slot_ptr, stride_x, stride_w, 
 
 @triton.jit
 def conv_update_kernel(x_ptr, w_ptr, y_ptr, state_ptr, slot_ptr, stride_x, stride_w, stride_y, stride_ss,
-                       stride_sr, C, num_slots, W: tl.constexpr, BLOCK_C: tl.constexpr):
+                       stride_sr, C, num_slots, W: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     """Decode step: one token per sequence. x, y [B, C] bf16; state [num_slots, W-1, C] rolled in place:
     y[b] = silu(w . [state rows, x[b]]), state rows <- [rows 1.., x[b]]. Invalid slot: y[b] = 0, no state
     access. Grid (B, cdiv(C, BLOCK_C)). y may alias x (each element is read before it is written by the same
@@ -229,7 +230,7 @@ def conv_update_kernel(x_ptr, w_ptr, y_ptr, state_ptr, slot_ptr, stride_x, strid
     tl.static_assert(W == 4, "conv kernels are written for width 4")
     if C % 16 == 0:
         _update_block(x_ptr, w_ptr, y_ptr, state_ptr, slot_ptr, stride_x, stride_w, stride_y, stride_ss, stride_sr,
-                      floor16(C), num_slots, BLOCK_C)
+                      floor16(C), num_slots, BLOCK_C, PDL)
     else:
         _update_block(x_ptr, w_ptr, y_ptr, state_ptr, slot_ptr, stride_x, stride_w, stride_y, stride_ss, stride_sr,
-                      C, num_slots, BLOCK_C)
+                      C, num_slots, BLOCK_C, PDL)

@@ -8,7 +8,7 @@ Grids (axis 0 first):
   prefill.w4.*   (cdiv(T, SUB * BLOCK_T), cdiv(C, BLOCK_C))
   update.w4.*    (B, cdiv(C, BLOCK_C))
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 _VARIANTS = (("a16", True), ("any", False))
 
@@ -44,8 +44,8 @@ for _sfx, _al in _VARIANTS:
         overrides={} if _al else {a: {"num_warps": 8} for a in ("sm_120a", "sm_121a")}))
     # 512 channels of one sequence per program, 4 warps (4 bf16 = 8 B per thread per row; 8 per thread
     # spilled on sm_90a with the bundled ptxas).
-    SPECS.append(KernelSpec(
+    SPECS.append(with_pdl(KernelSpec(  # decode steps: programmatic dependent launch (common.py pdl_enter)
         name=f"update.w4.{_sfx}", source="conv.py", entry="conv_update_kernel", args=_args(_UPDATE, _al),
-        constexprs={"W": 4, "BLOCK_C": 512}, num_warps=4, num_stages=1))
+        constexprs={"W": 4, "BLOCK_C": 512}, num_warps=4, num_stages=1)))
 
 del _sfx, _al

@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-from kernels_src.common import floor16
+from kernels_src.common import floor16, pdl_enter
 
 
 @triton.jit
@@ -14,8 +14,10 @@ def _embedding_block(src_row, out_row, valid, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def embedding_kernel(ids_ptr, table_ptr, out_ptr, stride_table, stride_out, V, N, BLOCK: tl.constexpr):
+def embedding_kernel(ids_ptr, table_ptr, out_ptr, stride_table, stride_out, V, N, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     """out[t, :N] = table[ids[t], :N], or zeros when ids[t] is outside [0, V) (nothing is read then)."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     tok = tl.load(ids_ptr + t)
     valid = (tok >= 0) & (tok < V)

@@ -6,7 +6,7 @@ The kernel comes as ``.a16`` (all pointers and row strides carry div=16, which t
 Grid (axis 0 first):
   embedding.*                (T, cdiv(N, BLOCK))
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 
 def _args(params, aligned):
@@ -30,3 +30,5 @@ for _sfx, _al in _VARIANTS:
         args=_args(_EMBEDDING, _al), constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
 
 del _sfx, _al
+
+SPECS = [with_pdl(s) for s in SPECS]  # decode steps: programmatic dependent launch (common.py pdl_enter)

@@ -24,6 +24,8 @@ written once (the kernel is HBM-bound on these bytes); splitting V gives B * Hv 
 import triton
 import triton.language as tl
 
+from kernels_src.common import pdl_enter
+
 
 @triton.jit
 def _softplus_f32(x):
@@ -35,7 +37,7 @@ def _softplus_f32(x):
 @triton.jit
 def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slot_ptr, o_ptr,
                       stride_qkv, stride_a, stride_b, stride_state, stride_o, Hk, Hv, num_slots, scale, eps,
-                      K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr):
+                      K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
     NV: tl.constexpr = V // BLOCK_V
     pid = tl.program_id(0)
     iv = pid % NV
@@ -45,6 +47,7 @@ def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, 
     kh = h // (Hv // Hk)
     cv = iv * BLOCK_V + tl.arange(0, BLOCK_V)
     o_row = o_ptr + bi * stride_o + h * V
+    pdl_enter(PDL)
     slot = tl.load(slot_ptr + bi)
     if (slot >= 0) & (slot < num_slots):
         ck = tl.arange(0, K)

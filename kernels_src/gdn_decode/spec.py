@@ -8,7 +8,7 @@ Grid: (B * Hv * (V // BLOCK_V),), axis 0 only.
   recurrent.k128_v128.bv32   4 warps, [128, 32] fp32 state slab per program (32 values per thread)
   recurrent.k128_v128.bv16   2 warps, [128, 16] slab: twice the CTAs for small batches (B * Hv < 512)
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 _ARGS = [
     Arg("qkv_ptr", "*bf16"), Arg("a_ptr", "*bf16"), Arg("b_ptr", "*bf16"),
@@ -25,3 +25,4 @@ SPECS = [
     KernelSpec(name="recurrent.k128_v128.bv16", source="decode.py", entry="gdn_decode_kernel", args=_ARGS,
                constexprs={"K": 128, "V": 128, "BLOCK_V": 16}, num_warps=2, num_stages=1),
 ]
+SPECS = [with_pdl(s) for s in SPECS]  # decode steps: programmatic dependent launch (common.py pdl_enter)

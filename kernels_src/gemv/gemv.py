@@ -44,6 +44,8 @@ scale broadcast cost it little at M >= 16 but made an M = 1 kernel L1-bound (ben
 import triton
 import triton.language as tl
 
+from kernels_src.common import pdl_enter
+
 
 @triton.jit
 def _store_out(acc, n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split):
@@ -69,10 +71,12 @@ def _program_tile(N, K, k_split, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def gemv_bf16_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_om, k_split,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PDL: tl.constexpr):
     """x [M, K] bf16 (row stride stride_xm), W [N, K] bf16 (row stride stride_wn) -> y [M, N] bf16 (row stride
     stride_om), or fp32 partials in ws (see the module doc). Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M;
     k_split a positive multiple of BLOCK_K with n_split * k_split >= K."""
+    pdl_enter(PDL)
     pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
@@ -90,7 +94,8 @@ def gemv_bf16_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_w
 
 @triton.jit
 def gemv_bf16_m1_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_om, k_split,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PDL: tl.constexpr):
     """gemv_bf16_kernel for M = 1 (BLOCK_M == 1) on CUDA cores: no MMA padding the one row of x to 16, and
     tiles narrow enough (4 or 16 weight rows) that even N = 2048 gives hundreds of programs without split-K.
     Each K step multiplies the [BLOCK_N, BLOCK_K] weight tile by x's BLOCK_K values into an fp32 accumulator of
@@ -98,12 +103,15 @@ def gemv_bf16_m1_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, strid
     pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
+    # the weight tile of step k0 is loaded one step ahead (registers), the first one before pdl_enter: weights
+    # only; past k_hi the load is fully masked (no access)
+    w = tl.load(w_rows + k_lo, mask=n_ok[:, None] & ((k_lo + rk) < k_hi)[None, :], other=0.0)
+    pdl_enter(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        k_ok = (k0 + rk) < K
-        w = tl.load(w_rows + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        xk = tl.load(x_ptr + k0 + rk, mask=k_ok, other=0.0)
+        xk = tl.load(x_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0)
         acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
+        w = tl.load(w_rows + (k0 + BLOCK_K), mask=n_ok[:, None] & ((k0 + BLOCK_K + rk) < k_hi)[None, :], other=0.0)
     y = tl.sum(acc, axis=1)
     m = tl.arange(0, 1)
     _store_out(y[:, None], n, m, N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
@@ -211,7 +219,7 @@ def _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N: tl.constexpr, BLOCK
 @triton.jit
 def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
                       stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PRMT: tl.constexpr):
+                      PRMT: tl.constexpr, PDL: tl.constexpr):
     """y = x @ dequant(W)^T with NVFP4 weights (layout in the module doc): x [M, K] bf16, w_packed [N, K/2] uint8
     (row stride stride_wn bytes), scales [N, K/16] uint8 (row stride stride_sn bytes), alpha fp32 -> y [M, N]
     bf16, or fp32 partials (already times alpha) in ws. Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M; K % 16
@@ -231,6 +239,7 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
     s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
     x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
     Kg = K // 16
+    pdl_enter(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         g_abs = k0 // 16 + g  # scale group of each [g] slice; its 8 bytes are k = 16 g_abs .. 16 g_abs + 15
@@ -255,7 +264,7 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
 @triton.jit
 def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
                          stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         PRMT: tl.constexpr):
+                         PRMT: tl.constexpr, PDL: tl.constexpr):
     """gemv_w4a16_kernel for M = 1 (BLOCK_M == 1) on CUDA cores (module doc): the tile is read as [BLOCK_N, G]
     int64 words, one per scale group, decoded into 16 weights per word (code i is k = 16 g + i) that are widened
     to fp32 and multiplied with x[16 g + i] into an fp32 [BLOCK_N, G] accumulator, summed over G at the end.
@@ -267,6 +276,7 @@ def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, s
     w_rows = w_ptr.to(tl.pointer_type(tl.int64)) + n.to(tl.int64)[:, None] * (stride_wn // 8)
     s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
     Kg = K // 16
+    pdl_enter(PDL)
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ga = k0 // 16 + g
@@ -301,7 +311,8 @@ def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, s
 
 @triton.jit
 def gemv_w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
-                      k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PDL: tl.constexpr):
     """y = x @ dequant(W)^T with block-wise FP8 weights (Qwen's *-FP8 checkpoints): w [N, K] uint8 bytes of
     float8 e4m3fn (row stride stride_wn bytes), s [cdiv(N, 128), cdiv(K, 128)] fp32 (``weight_scale_inv``, the
     multiplier of each 128 x 128 block; row stride stride_sn elements), W[n, k] = e4m3(w[n, k]) * s[n // 128,
@@ -318,6 +329,7 @@ def gemv_w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, 
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
     s_row = s_ptr + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
+    pdl_enter(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -334,7 +346,7 @@ def gemv_w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, 
 @triton.jit
 def gemv_w8a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
                          k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         NATIVE: tl.constexpr):
+                         NATIVE: tl.constexpr, PDL: tl.constexpr):
     """gemv_w8a16_kernel for M = 1 (BLOCK_M == 1) on CUDA cores: the [BLOCK_N, BLOCK_K] e4m3 tile decoded to fp32
     (NATIVE: the hardware's fp8 conversion, sm_89+; else the integer decoding of gemv_w8a16_kernel, times 2^8
     once at the end) and multiplied by x * scale, formed once per column (x[k] * s[n // 128, k // 128]: BLOCK_N
@@ -346,11 +358,17 @@ def gemv_w8a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_x
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
     s_row = s_ptr + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
+    # the byte tile of step k0 is loaded one step ahead, the first one before pdl_enter (weights only; as in
+    # gemv_bf16_m1_kernel)
+    b_next = tl.load(w_rows + k_lo, mask=n_ok[:, None] & ((k_lo + rk) < k_hi)[None, :], other=0)
+    pdl_enter(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + rk
         k_ok = k < K
-        b = tl.load(w_rows + k0, mask=n_ok[:, None] & k_ok[None, :], other=0)
+        b = b_next
+        b_next = tl.load(w_rows + (k0 + BLOCK_K), mask=n_ok[:, None] & ((k0 + BLOCK_K + rk) < k_hi)[None, :],
+                         other=0)
         if NATIVE:
             w = b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
@@ -366,7 +384,7 @@ def gemv_w8a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_x
 
 
 @triton.jit
-def gemv_reduce_kernel(ws_ptr, out_ptr, M, N, stride_om, n_split, BLOCK: tl.constexpr):
+def gemv_reduce_kernel(ws_ptr, out_ptr, M, N, stride_om, n_split, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """y[m, n] = bf16(sum_{s = 0 .. n_split-1} ws[s, m, n]) in that order. ws [n_split, M, N] fp32 contiguous.
     Grid (cdiv(N, BLOCK), M)."""
     m = tl.program_id(1)
@@ -374,6 +392,7 @@ def gemv_reduce_kernel(ws_ptr, out_ptr, M, N, stride_om, n_split, BLOCK: tl.cons
     ok = n < N
     plane = M.to(tl.int64) * N
     p = ws_ptr + m.to(tl.int64) * N + n
+    pdl_enter(PDL)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(n_split):
         acc += tl.load(p + s * plane, mask=ok, other=0.0)

@@ -28,7 +28,7 @@ Grids (axis 0 first):
   bf16.*, w4a16.*, w8a16.*   (cdiv(N, BLOCK_N), n_split)
   splitk_reduce     (cdiv(N, BLOCK), M)
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 _BF16 = [
     ("x_ptr", "*bf16", 16), ("w_ptr", "*bf16", 16), ("out_ptr", "*bf16", 16), ("ws_ptr", "*fp32", 16),
@@ -106,5 +106,7 @@ for _kind in TILES:
 
 SPECS.append(KernelSpec(name="splitk_reduce", source="gemv.py", entry="gemv_reduce_kernel", args=_args(_REDUCE),
                         constexprs={"BLOCK": 1024}, num_warps=4, num_stages=1))
+
+SPECS = [with_pdl(s) for s in SPECS]  # every gemv kernel runs in decode steps (kernels_src/common.py pdl_enter)
 
 del _kind, _tiles, _bm, _bn, _bk, _warps, _sfx, _dec, _fp8_m1

@@ -35,14 +35,17 @@ masked loads vectorized. Offsets into x, w1, w2, h and out are computed in int64
 import triton
 import triton.language as tl
 
+from kernels_src.common import pdl_enter
+
 
 @triton.jit
 def moe_decode_gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, P, E, N, K, k_out, stride_x, stride_we, stride_wn,
-                              stride_h, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                              stride_h, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """x [M, K] bf16 (row stride stride_x), w1 [E, 2N, K] bf16 (strides stride_we, stride_wn, 1), ids int32
     [P] (flat [M, k_out]), h [P, N] bf16 (row stride stride_h). Grid (P, cdiv(N, BLOCK_N))."""
     f = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pdl_enter(PDL)  # the ids are the router's output: nothing to prefetch before them
     e = tl.load(ids_ptr + f)
     ok = (e >= 0) & (e < E)
     e = tl.where(ok, e, 0).to(tl.int64)
@@ -71,7 +74,8 @@ def moe_decode_gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, P, E, N, K, k_out, s
 
 @triton.jit
 def moe_decode_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_out, stride_h, stride_we,
-                           stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SB: tl.constexpr):
+                           stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SB: tl.constexpr,
+                           PDL: tl.constexpr):
     """h [P, K] bf16 (row stride stride_h), w2 [E, N, K] bf16 (strides stride_we, stride_wn, 1), ids int32 /
     weights fp32 [M, k_out] contiguous, out [M, N] bf16 (row stride stride_o). Grid (M, cdiv(N, BLOCK_N))."""
     t = tl.program_id(0)
@@ -81,6 +85,7 @@ def moe_decode_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_o
     rs = tl.arange(0, SB)
     rk = tl.arange(0, BLOCK_K)
     n_off = n.to(tl.int64)[None, :, None] * stride_wn + rk[None, None, :]     # [1, BLOCK_N, BLOCK_K]
+    pdl_enter(PDL)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for s0 in range(0, k_out, SB):
         s = s0 + rs

@@ -33,11 +33,11 @@ unspecified id in that range).
 import triton
 import triton.language as tl
 
-from kernels_src.common import sigmoid_f32
+from kernels_src.common import pdl_enter, sigmoid_f32
 
 @triton.jit
 def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared,
-                         BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+                         BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_e = tl.program_id(1)
     s = tl.program_id(2)
@@ -50,6 +50,7 @@ def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_sp
     k1 = tl.minimum(k0 + k_split, H)
     xp = x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :]
     wp = w_ptr + re[:, None].to(tl.int64) * H + rk[None, :]
+    pdl_enter(PDL)
     acc = tl.zeros((BM, BE), dtype=tl.float32)
     for k in range(k0, k1, BK):
         km = (k + rk) < k1
@@ -73,7 +74,7 @@ def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_sp
 
 @triton.jit
 def router_topk_kernel(part_ptr, ids_ptr, wts_ptr, M, E, n_split, top_k, k_out, renorm, has_shared,
-                       EB: tl.constexpr, KB: tl.constexpr, NS: tl.constexpr):
+                       EB: tl.constexpr, KB: tl.constexpr, NS: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     ce = tl.arange(0, EB)
     emask = ce < E
@@ -82,6 +83,7 @@ def router_topk_kernel(part_ptr, ids_ptr, wts_ptr, M, E, n_split, top_k, k_out, 
     ld = E + 1
     # every split's partial row in one [NS, EB] load (no chain of dependent loads), summed in a fixed order
     pp = part_ptr + row.to(tl.int64) * ld + cs[:, None].to(tl.int64) * (M.to(tl.int64) * ld)
+    pdl_enter(PDL)
     logit = tl.sum(tl.load(pp + ce[None, :], mask=smask[:, None] & emask[None, :], other=0.0), 0)
     sh = tl.sum(tl.load(pp + E, mask=smask[:, None] & (has_shared != 0), other=0.0), 0)
     logit = tl.where(emask, logit, float("-inf"))

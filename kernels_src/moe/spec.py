@@ -24,7 +24,7 @@ Grids:
 import importlib.util
 from pathlib import Path
 
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 
 def _grouped_specs(file: str = "grouped_spec.py") -> list:
@@ -52,6 +52,7 @@ _COMBINE = [Arg("y_ptr", "*bf16", div=16), Arg("ids_ptr", "*i32"), Arg("w_ptr", 
             Arg("out_ptr", "*bf16", div=16), Arg("H", "i32", div=16), Arg("k_out", "i32"), Arg("E", "i32"),
             Arg("stride_y", "i32", div=16), Arg("stride_o", "i32", div=16), Arg("has_w", "i32")]
 
+_PDL_ENTRIES = ("router_logits_kernel", "router_topk_kernel", "moe_decode_gate_up_kernel", "moe_decode_down_kernel")
 TOPK_EB = (32, 256, 512)
 MAX_SPLIT = 16  # the router's K splits at most (the runtime's ops/moe/common.py MAX_SPLIT)
 EB_ALIGN = 512
@@ -75,3 +76,5 @@ SPECS = [
     *_grouped_specs(),
     *_grouped_specs("decode_spec.py"),
 ]
+# the router and the decode kernels run in every decode step: programmatic dependent launch (common.py pdl_enter)
+SPECS = [with_pdl(s) if s.entry in _PDL_ENTRIES else s for s in SPECS]

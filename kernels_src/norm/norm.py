@@ -7,13 +7,14 @@ Grids (one program per row; row index cast to int64 before it meets a stride):
 import triton
 import triton.language as tl
 
-from kernels_src.common import floor16, silu_f32
+from kernels_src.common import floor16, pdl_enter, silu_f32
 
 
 @triton.jit
-def _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr):
+def _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
     cols = tl.arange(0, BLOCK)
     mask = cols < N
+    pdl_enter(PDL)
     x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     # padded lanes are 0 and the mean divides by N, not BLOCK
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
@@ -23,21 +24,22 @@ def _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr):
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """y[m, :N] = x * rsqrt(mean(x^2) + eps) * (1 + w); grid (M,), needs BLOCK >= N."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
     if N % 16 == 0:
-        _rmsnorm_row(x_row, w_ptr, y_row, floor16(N), eps, BLOCK)  # vectorizable masks
+        _rmsnorm_row(x_row, w_ptr, y_row, floor16(N), eps, BLOCK, PDL)  # vectorizable masks
     else:
-        _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK)
+        _rmsnorm_row(x_row, w_ptr, y_row, N, eps, BLOCK, PDL)
 
 
 @triton.jit
-def _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr):
+def _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
     cols = tl.arange(0, BLOCK)
     mask = cols < N
+    pdl_enter(PDL)
     x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_row + cols, mask=mask, other=0.0).to(tl.float32)
     s = (x + r).to(tl.bfloat16)
@@ -51,21 +53,21 @@ def _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK: tl.constexpr):
 
 @triton.jit
 def add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, stride_x, stride_r, stride_y, N, eps,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
     """res[m] <- bf16(x + res); y = norm(res[m]) * (1 + w); grid (M,), needs BLOCK >= N."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     r_row = res_ptr + row * stride_r
     y_row = y_ptr + row * stride_y
     if N % 16 == 0:
-        _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, floor16(N), eps, BLOCK)
+        _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, floor16(N), eps, BLOCK, PDL)
     else:
-        _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK)
+        _add_rmsnorm_row(x_row, r_row, w_ptr, y_row, N, eps, BLOCK, PDL)
 
 
 @triton.jit
 def gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, stride_x, stride_z, stride_y, H, eps,
-                         HEAD: tl.constexpr, HEADS_PER_PROG: tl.constexpr):
+                         HEAD: tl.constexpr, HEADS_PER_PROG: tl.constexpr, PDL: tl.constexpr):
     """Per head of HEAD channels: y = x * rsqrt(mean(x^2) + eps) * w * silu(z) (plain w, shape [HEAD]).
 
     Grid (M, cdiv(H, HEADS_PER_PROG)); axis 1 picks a group of HEADS_PER_PROG consecutive heads.
@@ -75,9 +77,10 @@ def gated_rmsnorm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, stride_x, stride_z, stride_
     cols = tl.arange(0, HEAD)
     offs = heads[:, None] * HEAD + cols[None, :]
     mask = (heads[:, None] < H) & (cols[None, :] < HEAD)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    pdl_enter(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + row * stride_z + offs, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD + eps)
     y = x * rstd[:, None] * w[None, :] * silu_f32(z)
     tl.store(y_ptr + row * stride_y + offs, y.to(tl.bfloat16), mask=mask)

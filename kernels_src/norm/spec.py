@@ -8,7 +8,7 @@ Grids (axis 0 first):
   rmsnorm.*, add_rmsnorm.*   (M,)                                BLOCK >= N required
   gated_rmsnorm.*            (M, cdiv(H, HEADS_PER_PROG))
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 
 def _args(params, aligned):
@@ -59,5 +59,7 @@ for _sfx, _al in _VARIANTS:
         name=f"gated_rmsnorm.h128.{_sfx}", source="norm.py", entry="gated_rmsnorm_kernel",
         args=_args(_GATED_RMSNORM, _al), constexprs={"HEAD": 128, "HEADS_PER_PROG": 4},
         num_warps=2, num_stages=1))
+
+SPECS = [with_pdl(s) for s in SPECS]  # decode steps run every norm (kernels_src/common.py pdl_enter)
 
 del _sfx, _al, _block, _warps

@@ -8,6 +8,8 @@ A program computes cos/sin once for its ROT/2 frequencies and applies them to al
 import triton
 import triton.language as tl
 
+from kernels_src.common import pdl_enter
+
 
 @triton.jit
 def _norm_rope_heads(src, src_head_stride, w_ptr, dst, n_heads, h0, pos, eps, log2_theta,
@@ -45,13 +47,14 @@ def _norm_rope_heads(src, src_head_stride, w_ptr, dst, n_heads, h0, pos, eps, lo
 @triton.jit
 def qk_norm_rope_kernel(qg_ptr, k_ptr, pos_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr,
                         stride_qg, stride_k, Hq, Hkv, eps, theta,
-                        D: tl.constexpr, ROT: tl.constexpr, HEADS_PER_PROG: tl.constexpr):
+                        D: tl.constexpr, ROT: tl.constexpr, HEADS_PER_PROG: tl.constexpr, PDL: tl.constexpr):
     """q_out[t, h] = rope(rmsnorm(qg[t, h*2D : h*2D + D]) * (1 + wq)); k_out likewise from k with wk.
 
     qg [T, Hq*2*D] row stride stride_qg; k [T, Hkv*D] row stride stride_k; positions int32 [T];
     q_out [T, Hq, D], k_out [T, Hkv, D] contiguous.
     Grid (T, cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG)).
     """
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     n_qb = (Hq + HEADS_PER_PROG - 1) // HEADS_PER_PROG

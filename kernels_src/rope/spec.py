@@ -7,7 +7,7 @@ Every kernel comes as ``.a16`` (all pointers and row strides carry div=16, which
 Grid (axis 0 first):
   qk_norm_rope.*             (T, cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG))
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 
 def _args(params, aligned):
@@ -37,3 +37,5 @@ for _sfx, _al in _VARIANTS:
             num_warps=_warps, num_stages=1))
 
 del _sfx, _al, _d, _rot, _warps
+
+SPECS = [with_pdl(s) for s in SPECS]  # decode steps: programmatic dependent launch (common.py pdl_enter)

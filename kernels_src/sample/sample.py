@@ -51,6 +51,8 @@ Grids:
 import triton
 import triton.language as tl
 
+from kernels_src.common import pdl_enter
+
 PROMPT_BIT = tl.constexpr(1 << 30)
 COUNT_MASK = tl.constexpr((1 << 30) - 1)
 BIG = tl.constexpr(2**31 - 1)
@@ -89,7 +91,8 @@ def _processed(lrow, crow, offs, V, has_pen, rep, pres, freq, scale_div):
 def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_ptr, topi_ptr,
                   stride_l, V, stride_c, num_slots, n_top, stride_top, want_lp,
                   NF: tl.constexpr, NI: tl.constexpr, BLOCK: tl.constexpr, NTOP: tl.constexpr,
-                  MAX_ROUNDS: tl.constexpr):
+                  MAX_ROUNDS: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     fp = fp_ptr + row * NF
     ip = ip_ptr + row * NI
@@ -232,7 +235,8 @@ def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_
 
 @triton.jit
 def counts_kernel(counts_ptr, tok_ptr, slot_ptr, n, V, stride_c, num_slots, slot_off, slot_stride, prompt,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     t = tl.load(tok_ptr + i, mask=inb, other=-1)
@@ -246,7 +250,8 @@ def counts_kernel(counts_ptr, tok_ptr, slot_ptr, n, V, stride_c, num_slots, slot
 
 
 @triton.jit
-def reset_kernel(counts_ptr, slot_ptr, V, stride_c, num_slots, BLOCK: tl.constexpr):
+def reset_kernel(counts_ptr, slot_ptr, V, stride_c, num_slots, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     s = tl.load(slot_ptr + tl.program_id(0))
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = (s >= 0) & (s < num_slots)

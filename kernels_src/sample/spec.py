@@ -11,7 +11,7 @@ Grids:
   counts    (cdiv(n, 1024),)
   reset     (n, cdiv(V, 4096))
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, with_pdl
 
 _ROW_CONST = {"NF": 8, "NI": 4, "BLOCK": 8192, "NTOP": 32, "MAX_ROUNDS": 32}
 
@@ -46,3 +46,5 @@ SPECS.append(KernelSpec(
     constexprs={"BLOCK": 4096}, num_warps=4, num_stages=1))
 
 del _dt, _name, _v, _al
+
+SPECS = [with_pdl(s) for s in SPECS]  # decode steps: programmatic dependent launch (common.py pdl_enter)

@@ -11,6 +11,7 @@ default :class:`vkc_runtime.scratch.ScratchArena`. The launcher is the native on
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -123,8 +124,10 @@ class Kernel:
 
     def _make_launcher(self, fn):
         spec = self.spec
+        # VKC_PDL=0 launches the PDL kernels without the attribute: plain stream order, their wait a no-op (A/B)
+        pdl = spec.launch_pdl and os.environ.get("VKC_PDL", "1").strip() != "0"
         args = (spec.codes, list(spec.names), list(spec.divisibility), len(spec.hidden), spec.block_x, spec.shared,
-                spec.num_ctas, spec.launch_pdl, spec.launch_cooperative_grid, self.base)
+                spec.num_ctas, pdl, spec.launch_cooperative_grid, self.base)
         if native_available():
             self.native = True
             return NATIVE.Launcher(int(fn), *args)
