@@ -57,10 +57,11 @@ def rel(a, b):
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
-@pytest.mark.parametrize("tile", [(8, 512), (16, 512)])
+@pytest.mark.parametrize("tile", [(8, 256), (8, 512), (16, 512)])
 @pytest.mark.parametrize("M,k,Ep,H,I,n_bad", [(1, 3, 8, 64, 32, 1), (5, 4, 9, 528, 48, 4)])
 def test_gate_up_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
-    """x rows strided, H = 528 > BLOCK_K (a tail of 16 in the second iteration); bad ids give zero rows."""
+    """x rows strided, H = 528 > BLOCK_K (steps of 256 or 512, a tail of 16 in the last one: the next step's
+    prefetched tile is partial, then fully masked); bad ids give zero rows."""
     moe, reg, ar = M_
     from vkc_runtime.ops.moe import decode_ops as D
     rng = np.random.default_rng(_seed())
@@ -82,11 +83,12 @@ def test_gate_up_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
     assert reg.launched == [D._base("gate_up", tile)]
 
 
-@pytest.mark.parametrize("tile", [(4, 512, 4), (8, 512, 4)])
-@pytest.mark.parametrize("M,k,Ep,H,I,n_bad", [(1, 9, 12, 44, 32, 2), (3, 3, 6, 64, 528, 3)])
+@pytest.mark.parametrize("tile", [(4, 64, 16), (4, 128, 16), (2, 128, 16)])
+@pytest.mark.parametrize("M,k,Ep,H,I,n_bad", [(1, 9, 12, 44, 32, 2), (3, 3, 6, 64, 528, 3), (2, 16, 20, 44, 160, 3)])
 def test_down_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
-    """k' = 9 (slot groups 4, 4, 1) or 3 (one partial group); H = 44 (a tail against BLOCK_N 8, out rows
-    strided); I = 528 > BLOCK_K; h rows and routing weights of bad ids are NaN and must not matter."""
+    """k' = 9, 3 or 16 (= SB: every slot of the tile live); H = 44 (a tail against BLOCK_N 4, out rows strided);
+    I = 528 or 160 > BLOCK_K (K steps with a partial last one); h rows and routing weights of bad ids are NaN
+    and must not matter."""
     moe, reg, ar = M_
     from vkc_runtime.ops.moe import decode_ops as D
     rng = np.random.default_rng(_seed())

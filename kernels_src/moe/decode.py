@@ -10,17 +10,19 @@ all a handful of tokens needs: the time is the weight bytes, read with 16-byte l
         Axis 0 is the pair, so the programs of one n-block of all pairs run side by side: at M > 1 pairs on
         the same expert (the shared expert: every token) read that block's rows from L2 rather than HBM.
         Small BLOCK_N (8 or 16 rows of gate and as many of up) keeps many programs even at M = 1 (9 pairs x
-        I / 8 = 576 at I = 512), each with a whole BLOCK_N x BLOCK_K tile of each half in flight per iteration.
+        I / 8 = 576 at I = 512); the next K step's BLOCK_N x BLOCK_K tile of each half is loaded before the
+        current step's products are reduced, so two steps are in flight per program.
   moe_decode_down_kernel     grid (M, cdiv(H, BLOCK_N)):
-        out[t, n] = bf16( sum over slot groups of sum_{j in group} w[t, j] * (h[t k' + j] . w2[e_j, n, :]) )
-        The k' slots are taken SB at a time as one [SB, BLOCK_N, BLOCK_K] tile, so an iteration has SB
-        experts' rows in flight, not one: at M = 1 the grid is only cdiv(H, BLOCK_N) programs, and per-program
-        memory parallelism is what keeps HBM busy. Small BLOCK_N (4 or 8 rows, the spec's tiles) gives 512 or
-        256 programs at H = 2048, so even M = 1 fills a 132-SM GPU (16 rows would give 128: SMs idle);
-        splitting over slots with fp32 partials and a second reduce launch would add a launch and a buffer
-        for the same bytes. Within a group the per-slot dot products are summed over K (fp32), weighted,
-        then summed over the group's slots; groups are added in slot order. No atomics: the same inputs give
-        the same bits (a fixed reduction tree per compiled kernel), eager or replayed in a graph.
+        out[t, n] = bf16( sum_{j < k'} w[t, j] * (h[t k' + j] . w2[e_j, n, :]) )
+        All k' <= SB slots are one [SB, BLOCK_N, BLOCK_K] tile: one round of id loads, then every expert's rows
+        of a K step in flight at once, the next step's tile loaded before the current one is reduced (at M = 1
+        the grid is only cdiv(H, BLOCK_N) programs, and per-program memory parallelism is what keeps HBM
+        busy; taking the slots a group at a time made each group a dependent id -> weight round). Small
+        BLOCK_N (2 or 4 rows, the spec's tiles) gives 1024 or 512 programs at H = 2048, so even M = 1 fills a
+        132-SM GPU; splitting over slots with fp32 partials and a second reduce launch would add a launch and
+        a buffer for the same bytes. Per slot the dot products are summed over K (fp32), weighted, then summed
+        over the slots. No atomics: the same inputs give the same bits (a fixed reduction tree per compiled
+        kernel), eager or replayed in a graph.
 
 Device-side ids (nothing read from device memory moves an access outside the given tensors):
   - gate_up: a pair whose id e is outside [0, E) runs no K iteration (reads no weight and no x) and writes
@@ -57,17 +59,23 @@ def moe_decode_gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, P, E, N, K, k_out, s
     wg_rows = w_e + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]         # gate rows n
     wu_rows = w_e + (n + N).to(tl.int64)[:, None] * stride_wn + rk[None, :]   # up rows N + n
     x_row = x_ptr + t * stride_x + rk
-    k_end = tl.where(ok, K, 0)  # an invalid id runs no iteration: no weight or x byte is read
+    k_end = tl.where(ok, K, 0)  # an invalid id runs no iteration and reads no weight or x byte
+    # the weight tiles of step k0 + BLOCK_K are loaded before step k0's products are reduced (registers; past
+    # k_end fully masked, no access)
+    wmask = n_ok[:, None] & (rk < k_end)[None, :]
+    wg = tl.load(wg_rows, mask=wmask, other=0.0)
+    wu = tl.load(wu_rows, mask=wmask, other=0.0)
     acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, k_end, BLOCK_K):
-        k_ok = (k0 + rk) < K
-        xk = tl.load(x_row + k0, mask=k_ok, other=0.0).to(tl.float32)
-        wmask = n_ok[:, None] & k_ok[None, :]
-        wg = tl.load(wg_rows + k0, mask=wmask, other=0.0)
-        wu = tl.load(wu_rows + k0, mask=wmask, other=0.0)
+        xk = tl.load(x_row + k0, mask=(k0 + rk) < K, other=0.0).to(tl.float32)
+        nmask = n_ok[:, None] & ((k0 + BLOCK_K + rk) < k_end)[None, :]
+        wg_next = tl.load(wg_rows + (k0 + BLOCK_K), mask=nmask, other=0.0)
+        wu_next = tl.load(wu_rows + (k0 + BLOCK_K), mask=nmask, other=0.0)
         acc_g += tl.sum(wg.to(tl.float32) * xk[None, :], axis=1)
         acc_u += tl.sum(wu.to(tl.float32) * xk[None, :], axis=1)
+        wg = wg_next
+        wu = wu_next
     hv = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # 0 for an invalid id (no iteration ran)
     tl.store(h_ptr + f.to(tl.int64) * stride_h + n, hv.to(tl.bfloat16), mask=n_ok)
 
@@ -77,32 +85,31 @@ def moe_decode_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_o
                            stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SB: tl.constexpr,
                            PDL: tl.constexpr):
     """h [P, K] bf16 (row stride stride_h), w2 [E, N, K] bf16 (strides stride_we, stride_wn, 1), ids int32 /
-    weights fp32 [M, k_out] contiguous, out [M, N] bf16 (row stride stride_o). Grid (M, cdiv(N, BLOCK_N))."""
+    weights fp32 [M, k_out] contiguous (k_out <= SB), out [M, N] bf16 (row stride stride_o). Grid (M,
+    cdiv(N, BLOCK_N))."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    rs = tl.arange(0, SB)
+    s = tl.arange(0, SB)
     rk = tl.arange(0, BLOCK_K)
-    n_off = n.to(tl.int64)[None, :, None] * stride_wn + rk[None, None, :]     # [1, BLOCK_N, BLOCK_K]
     pdl_enter(PDL)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for s0 in range(0, k_out, SB):
-        s = s0 + rs
-        s_in = s < k_out
-        f = t.to(tl.int64) * k_out + s                                       # [SB] flat pair indices
-        e = tl.load(ids_ptr + f, mask=s_in, other=-1)
-        ok = s_in & (e >= 0) & (e < E)
-        wt = tl.load(wts_ptr + f, mask=ok, other=0.0)
-        e = tl.where(ok, e, 0).to(tl.int64)
-        w_rows = w_ptr + e[:, None, None] * stride_we + n_off                 # [SB, BLOCK_N, BLOCK_K]
-        h_rows = h_ptr + tl.where(ok, f, 0)[:, None] * stride_h + rk[None, :]  # [SB, BLOCK_K]
-        part = tl.zeros((SB, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_ok = (k0 + rk) < K
-            hk = tl.load(h_rows + k0, mask=ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            wm = ok[:, None, None] & n_ok[None, :, None] & k_ok[None, None, :]
-            w = tl.load(w_rows + k0, mask=wm, other=0.0)
-            part += tl.sum(w.to(tl.float32) * hk[:, None, :], axis=2)
-        acc += tl.sum(tl.where(ok[:, None], wt[:, None] * part, 0.0), axis=0)
+    f = t.to(tl.int64) * k_out + s                                           # [SB] flat pair indices
+    e = tl.load(ids_ptr + f, mask=s < k_out, other=-1)
+    ok = (s < k_out) & (e >= 0) & (e < E)
+    wt = tl.load(wts_ptr + f, mask=ok, other=0.0)
+    e = tl.where(ok, e, 0).to(tl.int64)
+    w_rows = w_ptr + e[:, None, None] * stride_we + n.to(tl.int64)[None, :, None] * stride_wn + rk[None, None, :]
+    h_rows = h_ptr + tl.where(ok, f, 0)[:, None] * stride_h + rk[None, :]   # [SB, BLOCK_K]
+    wm = ok[:, None, None] & n_ok[None, :, None]
+    # every slot's rows in one [SB, BLOCK_N, BLOCK_K] tile; the tile of step k0 + BLOCK_K is loaded before step
+    # k0's products are reduced (past K: fully masked, no access)
+    w = tl.load(w_rows, mask=wm & (rk < K)[None, None, :], other=0.0)
+    part = tl.zeros((SB, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        hk = tl.load(h_rows + k0, mask=ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0).to(tl.float32)
+        w_next = tl.load(w_rows + (k0 + BLOCK_K), mask=wm & ((k0 + BLOCK_K + rk) < K)[None, None, :], other=0.0)
+        part += tl.sum(w.to(tl.float32) * hk[:, None, :], axis=2)
+        w = w_next
+    acc = tl.sum(tl.where(ok[:, None], wt[:, None] * part, 0.0), axis=0)
     tl.store(out_ptr + t.to(tl.int64) * stride_o + n, acc.to(tl.bfloat16), mask=n_ok)

@@ -2,19 +2,23 @@
 spec.py (this file defines only ``SPECS``).
 
 Bases (vkc_runtime/ops/moe/decode_ops.py picks one tile per kernel; TILES there lists the same):
-  decode.gate_up.n8.k512     BLOCK_N 8 rows of gate (+ 8 of up) x 512 of K per iteration, 4 warps (the rule's
-                             pick: 576 programs at M = 1 of the 35B-A3B shape, about four resident per SM)
-  decode.gate_up.n16.k512    16 + 16 rows, 8 warps (half the programs, twice the bytes per iteration)
-  decode.down.n4.k512.s4     BLOCK_N 4 rows of hidden, 4 slots per iteration (SB), 4 warps (the rule's pick:
-                             512 programs at M = 1 of H = 2048)
-  decode.down.n8.k512.s4     8 rows, 4 slots, 8 warps (256 programs at M = 1)
+  decode.gate_up.n8.k256     BLOCK_N 8 rows of gate (+ 8 of up) x 256 of K per step, 4 warps (the rule's pick:
+                             576 programs at M = 1 of the 35B-A3B shape; 79 registers on sm_90a, so all of
+                             them resident at once with the next step's tiles in flight)
+  decode.gate_up.n8.k512     8 + 8 rows x 512, 4 warps (128 registers with its next step held: 4 per SM)
+  decode.gate_up.n16.k512    16 + 16 rows x 512, 8 warps
+  decode.down.n4.k64.s16     BLOCK_N 4 rows of hidden x 64 of K per step, every slot (SB 16 >= k') in one
+                             tile, 4 warps (the rule's pick: 512 programs at M = 1 of H = 2048, all resident)
+  decode.down.n4.k128.s16    4 rows x 128, 8 warps
+  decode.down.n2.k128.s16    2 rows x 128, 4 warps (1024 programs at M = 1)
+(The n4.k512.s4 / n8.k512.s4 down tiles before them took 4 slots per step, one slot group after another: three
+dependent id -> weight rounds at k' = 9, 9.1 us at M = 1 on the H200, 49% of the floor.)
 
 The bf16 pointers, K (the reduction length) and the weights' / x's / h's / out's strides carry div=16
 (checked by the runtime); the ids / weights pointers, P, E, N and k_out carry none.
 No shared memory beyond the reductions' scratch, so no per-arch overrides. The down kernels are capped at 128
-registers (``maxnreg``; ptxas 13.4 gives the 4-warp one 133 for sm_90a otherwise, which would fit 3 programs per
-SM instead of 4; no spills at 128). num_warps are first choices made without a device to time them
-(benchmarks/bench_moe.py times both tiles of each kernel).
+registers (``maxnreg``; 91-111 used, no spills on any arch with ptxas 13.4). num_warps are first choices made
+without a device to time them (benchmarks/bench_moe.py times every tile of each kernel).
 
 Grids (axis 0 first): gate_up (P, cdiv(N, BLOCK_N)); down (M, cdiv(H, BLOCK_N)).
 """
@@ -32,8 +36,8 @@ _DOWN = [
 ]
 
 # (BLOCK_N, BLOCK_K, num_warps) and (BLOCK_N, BLOCK_K, SB, num_warps); the op's TILES lists the same
-GATE_UP_TILES = ((8, 512, 4), (16, 512, 8))
-DOWN_TILES = ((4, 512, 4, 4), (8, 512, 4, 8))
+GATE_UP_TILES = ((8, 256, 4), (8, 512, 4), (16, 512, 8))
+DOWN_TILES = ((4, 64, 16, 4), (4, 128, 16, 8), (2, 128, 16, 4))
 
 
 def _args(params):

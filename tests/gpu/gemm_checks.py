@@ -8,15 +8,23 @@ TOL = 1e-2          # global relative error (bf16 output rounding alone gives ~2
 ROW_TOL = 2e-2      # worst row
 
 
-def check_gemm_out(family: str, out, ref, buf, what: str) -> None:
-    """``out`` [m, n] (a view into ``buf`` [m + 2, >= n], NaN-poisoned outside it, or None) vs ``ref`` float64."""
+def check_gemm_out(family: str, out, ref, buf, what: str, bound=None) -> None:
+    """``out`` [m, n] (a view into ``buf`` [m + 2, >= n], NaN-poisoned outside it, or None) vs ``ref`` float64.
+    ``bound`` (float64 |A| @ |B|^T, optional) floors each row's norm in the row check at 1e-3 of the bound
+    row's: a row whose products cancel to almost nothing (random data over many binades: at N = 8 one run on
+    the H200 had a row at 4e-2 of its own norm, six reruns of the same test passed; fp32 summation on such a
+    row is of that order) is judged against its summation error scale, while a wrong constant (errors of the
+    order of the row itself) still fails."""
     import torch  # noqa: PLC0415 - GPU tests only
 
     m, n = out.shape
     o = out.double()
     assert not torch.isnan(o).any(), f"{what}: NaN in the output (unwritten or bad math)"
     err = float(torch.linalg.norm(o - ref) / torch.linalg.norm(ref))
-    row_err = float((torch.linalg.norm(o - ref, dim=1) / torch.linalg.norm(ref, dim=1).clamp_min(1e-30)).max())
+    den = torch.linalg.norm(ref, dim=1)
+    if bound is not None:
+        den = torch.maximum(den, 1e-3 * torch.linalg.norm(bound, dim=1))
+    row_err = float((torch.linalg.norm(o - ref, dim=1) / den.clamp_min(1e-30)).max())
     if buf is not None:
         outside = torch.cat([buf[0], buf[-1], buf[1:m + 1, n:].reshape(-1)])
         assert torch.isnan(outside.float()).all(), f"{what}: wrote outside out"

@@ -74,7 +74,7 @@ def _ids(g, M, k, Ep):
     return ids.to(torch.int32)
 
 
-@pytest.mark.parametrize("tiles", [0, 1])
+@pytest.mark.parametrize("tiles", [0, 1, 2])
 def test_decode_kernels_bad_ids_and_guard_bytes(moe, tiles):
     """The real H and I with E' = 17 experts (the weights in sentinel arenas stay small), M = 4, k' = 9."""
     from vkc_runtime.ops.moe import decode_ops as D

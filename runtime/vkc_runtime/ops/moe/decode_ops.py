@@ -28,8 +28,9 @@ nothing to out (kernels_src/moe/decode.py states the rule), so no value makes a 
 these tensors.
 
 Tiles (``TILES``; the rule takes the first of each kernel, ``_tile=`` forces another: benchmarks): gate_up
-BLOCK_N 8 x BLOCK_K 512 (4 warps) or 16 x 512 (8 warps); down BLOCK_N 4 x BLOCK_K 512 x 4 slots per
-iteration (4 warps) or 8 x 512 x 4 (8 warps). Grids: gate_up (M * k', cdiv(I, BLOCK_N)), down
+BLOCK_N 8 x BLOCK_K 256 (4 warps), 8 x 512 (4 warps) or 16 x 512 (8 warps); down BLOCK_N 4 x BLOCK_K 64
+(4 warps), 4 x 128 (8 warps) or 2 x 128 (4 warps), every slot (SB 16 >= k') in one tile. Both kernels load the
+next K step's weights before reducing the current one. Grids: gate_up (M * k', cdiv(I, BLOCK_N)), down
 (M, cdiv(H, BLOCK_N)): a pure function of the shapes, so graph-stable.
 
 Graphs: no workspace, no allocation; the block's :func:`moe_workspace` loads these kernels and holds the h rows
@@ -47,7 +48,7 @@ __all__ = ["decode_gate_up", "decode_down", "DECODE_MAX_M", "TILES", "DECODE_BAS
 DECODE_MAX_M = 4
 # kernel -> its tiles, the rule's pick first (kernels_src/moe/decode_spec.py compiles the same list):
 # gate_up (BLOCK_N, BLOCK_K), down (BLOCK_N, BLOCK_K, SB)
-TILES = {"gate_up": ((8, 512), (16, 512)), "down": ((4, 512, 4), (8, 512, 4))}
+TILES = {"gate_up": ((8, 256), (8, 512), (16, 512)), "down": ((4, 64, 16), (4, 128, 16), (2, 128, 16))}
 
 
 def _base(kind: str, tile: tuple) -> str:
