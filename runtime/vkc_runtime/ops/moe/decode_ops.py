@@ -13,7 +13,8 @@ grouped GEMMs -> combine.
 so their weight bytes grow with M * k' while the grouped GEMMs' grow with the distinct experts; the pairs that
 share an expert in one step (the shared expert: all M) meet in L2, because the programs of one weight block
 run side by side. The H200 crossover (benchmarks/bench_moe.py, rows moe_block_paths, 35B-A3B's block, graph
-device time): decode 34.7 / 49.2 / 76.7 / 128.1 us at M = 1 / 2 / 4 / 8, grouped 46.2 / 59.3 / 78.2 / 119.3 us.
+device time, session 13): decode 27.1 / 42.6 / 69.4 / 118.8 us at M = 1 / 2 / 4 / 8, grouped 37.2 / 52.3 / 70.9 /
+110.9 us.
 
 Layouts and requirements (checked before any launch, :class:`OpError` otherwise):
   x            bf16 [M, H], last dim contiguous, row stride % 16 elements, 16-byte aligned, H % 16 == 0
