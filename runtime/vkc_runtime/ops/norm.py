@@ -2,6 +2,10 @@
 residual add, the GDN output's gated RMSNorm.
 
 Tensors, layouts, the `.a16`/`.any` choice and bound calls: the row-op conventions in :mod:`vkc_runtime.ops._check`.
+
+Programmatic dependent launch (sm_90a+, ARCHITECTURE.md section 8): rows up to 4096 wide and the gated norm read
+the norm weight before their device-side wait, so the weight must not be written by the kernel launched just
+before on the same stream (model weights never are; ``VKC_PDL=0`` lifts the rule).
 """
 from __future__ import annotations
 
