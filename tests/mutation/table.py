@@ -231,8 +231,8 @@ MUTATIONS: tuple[Mutation, ...] = (
 SANITY_MARKER = "vkc-mutation-sanity-probe"
 SANITY = Mutation(
     "sanity-import-probe", "norm/norm.py",
-    "from kernels_src.common import floor16, silu_f32\n",
-    f"from kernels_src.common import floor16, silu_f32\nraise ImportError({SANITY_MARKER!r})\n",
+    "from kernels_src.common import floor16, pdl_enter, silu_f32\n",
+    f"from kernels_src.common import floor16, pdl_enter, silu_f32\nraise ImportError({SANITY_MARKER!r})\n",
     NORM, "test_rmsnorm_small", "importing the mutated copy raises")
 
 FAMILIES = ("norm", "rope", "act", "embedding", "attn", "gdn", "gdn_decode", "conv")
