@@ -6,7 +6,11 @@ usage: python benchmarks/ncu_case.py gdn <T> <hk> <hv>      (chunked GDN prefill
        python benchmarks/ncu_case.py engine <shape> <B> [eager|graph]   (one decode step of bench_engine's
                                      model shape with random weights, B sequences; graph: the step's CUDA graph
                                      replayed, which ncu profiles node by node; the eager mode ran on the H200 in session 12, the graph
-                                     mode not yet)
+                                     mode not yet; ncu backs the KV cache up per replay pass, so give ncu
+                                     --replay-mode application or profile one kernel with --launch-count)
+       python benchmarks/ncu_case.py moe <M> [decode|grouped]   (the 35B-A3B MoE block, sparse_moe_block on
+                                     M tokens, random weights: ~1.6 GB, no engine; the path the rule takes unless
+                                     named)
 """
 from __future__ import annotations
 
@@ -44,6 +48,26 @@ def _engine_step(shape: str, B: int, graphs: bool = False):
     return call
 
 
+def _moe_block(M: int, path):
+    """One sparse_moe_block call at bench_moe's 35B-A3B shape (E = 256 + the shared expert, top-8, H 2048, I 512)."""
+    import bench_moe as BM
+    from vkc_runtime.ops import moe
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    gw, sg = rnd(BM.E, BM.H), rnd(1, BM.H)
+    w1, w2 = rnd(BM.EP, 2 * BM.I, BM.H), rnd(BM.EP, BM.H, BM.I)
+    x = torch.randn(M, BM.H, device="cuda", generator=g).to(torch.bfloat16)
+    ws = moe.moe_workspace(M, BM.E, BM.K, BM.H, BM.I, shared=True)
+    out = torch.empty(M, BM.H, dtype=torch.bfloat16, device="cuda")
+
+    def call():
+        moe.sparse_moe_block(x, gw, w1, w2, BM.K, renormalize=True, shared_gate_w=sg, workspace=ws, out=out,
+                             path=path)
+    return call
+
+
 def main(argv):
     what = argv[0]
     if what == "gdn":
@@ -58,6 +82,8 @@ def main(argv):
 
         def call():
             A.decode(q, kc, vc, bt, sl, 256 ** -0.5, out=out, max_seq_len=L)
+    elif what == "moe":
+        call = _moe_block(int(argv[1]), argv[2] if len(argv) > 2 else None)
     elif what == "engine":
         call = _engine_step(argv[1], int(argv[2]), graphs=len(argv) > 3 and argv[3] == "graph")
     else:

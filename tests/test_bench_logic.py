@@ -54,6 +54,8 @@ def test_helpers_other_scripts_use_keep_their_signatures():
     assert list(inspect.signature(bench_gdn.vkc_case).parameters)[:3] == ["lens", "hk", "hv"]
     kc, vc, bt, k, v, q, sl, out = bench_attn.decode_inputs(2, 20, dense=False, device="cpu")  # ncu_case
     assert k is None and q.shape == (2, 24, 256) and sl.tolist() == [20, 20]
+    import bench_moe  # ncu_case moe: its 35B-A3B block shape
+    assert (bench_moe.E, bench_moe.EP, bench_moe.K, bench_moe.H, bench_moe.I) == (256, 257, 8, 2048, 512)
 
 
 def test_case_lists():
