@@ -12,7 +12,9 @@ Bases (vkc_runtime/ops/moe/decode_ops.py picks one tile per kernel; TILES there 
   decode.down.n4.k128.s16    4 rows x 128, 8 warps
   decode.down.n2.k128.s16    2 rows x 128, 4 warps (1024 programs at M = 1)
 (The n4.k512.s4 / n8.k512.s4 down tiles before them took 4 slots per step, one slot group after another: three
-dependent id -> weight rounds at k' = 9, 9.1 us at M = 1 on the H200, 49% of the floor.)
+dependent id -> weight rounds at k' = 9. On the H200 at M = 1, alone: old n4.k512.s4 9.1 us, n4.k64.s16 9.35 us
+(49% of the floor either way); gate_up old n8.k512 11.2, n8.k256 12.1; the whole block 27.5 -> 27.1 us
+(BENCHMARKS.md, session 13).)
 
 The bf16 pointers, K (the reduction length) and the weights' / x's / h's / out's strides carry div=16
 (checked by the runtime); the ids / weights pointers, P, E, N and k_out carry none.
