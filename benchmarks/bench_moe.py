@@ -281,14 +281,20 @@ def _print_paths(rows):
               f"{r['rule_path']}  {r.get('alternatives')}")
 
 
+def random_weights(seed: int = 1):
+    """The block's random bf16 weights (router gw [E, H], shared gate sg [1, H], w1 [E', 2I, H], w2 [E', H, I])
+    and the generator they came from (benchmarks/ncu_case.py draws its x from it)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    return (rnd(E, H), rnd(1, H), rnd(EP, 2 * I, H), rnd(EP, H, I)), g
+
+
 def main(out_path: str, only_paths: bool = False) -> None:
     torch.manual_seed(0)
     copy_tbs = BC.measured_copy_tbs()
-    g = torch.Generator(device="cuda").manual_seed(1)
-    gw = (torch.randn(E, H, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    sg = (torch.randn(1, H, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    w1 = (torch.randn(EP, 2 * I, H, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    w2 = (torch.randn(EP, H, I, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    (gw, sg, w1, w2), _ = random_weights()
     W = (gw, sg, w1, w2, w1.transpose(1, 2), w2.transpose(1, 2))
     rows, cmp = [], BC.Comparisons()
     for M in PATH_MS:

@@ -52,12 +52,7 @@ def _moe_block(M: int, path):
     """One sparse_moe_block call at bench_moe's 35B-A3B shape (E = 256 + the shared expert, top-8, H 2048, I 512)."""
     import bench_moe as BM
     from vkc_runtime.ops import moe
-    g = torch.Generator(device="cuda").manual_seed(1)
-
-    def rnd(*shape):
-        return (torch.randn(*shape, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    gw, sg = rnd(BM.E, BM.H), rnd(1, BM.H)
-    w1, w2 = rnd(BM.EP, 2 * BM.I, BM.H), rnd(BM.EP, BM.H, BM.I)
+    (gw, sg, w1, w2), g = BM.random_weights()
     x = torch.randn(M, BM.H, device="cuda", generator=g).to(torch.bfloat16)
     ws = moe.moe_workspace(M, BM.E, BM.K, BM.H, BM.I, shared=True)
     out = torch.empty(M, BM.H, dtype=torch.bfloat16, device="cuda")

@@ -56,6 +56,7 @@ def test_helpers_other_scripts_use_keep_their_signatures():
     assert k is None and q.shape == (2, 24, 256) and sl.tolist() == [20, 20]
     import bench_moe  # ncu_case moe: its 35B-A3B block shape
     assert (bench_moe.E, bench_moe.EP, bench_moe.K, bench_moe.H, bench_moe.I) == (256, 257, 8, 2048, 512)
+    assert list(inspect.signature(bench_moe.random_weights).parameters) == ["seed"]
 
 
 def test_case_lists():
