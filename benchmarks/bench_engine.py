@@ -4,7 +4,7 @@ replay CUDA graphs unless ``--graphs off``). Shapes: the dense 27B and the MoE 3
 
     python benchmarks/bench_engine.py [--shape {27b,35b-a3b}] [--batches 1,16,64] [--prefill 2048]
                                       [--long-prefill 8192] [--steps 16] [--graphs on|off] [--gemv-max-m 16]
-                                      [--quant {none,fp8}] [--fp8-gemv on|off] [--breakdown] [--out F]
+                                      [--quant {none,fp8,nvfp4}] [--fp8-gemv on|off] [--breakdown] [--out F]
 
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
@@ -17,7 +17,9 @@ only (the events add a little). Each lists {family: [ms, calls]} and ``total``. 
 backend=...)`` is the same measurement on any backend (the CPU test drives it on the numpy backend at a tiny
 shape). ``--quant fp8``: the config gets Qwen's block-wise FP8 ``quantization_config`` and the dummy weights of the
 projections an *-FP8 release quantizes are random e4m3 bytes with float32 block scales (vkc_engine.dummy), so those
-linears run ops.gemm_fp8 (quantize_fp8_per_token_group + linear_fp8_block) at every M; the JSON gets "quant".
+linears run ops.gemm_fp8 (quantize_fp8_per_token_group + linear_fp8_block) at every M; ``--quant nvfp4``: an
+llm-compressor NVFP4 config and NVFP4 dummy weights for the same projections (W4A16: ops.gemv.gemv_w4a16 at M <=
+16, ops.gemm.linear_w4a16 above); the JSON gets "quant".
 ``--fp8-gemv on`` turns vkc_engine.backend.FP8_GEMV on: the captured steps' FP8 linears at M <= GEMV_MAX_M take
 ops.gemv.gemv_w8a16 (the JSON gets "fp8_gemv").
 """
@@ -34,6 +36,11 @@ _ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.2
 FP8_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
              "modules_to_not_convert": ["lm_head", "embed_tokens", "mlp.gate", "shared_expert_gate", "in_proj_a",
                                         "in_proj_b"]}
+NVFP4_QUANT = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+               "ignore": ["lm_head", "embed_tokens", "mlp.gate", "shared_expert_gate", "in_proj_a", "in_proj_b"],
+               "config_groups": {"group_0": {"format": "nvfp4-pack-quantized", "targets": ["Linear"],
+                                             "weights": {"num_bits": 4, "type": "float", "group_size": 16,
+                                                         "strategy": "tensor_group", "symmetric": True}}}}
 SHAPES = {  # HF config.json field names
     # the dense Qwen3.6 27B text model
     "27b": {"model_type": "qwen3_5", "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
@@ -162,8 +169,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gemv-max-m", type=int, default=None, choices=range(0, 65), metavar="0..64",
                     help="ops.gemv for M <= this in captured steps (default: the backend's rule)")
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--quant", choices=("none", "fp8"), default="none",
-                    help="fp8: block-wise FP8 dummy weights for the projections (ops.gemm_fp8)")
+    ap.add_argument("--quant", choices=("none", "fp8", "nvfp4"), default="none",
+                    help="fp8: block-wise FP8 dummy weights for the projections (ops.gemm_fp8); nvfp4: NVFP4 "
+                         "(compressed-tensors) dummy weights, run as W4A16")
     ap.add_argument("--fp8-gemv", choices=("on", "off"), default=None,
                     help="the small-M rule for FP8 linears (gemv_w8a16; default: the backend's FP8_GEMV)")
     ap.add_argument("--out", default=None)
@@ -175,7 +183,8 @@ def main(argv=None) -> int:
         import vkc_engine.backend as B
         B.GEMV_MAX_M = a.gemv_max_m
     with tempfile.TemporaryDirectory() as d:
-        conf = dict(SHAPES[a.shape], **({"quantization_config": FP8_QUANT} if a.quant == "fp8" else {}))
+        quant = {"fp8": FP8_QUANT, "nvfp4": NVFP4_QUANT}.get(a.quant)
+        conf = dict(SHAPES[a.shape], **({"quantization_config": quant} if quant else {}))
         (Path(d) / "config.json").write_text(json.dumps(conf))
         res = run(d, batches=tuple(int(b) for b in a.batches.split(",")), prefill=a.prefill, steps=a.steps,
                   long_prefill=a.long_prefill, graphs=a.graphs == "on", breakdown=a.breakdown)

@@ -25,6 +25,14 @@ engine runs the FP8 GEMM (mirroring vkc_engine.model's rule: a mixer or dense-ML
 its bf16 rounding where the engine dequantizes at load (MoE experts, the folded shared expert, small parts like
 ``in_proj_b``); ``model.vkc_fp8_linears`` names the FP8-GEMM modules, whose inputs :func:`fp8_act_quant`
 quantizes as the engine does.
+
+NVFP4 (``nvfp4=`` options: ``layout`` "compressed-tensors" or "modelopt", ``ignore`` as FP8's ``not_convert``):
+the same projections quantized with tests/refs_nvfp4.quantize (e4m3 scale per 16 = amax / 6 in units of the
+global scale, nearest e2m1 code), one global scale per tensor except where llm-compressor fuses them (q / k / v,
+gate / up, GDN in_proj_qkv / in_proj_z share one), stored in the layout's names (compressed-tensors:
+``weight_packed`` U8, ``weight_scale`` F8_E4M3, ``weight_global_scale`` = 1 / the multiplier, an
+``input_global_scale``; ModelOpt: ``weight`` U8, ``weight_scale``, ``weight_scale_2`` = the multiplier, an
+``input_scale``) with the layout's config. The HF model holds the exact dequantized weights.
 """
 from __future__ import annotations
 
@@ -149,21 +157,90 @@ def _quantize_fp8(model, sd: dict, opts: dict) -> None:
         q, scale, deq = _block_quantize(t.float(), opts.get("scale_dtype", "F32"))
         sd[name], sd[name + "_scale_inv"] = q, scale.contiguous()
         fp8 = _engine_runs_fp8(name, t.shape, sd)
-        val = deq if fp8 else deq.to(torch.bfloat16).float()
-        if ".experts." in name:  # experts.E.{gate,up,down}_proj.weight -> the fused parameters' rows
-            base, e, proj = name.rsplit(".", 3)[0], int(name.split(".experts.")[1].split(".")[0]), name.split(".")[-2]
-            if proj == "down_proj":
-                dst = params[base + ".down_proj"][e]
-            else:
-                gu = params[base + ".gate_up_proj"][e]
-                half = gu.shape[0] // 2
-                dst = gu[:half] if proj == "gate_proj" else gu[half:]
-        else:
-            dst = params[name]
-        with torch.no_grad():
-            dst.copy_(val)
+        _set_param(params, name, deq if fp8 else deq.to(torch.bfloat16).float())
         if fp8:
             model.vkc_fp8_linears.append(name[:-len(".weight")])
+
+
+NVFP4_IGNORE = ("lm_head", "embed_tokens", "mlp.gate.weight", "shared_expert_gate", "in_proj_a", "in_proj_b")
+# parts that share one global scale (llm-compressor's fused-layer global scales)
+_NVFP4_FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("in_proj_qkv", "in_proj_z"))
+
+
+def _quantize_nvfp4(model, sd: dict, opts: dict) -> None:
+    """Quantize sd's projections in place to NVFP4 (module docstring); the model's parameters get the exact
+    dequantized values."""
+    import numpy as np
+    import torch
+
+    from tests import refs_nvfp4 as F
+    layout = opts.get("layout", "compressed-tensors")
+    skip = tuple(opts.get("ignore", NVFP4_IGNORE))
+    params = dict(model.named_parameters())
+    names = [n for n in sorted(sd) if n.endswith(".weight") and "proj" in n.split(".")[-2] and sd[n].ndim == 2
+             and not any(k in n for k in skip)]
+    amax = {n: float(sd[n].float().abs().max()) for n in names}
+
+    def group_of(n):
+        mod = n.split(".")[-2]
+        for g in _NVFP4_FUSED:
+            if mod in g:
+                return tuple(n.replace(mod, m) for m in g)
+        return (n,)
+    for name in names:
+        peers = [p for p in group_of(name) if p in amax]
+        alpha = max(max(amax[p] for p in peers) / (6.0 * 448.0), 1e-30)
+        w = sd[name].float().numpy().astype(np.float64)
+        packed, sbytes, alpha = F.quantize(w, alpha)
+        if layout == "compressed-tensors":  # the multiplier the file means: 1 / its float32 divisor
+            alpha = float(1.0 / np.float64(np.float32(1.0 / alpha)))
+        # as vkc_engine.loader.dequantize_nvfp4 computes it: e2m1 * e4m3 (exact in float32) * float32(alpha)
+        deq = torch.from_numpy(F.dequant(packed, sbytes, 1.0).astype(np.float32) * np.float32(alpha))
+        base = name[:-len(".weight")]
+        del sd[name]
+        s8 = torch.from_numpy(sbytes).view(torch.float8_e4m3fn)
+        if layout == "compressed-tensors":
+            sd[base + ".weight_packed"] = torch.from_numpy(packed)
+            sd[base + ".weight_scale"] = s8
+            sd[base + ".weight_global_scale"] = torch.tensor([1.0 / alpha], dtype=torch.float32)
+            sd[base + ".input_global_scale"] = torch.tensor([448.0 * 6.0 / 3.0], dtype=torch.float32)
+        else:
+            sd[base + ".weight"] = torch.from_numpy(packed)
+            sd[base + ".weight_scale"] = s8
+            sd[base + ".weight_scale_2"] = torch.tensor(alpha, dtype=torch.float32)
+            sd[base + ".input_scale"] = torch.tensor(3.0 / (448.0 * 6.0), dtype=torch.float32)
+        _set_param(params, name, deq)
+
+
+def _nvfp4_config(opts: dict) -> dict:
+    ignore = list(opts.get("ignore", NVFP4_IGNORE))
+    if opts.get("layout", "compressed-tensors") == "modelopt":
+        return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ignore,
+                "kv_cache_quant_algo": None}
+    spec = {"num_bits": 4, "type": "float", "group_size": 16, "strategy": "tensor_group", "symmetric": True,
+            "dynamic": False, "observer": "minmax"}
+    return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": ignore,
+            "kv_cache_scheme": None, "quantization_status": "compressed",
+            "config_groups": {"group_0": {"format": "nvfp4-pack-quantized", "targets": ["Linear"], "weights": spec,
+                                          "input_activations": dict(spec, dynamic="local")}}}
+
+
+def _set_param(params: dict, name: str, val) -> None:
+    """Copy ``val`` into the HF parameter a checkpoint tensor ``name`` maps to (per-expert names -> the fused
+    expert parameters' rows)."""
+    import torch
+    if ".experts." in name:  # experts.E.{gate,up,down}_proj.weight -> the fused parameters' rows
+        base, e, proj = name.rsplit(".", 3)[0], int(name.split(".experts.")[1].split(".")[0]), name.split(".")[-2]
+        if proj == "down_proj":
+            dst = params[base + ".down_proj"][e]
+        else:
+            gu = params[base + ".gate_up_proj"][e]
+            half = gu.shape[0] // 2
+            dst = gu[:half] if proj == "gate_proj" else gu[half:]
+    else:
+        dst = params[name]
+    with torch.no_grad():
+        dst.copy_(val)
 
 
 def fp8_act_quant(model, on: bool = True):
@@ -194,11 +271,12 @@ def fp8_act_quant(model, on: bool = True):
 
 def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256, intermediate=512, tie=False,
                     vlm=False, shards: int = 1, seed: int = 0, all_bf16: bool = False, moe: dict | None = None,
-                    expert_layout: str = "per_expert", fp8: dict | None = None):
+                    expert_layout: str = "per_expert", fp8: dict | None = None, nvfp4: dict | None = None):
     """Write a tiny checkpoint into ``out_dir``; returns (fp32 HF model in eval mode, tokenizer). ``moe``: the
     MoE fields (num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size) for a
     Qwen3_5MoeForCausalLM; ``expert_layout``: "per_expert" (released) or "fused" (transformers' parameters);
-    ``fp8``: block-wise FP8 options (module docstring: ``not_convert``, ``scale_dtype``), {} for the defaults."""
+    ``fp8``: block-wise FP8 options (module docstring: ``not_convert``, ``scale_dtype``), {} for the defaults;
+    ``nvfp4``: NVFP4 options (``layout``, ``ignore``)."""
     import torch
     from safetensors.torch import save_file
     if moe:
@@ -237,6 +315,8 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
         sd = _split_experts(sd)
     if fp8 is not None:
         _quantize_fp8(model, sd, fp8)
+    if nvfp4 is not None:
+        _quantize_nvfp4(model, sd, nvfp4)
     if vlm:
         sd = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in sd.items()}
         sd["mtp.fc.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
@@ -267,6 +347,8 @@ def make_checkpoint(out_dir, *, heads=HEADS_27B, layer_types=LAYERS, hidden=256,
         conf["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                        "weight_block_size": [128, 128],
                                        "modules_to_not_convert": list(fp8.get("not_convert", FP8_NOT_CONVERT))}
+    if nvfp4 is not None:
+        conf["quantization_config"] = _nvfp4_config(nvfp4)
     (out / "config.json").write_text(json.dumps(conf, indent=1))
     return model, tok
 

@@ -71,6 +71,14 @@ class Fp8NumpyWeight:
         return self.q.astype(np.float64) * s
 
 
+class Nvfp4NumpyWeight:
+    """An NVFP4 linear (W4A16): its exact values e2m1 * e4m3 [N, K] as float64 and the global multiplier."""
+
+    def __init__(self, w, alpha):
+        self.w, self.alpha = w, float(alpha)
+        self.shape = w.shape
+
+
 class NumpyBackend:
     name = "numpy"
     supports_graphs = False
@@ -111,6 +119,14 @@ class NumpyBackend:
         assert all(p.dtype == "F8_E4M3" for p in parts) and all(s.dtype == "F32" for s in scales)
         return Fp8NumpyWeight(np.concatenate([E4M3_VALUES[p.data] for p in parts], axis=0),
                               np.concatenate([to_float32(s) for s in scales], axis=0))
+
+    def weight_nvfp4(self, packed, scales, alpha):
+        assert all(p.dtype == "U8" for p in packed) and all(s.dtype == "F8_E4M3" for s in scales)
+        from vkc_engine.loader import E2M1_VALUES
+        p = np.concatenate([t.data for t in packed], axis=0)
+        codes = np.stack([p & 15, p >> 4], axis=-1).reshape(p.shape[0], -1)
+        s = np.repeat(np.concatenate([E4M3_VALUES[t.data] for t in scales], axis=0), 16, axis=1)
+        return Nvfp4NumpyWeight(E2M1_VALUES[codes].astype(np.float64) * s, alpha)
 
     def upload_into(self, dst, host):
         view = dst[:host.size].reshape(host.shape)
@@ -180,6 +196,10 @@ class NumpyBackend:
             self._log("linear_fp8")
             xq = fp8_group_quant(x) if self.fp8_act_quant else x
             out[...] = xq.astype(np.float64) @ w.dequantized().T
+            return out
+        if isinstance(w, Nvfp4NumpyWeight):  # W4A16: the exact weights, the multiplier after the product
+            self._log("linear_nvfp4")
+            out[...] = (x.astype(np.float64) @ w.w.T) * w.alpha
             return out
         self._log("linear")
         out[...] = x.astype(np.float64) @ w.astype(np.float64).T

@@ -27,8 +27,8 @@ import summarize  # noqa: E402
 from tests import refs_attn  # noqa: E402
 
 
-@pytest.mark.parametrize("mod", ["bench_attn", "bench_gdn", "bench_gdn_decode", "bench_gemm", "bench_gemm_fp8", "bench_gemv",
-                                 "bench_norm", "bench_sample",
+@pytest.mark.parametrize("mod", ["bench_attn", "bench_gdn", "bench_gdn_decode", "bench_gemm", "bench_gemm_fp8",
+                                 "bench_gemm_triton", "bench_gemv", "bench_norm", "bench_sample",
                                  "timing", "summarize", "tune_attn", "tune_conv", "tune_gdn", "tune_gemv", "tune_norm",
                                  "ncu_case"])
 def test_benchmarks_import_on_cpu(mod):

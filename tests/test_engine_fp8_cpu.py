@@ -127,7 +127,7 @@ def test_dense_fp8_weights_and_fusion_segments(dense):
     assert isinstance(m.layers[0].mlp.gate_up, Fp8NumpyWeight) and isinstance(m.layers[0].mlp.down, np.ndarray)
     assert isinstance(m.layers[1].mlp.down, Fp8NumpyWeight) and isinstance(m.lm_head, np.ndarray)
     assert any("FP8 checkpoint: " in x and "linear weights run the FP8 block GEMM" in x and
-               "2 FP8 linear parts dequantized" in x for x in logs), logs
+               "2 quantized linear parts dequantized" in x for x in logs), logs
 
 
 def test_dense_fp8_activation_quantization(dense):
@@ -138,7 +138,7 @@ def test_moe_fp8_experts_dequantized(moe):
     d, model = moe
     llm, logs = _weights_exact(d, model, 20, 4)
     assert llm.cfg.vlm_wrapped and llm.cfg.quant is not None
-    assert any("tensors outside the FP8 GEMM's linears (MoE experts" in x and "dequantized to bf16" in x
+    assert any("tensors outside the quantized linears (MoE experts" in x and "dequantized to bf16" in x
                for x in logs), logs
     _act_quant_matches(d, model, 5)
 
@@ -170,8 +170,7 @@ FP8_Q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "
     ({"activation_scheme": "static"}, "quantization_config.activation_scheme 'static'"),
     ({"scale_fmt": "ue8m0"}, "quantization_config.scale_fmt 'ue8m0'"),
     ({"modules_to_not_convert": "lm_head"}, "modules_to_not_convert must be a list"),
-    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "quant_algo 'NVFP4' (NVFP4) is not supported"),
-    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}, "no NVFP4 GEMM for prefill"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "quant_method 'modelopt' is not supported"),
 ])
 def test_config_quantization_errors(change, msg):
     from tests.test_engine_loader import BASE
@@ -184,15 +183,14 @@ def test_config_quantization_errors(change, msg):
         parse_config(wrapped)
 
 
-def test_modelopt_hf_quant_config_refused(tmp_path):
+def test_modelopt_hf_quant_config_other_than_nvfp4_refused(tmp_path):
     from tests.test_engine_loader import BASE
     from vkc_engine.config import load_config
     (tmp_path / "config.json").write_text(json.dumps(BASE))
     assert load_config(tmp_path).quant is None
-    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4",
-                                                                                "group_size": 16}}))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
     with pytest.raises(ConfigError, match=r"hf_quant_config.json: ModelOpt quantization \(quantization.quant_algo "
-                                          r"'NVFP4'\) is not supported: vkc has an NVFP4 GEMV for decode but no"):
+                                          r"'FP8'\) is not supported"):
         load_config(tmp_path)
 
 
@@ -212,7 +210,7 @@ def test_unaligned_fused_width_falls_back_to_bf16(small_fp8):
     from tests.engine_numpy_backend import Fp8NumpyWeight
     assert isinstance(llm.model.layers[0].mixer.in_proj, np.ndarray)
     assert isinstance(llm.model.layers[1].mixer.qkv, Fp8NumpyWeight)
-    assert any("3 FP8 linear parts dequantized" in x for x in logs), logs  # in_proj_qkv, _z, _b; a is bf16
+    assert any("3 quantized linear parts dequantized" in x for x in logs), logs  # in_proj_qkv, _z, _b; a is bf16
 
 
 def _copy(src, dst, edit=None, config=None):

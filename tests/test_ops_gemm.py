@@ -1,11 +1,12 @@
-"""``vkc_runtime.ops.gemm.linear`` without a driver: the tile rule, the exact launcher arguments (pointers, row
-strides, M, N, K, stream) for dense and strided operands, and every host-checkable problem refused before any
-launch (the recorded launches stay empty)."""
+"""``vkc_runtime.ops.gemm`` without a driver: the tile rules, the exact launcher arguments (pointers, row strides,
+M, N, K, stream) of both lanes of ``linear`` (CuTe: the C launcher; Triton: checked against the committed sm_90a
+manifest by tests/ops_fakes.Recorder) and of ``linear_w4a16``, for dense and strided operands, and every
+host-checkable problem refused before any launch (the recorded launches stay empty)."""
 from __future__ import annotations
 
 import pytest
 
-from tests.ops_fakes import Dev
+from tests.ops_fakes import Dev, install_recorder
 from vkc_runtime.errors import MissingKernelError
 from vkc_runtime.ops import gemm as G
 from vkc_runtime.ops._check import OpError
@@ -47,7 +48,11 @@ def test_tile_rule():
     assert G.pick_tile(1, 10240, 132) == 128
     assert G.pick_tile(2048, 5120, 132, tiles=(256,)) == 256
     assert set(G.OPTIONAL_BASES) == {G.gemm_base(t) for t in G.TILES} | {G.fp8_base(t) for t in G.TILES}
-    assert G.BASES == ()
+    assert G.BASES == tuple(G.mma_base(*t) for t in G.MMA_TILES) + tuple(G.w4a16_base(*t) for t in G.W4A16_TILES)
+    T = G.MMA_TILES
+    assert G.pick_mn_tile(8192, 34816, 132, T, G.MMA_TILE_FACTOR) == (128, 256)
+    assert G.pick_mn_tile(2048, 5120, 132, T, G.MMA_TILE_FACTOR) == (128, 128)   # 320 wide tiles: 3 waves at 81%
+    assert G.pick_mn_tile(100, 5120, 132, T, G.MMA_TILE_FACTOR) == (64, 128)     # few rows: less M padding
 
 
 def test_linear_launch_arguments(calls):
@@ -80,9 +85,77 @@ def test_linear_empty_does_not_launch(calls):
 
 def test_linear_without_kernel(monkeypatch, calls):
     monkeypatch.setattr(G, "has_kernel", lambda base: False)
-    with pytest.raises(MissingKernelError, match="sm_90a only"):
+    with pytest.raises(MissingKernelError, match="no Triton bf16 GEMM"):
         G.linear(Dev((5, 128)), Dev((64, 128)), Dev((5, 64)))
+    with pytest.raises(MissingKernelError, match="no CuTe bf16 GEMM"):
+        G.linear(Dev((5, 128)), Dev((64, 128)), Dev((5, 64)), _lane="cute")
+    with pytest.raises(OpError, match="_lane must be"):
+        G.linear(Dev((5, 128)), Dev((64, 128)), Dev((5, 64)), _lane="wgmma")
     assert calls == []
+
+
+@pytest.fixture()
+def rec(monkeypatch):
+    """The Triton lane (no CuTe kernel on the arch), launches recorded against the sm_90a manifest."""
+    r = install_recorder(monkeypatch, G)
+    monkeypatch.setattr(G, "has_cute", lambda: False)
+    return r
+
+
+def test_triton_lane_arguments(rec):
+    M, N, K = 300, 2048, 4096
+    x, w, y = Dev((M, K)), Dev((N, K)), Dev((M, N))
+    assert G.linear(x, w, y, stream=0) is y
+    (base, grid, args), = rec.calls
+    bm, bn = G.pick_mn_tile(M, N, 132, G.MMA_TILES, G.MMA_TILE_FACTOR)
+    assert base == G.mma_base(bm, bn) and grid == (-(-M // bm) * -(-N // bn), 1, 1)
+    assert args == (ptr(x), ptr(w), ptr(y), M, N, K, K, K, N)
+    # strided views: x the first 512 columns of a [7, 1024] buffer, out columns 64.. of a [7, 200] buffer
+    x2, y2 = Dev((7, 512), strides=(1024, 1)), Dev((7, 128), strides=(200, 1), offset=64)
+    G.linear(x2, Dev((128, 512)), y2)
+    assert rec.calls[1][2][6:] == (1024, 512, 200)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (lambda: (Dev((4, 24)), Dev((64, 24)), Dev((4, 64))), "the Triton lane needs K (24)"),
+    (lambda: (Dev((4, 64), strides=(72, 1)), Dev((64, 64)), Dev((4, 64))), "row strides (72 / 64)"),
+    (lambda: (Dev((4, 64)), Dev((64, 64), strides=(136, 1)), Dev((4, 64))), "row strides (64 / 136)"),
+])
+def test_triton_lane_refuses_before_launch(rec, args, msg):
+    with pytest.raises(OpError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        G.linear(*args())
+    assert rec.calls == []
+
+
+U8 = "|u1"
+
+
+def test_w4a16_arguments(rec):
+    M, N, K = 300, 2048, 4096
+    x, p, sc, y = Dev((M, K)), Dev((N, K // 2), U8), Dev((N, K // 16), U8), Dev((M, N))
+    assert G.linear_w4a16(x, p, sc, 0.25, y) is y
+    (base, grid, args), = rec.calls
+    bm, bn = G.pick_mn_tile(M, N, 132, G.W4A16_TILES, G.MMA_TILE_FACTOR)
+    assert base == G.w4a16_base(bm, bn) and grid == (-(-M // bm) * -(-N // bn), 1, 1)
+    assert args == (ptr(x), ptr(p), ptr(sc), ptr(y), 0.25, M, N, K, K, K // 2, K // 16, N)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (lambda: (Dev((4, 512)), Dev((64, 128), U8), Dev((64, 32), U8), 1.0), "x has K=512, the weights have K=256"),
+    (lambda: (Dev((4, 256)), Dev((64, 128), U8), Dev((64, 8), U8), 1.0), "weight_scale has shape (64, 8)"),
+    (lambda: (Dev((4, 256)), Dev((64, 128), "<f4"), Dev((64, 16), U8), 1.0), "weight_packed must be uint8"),
+    (lambda: (Dev((4, 256)), Dev((64, 128), U8), Dev((64, 16), U8), float("inf")), "global_scale must be finite"),
+    (lambda: (Dev((4, 256)), Dev((64, 128), U8, strides=(136, 1)), Dev((64, 16), U8), 1.0),
+     "weight_packed row stride (136)"),
+    (lambda: (Dev((4, 256), strides=(264, 1)), Dev((64, 128), U8), Dev((64, 16), U8), 1.0),
+     "row stride that is a multiple of 16 (got 264)"),
+])
+def test_w4a16_refuses_before_launch(rec, args, msg):
+    x, p, sc, a = args()
+    with pytest.raises(OpError) as e:
+        G.linear_w4a16(x, p, sc, a, Dev((4, 64)))
+    assert msg in str(e.value), str(e.value)
+    assert rec.calls == []
 
 
 @pytest.mark.parametrize("args, msg", [

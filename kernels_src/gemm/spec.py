@@ -1,4 +1,5 @@
-"""Specs of the GEMM family: CuTe DSL kernels (``CUTE_SPECS``, built by the CuTe lane of `vkc regen`).
+"""Specs of the GEMM family: CuTe DSL kernels (``CUTE_SPECS``, built by the CuTe lane of `vkc regen`) and the
+portable Triton BF16 GEMM (``SPECS``, ``mma.py``) for every arch.
 
 One kernel per (operand type, tile configuration); M, N, K and the row strides are runtime arguments of every
 launcher (C signatures ``vkc.cute_spec.ABIS["gemm_bf16"]`` and ``["gemm_fp8"]``: the FP8 e4m3 kernels also take two
@@ -13,10 +14,40 @@ Tiles (sm_90a WGMMA, 128-row tiles: two math warp groups of 64 rows each):
 
 The FP8 kernels use the same tiles and stages: a k-slice is 128 fp8 values (one 128-byte swizzle row, as 64 bf16
 are), so the shared-memory ring has the same bytes.
+
+The Triton BF16 GEMM (``bf16.mma.t<bm>x<bn>``, all seven archs; the op runs it where no CuTe kernel exists and
+tests / benchmarks force it on sm_90a): BLOCK_K 32, 4 stages (64 / 48 KB of shared memory, inside the 99 KB of
+sm_86 / sm_89 / sm_120a / sm_121a), 128x128 with 8 warps and 64x128 with 4 (the small-M / small-grid tile). Every
+pointer, K and the x / w row strides carry div=16 (checked by the op); M, N and the out row stride none. Grid
+(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),).
 """
 from vkc.cute_spec import CuteKernelSpec
+from vkc.spec import Arg, KernelSpec
 
-SPECS: list = []  # no Triton kernels in this family
+_MMA_ARGS = [Arg("a_ptr", "*bf16", div=16), Arg("w_ptr", "*bf16", div=16), Arg("out_ptr", "*bf16", div=16),
+             Arg("M", "i32"), Arg("N", "i32"), Arg("K", "i32", div=16),
+             Arg("stride_am", "i32", div=16), Arg("stride_wn", "i32", div=16), Arg("stride_om", "i32")]
+# (BLOCK_M, BLOCK_N, num_warps); BLOCK_K 32, 4 stages
+MMA_TILES = ((128, 256, 8), (128, 128, 8), (64, 128, 4))
+
+_W4A16_ARGS = [Arg("a_ptr", "*bf16", div=16), Arg("w_ptr", "*u8", div=16), Arg("s_ptr", "*u8", div=16),
+               Arg("out_ptr", "*bf16", div=16), Arg("alpha", "fp32"),
+               Arg("M", "i32"), Arg("N", "i32"), Arg("K", "i32", div=16),
+               Arg("stride_am", "i32", div=16), Arg("stride_wn", "i32", div=16), Arg("stride_sn", "i32", div=16),
+               Arg("stride_om", "i32")]
+# (BLOCK_M, BLOCK_N, num_warps); BLOCK_K 64 (4 scale groups), 3 stages, the packed-word decoder
+W4A16_TILES = ((128, 128, 8), (64, 128, 4))
+
+SPECS = [
+    KernelSpec(name=f"bf16.mma.t{bm}x{bn}", source="mma.py", entry="gemm_bf16_kernel", args=_MMA_ARGS,
+               constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=w, num_stages=4)
+    for bm, bn, w in MMA_TILES
+] + [
+    KernelSpec(name=f"w4a16.t{bm}x{bn}", source="mma.py", entry="gemm_w4a16_kernel", args=_W4A16_ARGS,
+               constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "PRMT": True},
+               num_warps=w, num_stages=3)
+    for bm, bn, w in W4A16_TILES
+]
 
 _SM90_TILES = [(128, 256, 4), (128, 128, 6), (128, 64, 8)]
 

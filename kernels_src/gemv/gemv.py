@@ -217,6 +217,35 @@ def _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
+def e4m3_scale(sc):
+    """int32 holding e4m3 scale bytes -> their exact fp32 values (the 7 low bits shifted into an fp16 are the
+    value times 2^-8, subnormals included)."""
+    sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)
+    return sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+
+
+@triton.jit
+def nvfp4_tile(w_rows, w_rows32, s_rows, k0, K, n_ok, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PRMT: tl.constexpr):
+    """The exact bf16 weights W[n, k0 .. k0 + BLOCK_K) [BLOCK_N, BLOCK_K] of an NVFP4 tile (before the global
+    multiplier): w_rows [BN, 1, 1] byte row pointers (w_rows32 the same rows as int32 pointers, used with PRMT),
+    s_rows [BN, 1] scale row pointers, n_ok [BN] the rows to read; scale groups past K // 16 read as zero."""
+    G: tl.constexpr = BLOCK_K // 16  # scale groups per tile
+    g_abs = k0 // 16 + tl.arange(0, G)  # scale group of each [g] slice; its 8 bytes are k = 16 g_abs .. + 15
+    g_ok = g_abs < K // 16
+    sc = tl.load(s_rows + g_abs[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
+    sf = e4m3_scale(sc)
+    if PRMT:
+        w = _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N, BLOCK_K)
+    else:
+        byte = (g_abs * 8)[None, :, None] + tl.arange(0, 8)[None, None, :]
+        b = tl.load(w_rows + byte, mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+        lo, hi = _dequant(b, sf)
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+    return w
+
+
+@triton.jit
 def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
                       stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       PRMT: tl.constexpr, PDL: tl.constexpr):
@@ -225,12 +254,9 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
     bf16, or fp32 partials (already times alpha) in ws. Grid (cdiv(N, BLOCK_N), n_split); M <= BLOCK_M; K % 16
     == 0; k_split a positive multiple of BLOCK_K with n_split * k_split >= K. PRMT: decode packed words with
     _UNPACK8 (inline PTX; compiled kernels only), else bytes elementwise (_dequant; the interpreter's path)."""
-    G: tl.constexpr = BLOCK_K // 16  # scale groups per tile
     pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
-    g = tl.arange(0, G)
-    j = tl.arange(0, 8)
     w_rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_wn
     if PRMT:
         w_rows32 = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64)[:, None, None] * (stride_wn // 4)
@@ -238,22 +264,10 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
         w_rows32 = w_rows  # unused
     s_rows = s_ptr + n.to(tl.int64)[:, None] * stride_sn
     x_rows = x_ptr + m.to(tl.int64)[None, :] * stride_xm
-    Kg = K // 16
     pdl_enter(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        g_abs = k0 // 16 + g  # scale group of each [g] slice; its 8 bytes are k = 16 g_abs .. 16 g_abs + 15
-        g_ok = g_abs < Kg
-        sc = tl.load(s_rows + g_abs[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
-        sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
-        sf = sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-        if PRMT:
-            w = _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N, BLOCK_K)
-        else:
-            byte = (g_abs * 8)[None, :, None] + j[None, None, :]
-            b = tl.load(w_rows + byte, mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
-            lo, hi = _dequant(b, sf)
-            w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        w = nvfp4_tile(w_rows, w_rows32, s_rows, k0, K, n_ok, BLOCK_N, BLOCK_K, PRMT)
         k = k0 + tl.arange(0, BLOCK_K)
         xt = tl.load(x_rows + k[:, None], mask=(k < K)[:, None] & m_ok[None, :], other=0.0)
         acc = tl.dot(w, xt, acc)
@@ -284,8 +298,7 @@ def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, s
         ok = n_ok[:, None] & g_ok[None, :]
         w64 = tl.load(w_rows + ga[None, :], mask=ok, other=0)
         sc = tl.load(s_rows + ga[None, :], mask=ok, other=0).to(tl.int32)
-        sbits = ((sc & 0x7F) << 7) | ((sc & 0x80) << 8)
-        sf = sbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+        sf = e4m3_scale(sc)
         xg = x_ptr + 16 * ga
         if PRMT:
             s16 = sf.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)

@@ -39,6 +39,11 @@ of the FP8 floor on the H200 (1.35-1.63x cuBLAS bf16), 1.4-1.8x its MMA kernels,
 at larger M; a 27B FP8 step at B = 1 went from 20.4 to 10.2 ms (BENCHMARKS.md, session 12). A model
 with FP8 weights on an arch without the FP8 kernels (sm_80 / sm_86) is refused by ``check_model`` (no silent
 dequantization).
+
+NVFP4 linears (NVFP4 checkpoints, vkc_engine.model): :meth:`VkcBackend.weight_nvfp4` uploads the packed e2m1 codes
+and the e4m3 group scales (rows padded to 16-byte pitches where K needs it) with the global multiplier as an
+:class:`Nvfp4Weight`; ``linear`` of one runs W4A16 -- ``ops.gemv.gemv_w4a16`` for M <= GEMV_MAX_M rows (eager
+and captured steps alike, so a replay equals its eager step), else ``ops.gemm.linear_w4a16`` -- on every arch.
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ import numpy as np
 from .loader import RawTensor, to_bf16_bits, to_float32
 from .profiling import FAMILIES, OpProfiler
 
-__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "GEMV_MAX_M", "FP8_GEMV", "FP8_GEMV_MAX_M", "FAMILIES"]
+__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "Nvfp4Weight", "GEMV_MAX_M", "FP8_GEMV", "FP8_GEMV_MAX_M", "FAMILIES"]
 
 BF16, F32, I32 = "bfloat16", "float32", "int32"
 _DT = {"bf16": BF16, "f32": F32, "i32": I32, "u8": "uint8"}
@@ -91,6 +96,23 @@ class Fp8Weight:
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.q.shape)
+
+
+class Nvfp4Weight:
+    """An NVFP4 linear weight on the device: ``packed`` [N, K/2] uint8 and ``scale`` [N, K/16] e4m3 bytes (views
+    with 16-byte row pitches), ``alpha`` the global multiplier."""
+
+    def __init__(self, packed, scale, alpha: float):
+        self.packed, self.scale, self.alpha = packed, scale, float(alpha)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], 2 * self.packed.shape[1]
+
+
+def _fp8(cfg) -> bool:
+    q = getattr(cfg, "quant", None)
+    return q is not None and q.method == "fp8"
 
 
 class VkcBackend(OpProfiler):
@@ -164,7 +186,7 @@ class VkcBackend(OpProfiler):
                                "128 / 4")
         if cfg.hidden_size > 16384:
             raise BackendError(f"hidden_size {cfg.hidden_size} > 16384 (largest rmsnorm row)")
-        if getattr(cfg, "quant", None) is not None:
+        if _fp8(cfg):
             self._fp8_ops()
         if cfg.is_moe:
             self._moe_ops()
@@ -201,7 +223,7 @@ class VkcBackend(OpProfiler):
     def prepare(self, max_tokens: int, max_seqs: int, cfg) -> None:
         """Workspaces for batches of up to max_tokens tokens in max_seqs sequences (before any capture)."""
         d = self.device
-        if getattr(cfg, "quant", None) is not None:
+        if _fp8(cfg):
             self._prepare_fp8(max(max_tokens, max_seqs), cfg)
         self._max_seqs, self._vocab = max_seqs, cfg.vocab_size  # the penalty counts buffer's shape (init_counts)
         self._gdn_ws = self._gdn.workspace_for(max_tokens, max_seqs, cfg.gdn_k_heads, cfg.gdn_v_heads, device=d)
@@ -261,6 +283,24 @@ class VkcBackend(OpProfiler):
             raise BackendError(f"weight_fp8 takes F8_E4M3 weights and F32 scales, got "
                                f"{[p.dtype for p in parts]} / {[s.dtype for s in scales]}")
         return Fp8Weight(self.weight(parts, "u8"), self.weight(scales, "f32"))
+
+    def weight_nvfp4(self, packed: list[RawTensor], scales: list[RawTensor], alpha: float) -> Nvfp4Weight:
+        """Upload an NVFP4 linear: U8 packed parts [N_i, K/2] and F8_E4M3 scale parts [N_i, K/16] stacked along dim
+        0 (rows padded to a multiple of 16 bytes when K / 2 or K / 16 is not one: the kernels' row-stride rule),
+        one global multiplier for all of them."""
+        if any(p.dtype != "U8" for p in packed) or any(s.dtype != "F8_E4M3" for s in scales):
+            raise BackendError(f"weight_nvfp4 takes U8 codes and F8_E4M3 scales, got {[p.dtype for p in packed]} / "
+                               f"{[s.dtype for s in scales]}")
+
+        def pitched(parts):
+            width = parts[0].shape[1]
+            pad = -width % 16
+            if pad:
+                parts = [RawTensor(p.name, p.dtype, np.pad(p.data, ((0, 0), (0, pad))), p.file) for p in parts]
+            arr = self.weight(parts, "u8")
+            return self.cols(arr, 0, width) if pad else arr
+
+        return Nvfp4Weight(pitched(packed), pitched(scales), alpha)
 
     def upload_into(self, dst, host: np.ndarray):
         """Copy a host array into the front of a preallocated flat device buffer of its dtype (an async copy on
@@ -384,12 +424,23 @@ class VkcBackend(OpProfiler):
     def linear(self, x, w, out):
         if isinstance(w, Fp8Weight):
             return self._linear_fp8(x, w, out)
+        if isinstance(w, Nvfp4Weight):
+            return self._linear_nvfp4(x, w, out)
         m = self._small_m
         if m and x.shape[0] <= m:
             ok, ws = self._gemv_plan(x.shape[0], w.shape[0], w.shape[1])
             if ok:
                 return self._gemv.gemv(x, w, out, stream=self._s, workspace=ws)
         return self._gemm.linear(x, w, out, stream=self._s)
+
+    def _linear_nvfp4(self, x, w: Nvfp4Weight, out):
+        """W4A16: the GEMV for M <= GEMV_MAX_M (eager too), else the GEMM (module docstring)."""
+        M = x.shape[0]
+        if M <= GEMV_MAX_M:
+            ok, ws = self._gemv_plan(M, w.shape[0], w.shape[1], kind="w4a16")
+            if ok:
+                return self._gemv.gemv_w4a16(x, w.packed, w.scale, w.alpha, out, stream=self._s, workspace=ws)
+        return self._gemm.linear_w4a16(x, w.packed, w.scale, w.alpha, out, stream=self._s)
 
     def _linear_fp8(self, x, w: Fp8Weight, out):
         """quantize_fp8_per_token_group(x) into the prepared buffers, then linear_fp8_block (any M); with FP8_GEMV

@@ -15,10 +15,17 @@ Quantized checkpoints (``quantization_config``, top level or under ``text_config
 ``*-FP8`` releases store it (transformers' FineGrainedFP8 format: ``quant_method`` "fp8", ``fmt`` "e4m3",
 ``activation_scheme`` "dynamic", ``weight_block_size`` [128, 128], ``scale_fmt`` "float" when present) ->
 :class:`QuantConfig`; which linears are quantized is read from the stored tensors' dtypes (vkc_engine.model), so
-``modules_to_not_convert`` is only checked to be a list of names. Anything else -- another quant_method, fmt,
-block size, static activation scales, NVFP4 (ModelOpt ``quant_algo`` NVFP4, compressed-tensors
-``nvfp4-pack-quantized``: vkc has the M <= 64 W4A16 GEMV but no large-M NVFP4 GEMM for prefill), or a ModelOpt
-``hf_quant_config.json`` beside a config without one -- raises a ConfigError naming the field and value.
+``modules_to_not_convert`` is only checked to be a list of names. NVFP4 -> ``QuantConfig("nvfp4", layout=...)``
+in its two published layouts: compressed-tensors (``quant_method`` "compressed-tensors", ``format``
+"nvfp4-pack-quantized"; every config group's weights 4-bit float, ``group_size`` 16, ``strategy``
+"tensor_group", symmetric) and ModelOpt (``quant_method`` "modelopt" with ``quant_algo`` "NVFP4" in the config,
+or ModelOpt's ``hf_quant_config.json`` beside a config without a quantization_config; ``group_size`` 16); no
+quantized KV cache (``kv_cache_scheme`` / ``kv_cache_quant_algo`` null). The engine runs NVFP4 weights as W4A16
+(dequantized in the GEMM / GEMV kernels, bf16 activations), so the checkpoints' activation quantization (the
+``input_activations`` group, ``input_global_scale`` / ``input_scale``) is not applied: the result is the product
+with the exact weights, as vLLM's W4A16 (Marlin) path computes it on GPUs without FP4 tensor cores. Anything
+else -- another quant_method, fmt, block size, static activation scales, an NVFP4 group size other than 16 --
+raises a ConfigError naming the field and value.
 """
 from __future__ import annotations
 
@@ -39,12 +46,16 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Block-wise FP8 weights (the only quantization the engine runs): e4m3 weights with one float multiplier
+    """Quantized weights. ``method`` "fp8": block-wise FP8, e4m3 weights with one float multiplier
     (``weight_scale_inv``) per ``block`` = (rows, cols) tile, activations quantized dynamically per token per
-    ``block[1]`` columns."""
+    ``block[1]`` columns. ``method`` "nvfp4": e2m1 weights two per byte with an e4m3 scale per 16 along K and one
+    fp32 global scale per tensor, stored in ``layout`` "compressed-tensors" (``weight_packed``, ``weight_scale``,
+    ``weight_global_scale`` a divisor) or "modelopt" (``weight``, ``weight_scale``, ``weight_scale_2`` a
+    multiplier); run as W4A16 (module docstring)."""
     method: str = "fp8"
     block: tuple[int, int] = (128, 128)
     modules_to_not_convert: tuple[str, ...] = ()
+    layout: str = ""
 
 
 @dataclass(frozen=True)
@@ -212,11 +223,10 @@ def _quant(q, where: str) -> QuantConfig | None:
     algo = q.get("quant_algo", nested.get("quant_algo"))  # ModelOpt
     groups = q.get("config_groups") if isinstance(q.get("config_groups"), dict) else {}
     formats = [q.get("format")] + [g.get("format") for g in groups.values() if isinstance(g, dict)]
-    if "NVFP4" in str(algo).upper() or "nvfp4-pack-quantized" in formats:  # compressed-tensors: format
-        what = f"quant_algo {algo!r}" if "NVFP4" in str(algo).upper() else "format 'nvfp4-pack-quantized'"
-        raise ConfigError(f"config.json: {w}.{what} (NVFP4) is not supported: vkc has an NVFP4 GEMV for decode "
-                          "(M <= 64, ops.gemv.gemv_w4a16) but no NVFP4 GEMM for prefill; use a bf16 or FP8 "
-                          "(block-128) checkpoint")
+    if "NVFP4" in str(algo).upper():
+        return _nvfp4_modelopt(dict(nested, **q), w)
+    if "nvfp4-pack-quantized" in formats:
+        return _nvfp4_compressed_tensors(q, groups, w)
     if method != "fp8":
         raise ConfigError(f"config.json: {w}.quant_method {method!r} is not supported (block-wise FP8 "
                           "'fp8' only)")
@@ -241,10 +251,56 @@ def _quant(q, where: str) -> QuantConfig | None:
     if q.get("modules_to_convert"):
         raise ConfigError(f"config.json: {w}.modules_to_convert {q['modules_to_convert']!r} is not supported "
                           "(quantized embeddings)")
-    skip = q.get("modules_to_not_convert", q.get("ignored_layers")) or []
-    if not isinstance(skip, list) or not all(isinstance(m, str) for m in skip):
-        raise ConfigError(f"config.json: {w}.modules_to_not_convert must be a list of module names, got {skip!r}")
-    return QuantConfig("fp8", (128, 128), tuple(skip))
+    skip = _names(q.get("modules_to_not_convert", q.get("ignored_layers")), f"{w}.modules_to_not_convert")
+    return QuantConfig("fp8", (128, 128), skip)
+
+
+def _names(v, field: str) -> tuple[str, ...]:
+    v = v or []
+    if not isinstance(v, list) or not all(isinstance(m, str) for m in v):
+        raise ConfigError(f"config.json: {field} must be a list of module names, got {v!r}")
+    return tuple(v)
+
+
+def _nvfp4_modelopt(q: dict, w: str) -> QuantConfig:
+    """ModelOpt NVFP4 (``quant_algo`` NVFP4; the fields of ``quantization_config`` or of hf_quant_config.json's
+    ``quantization``)."""
+    if str(q.get("quant_algo")).upper() != "NVFP4":
+        raise ConfigError(f"config.json: {w}.quant_algo {q.get('quant_algo')!r} is not supported (ModelOpt NVFP4 "
+                          "only)")
+    if q.get("group_size", 16) != 16:
+        raise ConfigError(f"config.json: {w}.group_size {q['group_size']!r} is not supported (NVFP4 scales one "
+                          "e4m3 per 16 weights)")
+    if q.get("kv_cache_quant_algo") not in (None, "none", "None"):
+        raise ConfigError(f"config.json: {w}.kv_cache_quant_algo {q['kv_cache_quant_algo']!r} is not supported "
+                          "(the engine's KV cache is bf16)")
+    return QuantConfig("nvfp4", (1, 16), _names(q.get("exclude_modules"), f"{w}.exclude_modules"), "modelopt")
+
+
+def _nvfp4_compressed_tensors(q: dict, groups: dict, w: str) -> QuantConfig:
+    """compressed-tensors ``nvfp4-pack-quantized`` (llm-compressor's NVFP4 export)."""
+    if q.get("quant_method") not in (None, "compressed-tensors"):
+        raise ConfigError(f"config.json: {w}.quant_method {q['quant_method']!r} with format "
+                          "'nvfp4-pack-quantized' is not supported (compressed-tensors)")
+    if not groups:
+        raise ConfigError(f"config.json: {w}.config_groups is missing (compressed-tensors NVFP4 names its "
+                          "quantized weights there)")
+    for gname, g in groups.items():
+        wts = g.get("weights") if isinstance(g, dict) else None
+        where = f"{w}.config_groups.{gname}"
+        if g.get("format", q.get("format")) != "nvfp4-pack-quantized":
+            raise ConfigError(f"config.json: {where}.format {g.get('format')!r} is not supported (every group "
+                              "'nvfp4-pack-quantized')")
+        if not isinstance(wts, dict):
+            raise ConfigError(f"config.json: {where}.weights is missing")
+        want = {"num_bits": 4, "type": "float", "group_size": 16, "strategy": "tensor_group", "symmetric": True}
+        for k, v in want.items():
+            if wts.get(k, v) != v:
+                raise ConfigError(f"config.json: {where}.weights.{k} {wts.get(k)!r} is not supported (NVFP4: {v!r})")
+    if q.get("kv_cache_scheme") is not None:
+        raise ConfigError(f"config.json: {w}.kv_cache_scheme {q['kv_cache_scheme']!r} is not supported (the "
+                          "engine's KV cache is bf16)")
+    return QuantConfig("nvfp4", (1, 16), _names(q.get("ignore"), f"{w}.ignore"), "compressed-tensors")
 
 
 def _moe_fields(text: dict, where: str) -> dict:
@@ -289,10 +345,12 @@ def load_config(model_dir) -> ModelConfig:
             q = json.loads(hq.read_text())
         except json.JSONDecodeError as e:
             raise ConfigError(f"{hq}: not valid JSON ({e})") from None
-        algo = (q.get("quantization") or {}).get("quant_algo") if isinstance(q, dict) else None
-        raise ConfigError(f"{hq}: ModelOpt quantization (quantization.quant_algo {algo!r}) is not supported"
-                          + (": vkc has an NVFP4 GEMV for decode but no NVFP4 GEMM for prefill"
-                             if "NVFP4" in str(algo).upper() else " (block-wise FP8 'fp8' checkpoints only)"))
+        mq = q.get("quantization") if isinstance(q, dict) else None
+        algo = mq.get("quant_algo") if isinstance(mq, dict) else None
+        if "NVFP4" not in str(algo).upper():
+            raise ConfigError(f"{hq}: ModelOpt quantization (quantization.quant_algo {algo!r}) is not supported "
+                              "(NVFP4, or block-wise FP8 'fp8' in config.json)")
+        raw = dict(raw, quantization_config=dict(mq, quant_method="modelopt"))  # as newer exports write it
     gen = None
     g = d / "generation_config.json"
     if g.is_file():

@@ -13,6 +13,12 @@ view of the map); :func:`fp8_block_scales` reads a weight's ``weight_scale_inv``
 against the weight's block grid) as float32, :func:`dequantize_fp8` gives the float32 values of a block-quantized
 weight (e4m3 decoded by a 256-entry table, exact; times its block's multiplier).
 
+NVFP4 (vkc_engine.config, ``QuantConfig.method`` "nvfp4"): :func:`nvfp4_tensor` reads one linear's packed e2m1
+codes (U8 [N, K/2], low nibble first), its e4m3 group scales (F8_E4M3 [N, K/16]) and its global scale (one F32
+value: compressed-tensors' ``weight_global_scale`` is a divisor, ModelOpt's ``weight_scale_2`` a multiplier; the
+result's ``alpha`` is always the multiplier), as :class:`Nvfp4Tensor` (views of the map);
+:func:`dequantize_nvfp4` gives its float32 values (exact before the global multiplier).
+
 Names: ``model.language_model.X`` (VLM-wrapped releases) is read as ``model.X``; ``mtp.*`` (the
 multi-token-prediction head) and ``model.visual.*`` / ``visual.*`` (the vision tower) are skipped and
 counted in :attr:`Checkpoint.ignored`.
@@ -29,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["CheckpointError", "RawTensor", "SafetensorsFile", "Checkpoint", "to_float32", "to_bf16_bits",
-           "FLOAT_DTYPES", "FP8_DTYPE", "E4M3_VALUES", "fp8_block_scales", "dequantize_fp8"]
+           "FLOAT_DTYPES", "FP8_DTYPE", "E4M3_VALUES", "E2M1_VALUES", "fp8_block_scales", "dequantize_fp8",
+           "Nvfp4Tensor", "nvfp4_names", "is_nvfp4", "nvfp4_tensor", "dequantize_nvfp4"]
 
 # safetensors dtype code -> (numpy dtype of the raw view, itemsize)
 _DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4), "F64": (np.float64, 8),
@@ -51,6 +58,9 @@ def _e4m3_table() -> np.ndarray:
 
 
 E4M3_VALUES = _e4m3_table()
+# e2m1 code -> value (bit 3 sign, bits 2..1 exponent with bias 1, bit 0 mantissa)
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                       np.float32)
 _MAX_HEADER = 100 * 2**20
 _IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 
@@ -258,3 +268,63 @@ def dequantize_fp8(weight: RawTensor, scale: RawTensor, block=(128, 128)) -> np.
     s = scale.data.astype(np.float32, copy=False)
     full = np.repeat(np.repeat(s, bn, axis=0), bk, axis=1)[:N, :K]
     return E4M3_VALUES[weight.data] * full
+
+
+@dataclass(frozen=True)
+class Nvfp4Tensor:
+    """One NVFP4 linear weight as stored: ``packed`` U8 [N, K/2], ``scale`` F8_E4M3 bytes [N, K/16], ``alpha`` the
+    global multiplier; ``names`` every checkpoint tensor it was read from (the input scale included)."""
+    name: str
+    packed: RawTensor
+    scale: RawTensor
+    alpha: float
+    names: tuple[str, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], 2 * self.packed.shape[1]
+
+
+def nvfp4_names(layout: str, module: str) -> dict[str, str]:
+    """The tensor names of one NVFP4 linear ``module`` in ``layout`` (vkc_engine.config.QuantConfig.layout)."""
+    if layout == "compressed-tensors":
+        return {"packed": module + ".weight_packed", "scale": module + ".weight_scale",
+                "global": module + ".weight_global_scale", "input": module + ".input_global_scale"}
+    if layout == "modelopt":
+        return {"packed": module + ".weight", "scale": module + ".weight_scale",
+                "global": module + ".weight_scale_2", "input": module + ".input_scale"}
+    raise ValueError(f"unknown NVFP4 layout {layout!r}")
+
+
+def is_nvfp4(ckpt: "Checkpoint", layout: str, module: str) -> bool:
+    """Whether ``module`` is stored as NVFP4 (its global scale is there; a bf16 module of the ignore list has
+    none)."""
+    return nvfp4_names(layout, module)["global"] in ckpt
+
+
+def nvfp4_tensor(ckpt: "Checkpoint", layout: str, module: str, shape: tuple[int, int]) -> Nvfp4Tensor:
+    """The NVFP4 weight of ``module`` with logical shape (N, K), every part checked (shapes, dtypes, one finite
+    positive global scale)."""
+    N, K = shape
+    if K % 16:
+        raise CheckpointError(f"{ckpt.dir}: NVFP4 weight {module} has K = {K}, not a multiple of 16 (one e4m3 "
+                              "scale per 16 weights)")
+    n = nvfp4_names(layout, module)
+    packed = ckpt.get(n["packed"], (N, K // 2), ("U8",))
+    scale = ckpt.get(n["scale"], (N, K // 16), (FP8_DTYPE,))
+    g = ckpt.get(n["global"], None)
+    gv = to_float32(g).reshape(-1)
+    if gv.size != 1 or not np.isfinite(gv[0]) or gv[0] <= 0:
+        raise CheckpointError(f"{g.file}: tensor {n['global']} must hold one finite positive value, got "
+                              f"{gv[:4].tolist()} (shape {list(g.shape)})")
+    alpha = float(1.0 / np.float64(gv[0])) if layout == "compressed-tensors" else float(gv[0])
+    names = (n["packed"], n["scale"], n["global"]) + ((n["input"],) if n["input"] in ckpt else ())
+    return Nvfp4Tensor(module, packed, scale, alpha, names)
+
+
+def dequantize_nvfp4(t: Nvfp4Tensor) -> np.ndarray:
+    """float32 [N, K] of an NVFP4 weight: e2m1 * e4m3(scale[n, k // 16]) (exact) * alpha (one rounding)."""
+    p = t.packed.data
+    codes = np.stack([p & 15, p >> 4], axis=-1).reshape(p.shape[0], -1)
+    s = np.repeat(E4M3_VALUES[t.scale.data], 16, axis=1)
+    return (E2M1_VALUES[codes] * s) * np.float32(t.alpha)

@@ -24,6 +24,13 @@ not one (the GEMMs write 16-byte aligned output columns with a row pitch of 8k e
 loaded as bf16 (dequantized). Tensors that are not linears of the mixers or
 the dense MLP -- MoE expert weights (vkc has no FP8 grouped GEMM), the router, the shared expert folded into the
 experts, embeddings -- are dequantized to bf16 at load (one log line with the count and the bytes).
+
+NVFP4 checkpoints (``cfg.quant.method`` "nvfp4", either layout of vkc_engine.loader.nvfp4_names): a linear whose
+global scale is stored is NVFP4 (the others, the checkpoint's ignore list, are bf16). In a fused projection,
+consecutive NVFP4 parts with the same global multiplier form one run (packed codes and group scales stacked:
+``backend.weight_nvfp4``, run as W4A16); parts with another multiplier start a new run, and the column rule above
+applies to the runs (an unaligned mix loads the whole projection as bf16). NVFP4 tensors read through ``load``
+(MoE experts, the folded shared expert, a quantized router or embedding) are dequantized to bf16 at load.
 """
 from __future__ import annotations
 
@@ -32,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ModelConfig
-from .loader import (FLOAT_DTYPES, FP8_DTYPE, Checkpoint, CheckpointError, RawTensor, dequantize_fp8,
-                     fp8_block_scales, to_bf16_bits)
+from .loader import (FLOAT_DTYPES, FP8_DTYPE, Checkpoint, CheckpointError, Nvfp4Tensor, RawTensor, dequantize_fp8,
+                     dequantize_nvfp4, fp8_block_scales, is_nvfp4, nvfp4_tensor, to_bf16_bits)
 
 __all__ = ["Step", "Qwen35Model"]
 
@@ -79,12 +86,20 @@ class _Weights:
         self.ckpt, self.be, self.used = ckpt, backend, set()
         self.progress, self.total, self.done = progress, total, 0
         self.quant = quant
-        self.dtypes = FLOAT_DTYPES + (FP8_DTYPE,) if quant is not None else FLOAT_DTYPES
+        self.fp8 = quant is not None and quant.method == "fp8"
+        self.nvfp4 = quant.layout if quant is not None and quant.method == "nvfp4" else None
+        self.dtypes = FLOAT_DTYPES + (FP8_DTYPE,) if self.fp8 else FLOAT_DTYPES
         self.fp8_parts = 0
         self.dequantized = {"other": [0, 0], "linear": [0, 0]}  # kind -> [tensors, bf16 bytes]
         self.bf16_linears: set[tuple[int, int]] = set()  # (N, K) of every bf16 weight a linear runs on
 
     def _get(self, name, shp):
+        """The stored tensor ``name``; an NVFP4 linear's ``<module>.weight`` comes back as its Nvfp4Tensor."""
+        if self.nvfp4 and name.endswith(".weight") and shp is not None and len(shp) == 2 and \
+                is_nvfp4(self.ckpt, self.nvfp4, name[:-len(".weight")]):
+            t = nvfp4_tensor(self.ckpt, self.nvfp4, name[:-len(".weight")], shp)
+            self.used.update(t.names)
+            return t
         t = self.ckpt.get(name, shp, self.dtypes)
         self.used.add(name)
         return t
@@ -94,14 +109,18 @@ class _Weights:
         self.used.add(s.name)
         return s
 
-    def _dequantized(self, t: RawTensor, kind: str) -> RawTensor:
-        """An FP8 weight as bf16 bits of its dequantized values (a host copy of this one tensor)."""
-        f = dequantize_fp8(t, self._scales(t), self.quant.block)
-        bits = to_bf16_bits(RawTensor(t.name, "F32", f, t.file))
+    def _dequantized(self, t, kind: str) -> RawTensor:
+        """An FP8 or NVFP4 weight as bf16 bits of its dequantized values (a host copy of this one tensor)."""
+        if isinstance(t, Nvfp4Tensor):
+            f, name, file = dequantize_nvfp4(t), t.name + ".weight", t.packed.file
+        else:
+            f, name, file = dequantize_fp8(t, self._scales(t), self.quant.block), t.name, t.file
+        bits = to_bf16_bits(RawTensor(name, "F32", f, file))
+        t = RawTensor(name, "BF16", bits, file)
         acc = self.dequantized[kind]
         acc[0] += 1
         acc[1] += bits.nbytes
-        return RawTensor(t.name, "BF16", bits, t.file)
+        return t
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -115,7 +134,7 @@ class _Weights:
         parts = []
         for name, shp in names_shapes:
             t = self._get(name, shp)
-            if t.dtype == FP8_DTYPE:
+            if isinstance(t, Nvfp4Tensor) or t.dtype == FP8_DTYPE:
                 t = self._dequantized(t, "other")
             if rows is not None and t.data.ndim != 2:
                 t = RawTensor(t.name, t.dtype, t.data.reshape(-1, rows), t.file)
@@ -128,9 +147,10 @@ class _Weights:
         """A projection's weight [sum N, K] from its parts (rows stacked): one bf16 device array, one FP8 weight
         (``backend.weight_fp8``), or :class:`_Segments` of both (the module docstring's rule)."""
         parts = [self._get(name, shp) for name, shp in names_shapes]
-        bn = self.quant.block[0] if self.quant is not None else 0
-        kinds = ["fp8" if t.dtype == FP8_DTYPE and t.shape[0] % bn == 0 and t.shape[1] % 16 == 0 else "bf16"
-                 for t in parts]
+        bn = self.quant.block[0] if self.fp8 else 0
+        kinds = [("nvfp4", t.alpha) if isinstance(t, Nvfp4Tensor) else
+                 "fp8" if self.fp8 and t.dtype == FP8_DTYPE and t.shape[0] % bn == 0 and t.shape[1] % 16 == 0
+                 else "bf16" for t in parts]
         runs, start = [], 0  # [kind, parts, first column]
         for k, t in zip(kinds, parts):
             if runs and runs[-1][0] == k:
@@ -145,27 +165,40 @@ class _Weights:
             if k == "fp8":
                 w = self.be.weight_fp8(ts, [self._scales(t) for t in ts])
                 self.fp8_parts += len(ts)
+            elif k != "bf16":
+                w = self.be.weight_nvfp4([t.packed for t in ts], [t.scale for t in ts], k[1])
+                self.fp8_parts += len(ts)
             else:
-                w = self.be.weight([self._dequantized(t, "linear") if t.dtype == FP8_DTYPE else t for t in ts],
-                                   "bf16")
+                w = self.be.weight([self._dequantized(t, "linear") if isinstance(t, Nvfp4Tensor) or
+                                    t.dtype == FP8_DTYPE else t for t in ts], "bf16")
                 self.bf16_linears.add((sum(t.shape[0] for t in ts), ts[0].shape[1]))
             segs.append((w, c0, sum(t.shape[0] for t in ts)))
         self._advance(len(parts))
         return segs[0][0] if len(segs) == 1 else _Segments(segs)
 
     def summary(self) -> str:
-        """One line on the FP8 weights: how many linears stay FP8, what was dequantized to bf16 (and its bytes)."""
+        """One line on the quantized weights: how many linears run quantized, what was dequantized to bf16 (and its
+        bytes)."""
         if self.quant is None:
             return ""
         (no, bo), (nl, bl) = self.dequantized["other"], self.dequantized["linear"]
         gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"  # noqa: E731
-        msg = f"FP8 checkpoint: {self.fp8_parts} linear weights run the FP8 block GEMM"
+        if self.fp8:
+            msg = f"FP8 checkpoint: {self.fp8_parts} linear weights run the FP8 block GEMM"
+            why_other, over = "no FP8 grouped GEMM", bo / 2
+            why_linear = "N not whole 128-row blocks, or a fused projection the GEMMs cannot split into FP8 and bf16 " \
+                         "columns"
+        else:
+            msg = (f"NVFP4 checkpoint ({self.nvfp4}): {self.fp8_parts} linear weights run as W4A16 (GEMV / GEMM "
+                   "with the weights dequantized in the kernel; the checkpoint's activation scales are not used)")
+            why_other, over = "no NVFP4 grouped GEMM", bo * 0.71875
+            why_linear = "a fused projection the GEMMs cannot split into NVFP4 and bf16 columns"
         if no:
-            msg += (f"; {no} tensors outside the FP8 GEMM's linears (MoE experts, router, shared expert, embeddings) "
-                    f"dequantized to bf16 at load ({gib(bo)} as bf16, +{gib(bo / 2)} over FP8: no FP8 grouped GEMM)")
+            msg += (f"; {no} tensors outside the quantized linears (MoE experts, router, shared expert, embeddings) "
+                    f"dequantized to bf16 at load ({gib(bo)} as bf16, +{gib(over)} over the checkpoint: "
+                    f"{why_other})")
         if nl:
-            msg += (f"; {nl} FP8 linear parts dequantized to bf16 ({gib(bl)}: N not whole 128-row blocks, or a fused "
-                    "projection the GEMMs cannot split into FP8 and bf16 columns)")
+            msg += f"; {nl} quantized linear parts dequantized to bf16 ({gib(bl)}: {why_linear})"
         return msg
 
 

@@ -1,14 +1,22 @@
 """Typed GEMM ops: ``linear(x, weight)`` = ``x @ weight.T`` (a Linear layer without bias, HF weight layout).
 
     out[M, N] = x[M, K] @ weight[N, K]^T        bf16 in and out, fp32 accumulation
+    linear_w4a16(x, weight_packed, weight_scale, global_scale)
+                                                the same with NVFP4 weights dequantized in the kernel (W4A16)
 
 and the launcher of the CuTe FP8 GEMM (:func:`launch_fp8`: fp8 e4m3 operands, per-tensor or per-token x
 per-channel fp32 scales in the epilogue), which :func:`vkc_runtime.ops.gemm_fp8.linear_fp8` validates for and calls
 on sm_90a (that module owns the FP8 API and its checks).
 
-The kernels are CuTe DSL WGMMA/TMA GEMMs (``kernels_src/gemm/``, artifact kind ``cute-so``), built for sm_90a
-only so far: on other archs :func:`linear` raises MissingKernelError (the bases are ``OPTIONAL_BASES``, so the
-import-time completeness check does not require them). M, N and K are runtime values.
+Two lanes (``kernels_src/gemm/``; M, N and K are runtime values in both):
+
+* ``cute``: CuTe DSL WGMMA/TMA GEMMs (artifact kind ``cute-so``), built for sm_90a (``OPTIONAL_BASES``); the
+  default wherever they exist.
+* ``triton``: the portable Triton GEMM (``gemm.bf16.mma.t*``, cubins, ``BASES``: every arch), lowered to each
+  arch's tensor-core MMA (mma.sync on sm_80 / 86 / 89 / 120a / 121a, tcgen05 on sm_100a; wgmma on sm_90a, where
+  ``_lane="triton"`` forces it for tests and benchmarks). It also needs K and the x / weight row strides to be
+  multiples of 16 (its div=16 specialization). Calls with ``out=`` and torch tensors are bound calls
+  (vkc_runtime.bound); the CuTe launch validates on every call.
 
 Requirements (checked here, OpError before any launch; the launcher re-checks them): bf16 2-D tensors on one
 device; the last dim contiguous; K and N multiples of 8 (K >= 8), row strides multiples of 8 elements and at least
@@ -17,11 +25,18 @@ the row length (a row stride > K or > N is fine: views into wider buffers), ever
 ``out`` without launching. Without ``out`` the result is allocated with :mod:`vkc_runtime.memory` (pass ``out``
 inside graph capture; the launch itself allocates nothing).
 
-Tile rule (:func:`pick_tile`): among the compiled tiles (128x256, 128x128, 128x64) take the one with the highest
-``useful fraction x last-wave efficiency x tile factor``, where the useful fraction is N / (N rounded up to the
-tile width), the wave efficiency is tiles / (waves x SMs) on this device's SM count, and the tile factor
-(:data:`TILE_FACTOR`) discounts the narrower tiles' lower MMA work per shared-memory byte. Ties go to the wider
-tile. The factors are first guesses (benchmarks/bench_gemm.py times every tile: re-fit them from its JSON).
+``linear_w4a16`` (Triton, every arch: ``gemm.w4a16.t*``) is the large-M side of
+:func:`vkc_runtime.ops.gemv.gemv_w4a16` (same operands, layout and checks, see that module: packed e2m1 [N, K/2]
+low nibble first, linear e4m3 scales [N, K/16], one fp32 multiplier), for any M: each k-slice of the weights is
+decoded to exact bf16 in registers and multiplied on the tensor cores. Bound calls when ``out`` is given.
+
+Tile rule of the CuTe lane (:func:`pick_tile`): among the compiled tiles (128x256, 128x128, 128x64) take the one
+with the highest ``useful fraction x last-wave efficiency x tile factor``, where the useful fraction is N / (N
+rounded up to the tile width), the wave efficiency is tiles / (waves x SMs) on this device's SM count, and the
+tile factor (:data:`TILE_FACTOR`) discounts the narrower tiles' lower MMA work per shared-memory byte. Ties go to
+the wider tile. The Triton lane scores its (BLOCK_M, BLOCK_N) tiles (:data:`MMA_TILES`: 128x256, 128x128, 64x128)
+the same way with M padding counted too (:func:`pick_mn_tile`, :data:`MMA_TILE_FACTOR`). The factors are first
+guesses (benchmarks/bench_gemm.py times every tile: re-fit them from its JSON).
 
 Plans (:func:`plan_tactic`): when the resolved GEMM plan of the device (:mod:`vkc_runtime.plans`: the committed
 default plan of the arch, a native plan file, a warm-up's tuned entries) covers the call's (M bucket, N, K), its
@@ -30,19 +45,27 @@ tactic is launched instead; the rule above is the default when no plan says othe
 from __future__ import annotations
 
 from .. import memory, plans
+from ..bound import CallCache, Launch, disjoint
 from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
-from ._check import OpError, row_stride, same_device, stream_of, tensor
+from . import gemv as _gemv
+from ._check import OpError, bindable, cdiv, fits_i32, row_stride, same_device, stream_of, tensor
 from ._check import sm_count as _sm_count
 
-__all__ = ["linear", "pick_tile", "plan_tactic", "gemm_base", "fp8_base", "has_fp8", "launch_fp8", "TILES",
-           "TILE_FACTOR", "BASES", "OPTIONAL_BASES", "OpError"]
+__all__ = ["linear", "linear_w4a16", "pick_tile", "pick_mn_tile", "plan_tactic", "gemm_base", "mma_base", "fp8_base", "has_fp8",
+           "has_cute", "launch_fp8", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR", "LANES", "BASES",
+           "OPTIONAL_BASES", "OpError"]
 
 BF16 = "bfloat16"
 TILE_M = 128
 TILES = (256, 128, 64)  # tile widths (N) of the compiled kernels, all 128 rows
 TILE_FACTOR = {256: 1.0, 128: 0.93, 64: 0.72}
 MAX_DIM = 2**31 - 1
+# the Triton lane's (BLOCK_M, BLOCK_N) tiles, widest first (kernels_src/gemm/spec.py MMA_TILES)
+MMA_TILES = ((128, 256), (128, 128), (64, 128))
+MMA_TILE_FACTOR = {(128, 256): 1.0, (128, 128): 0.9, (64, 128): 0.75}
+W4A16_TILES = ((128, 128), (64, 128))  # kernels_src/gemm/spec.py W4A16_TILES
+LANES = ("cute", "triton")
 MAX_STRIDE = 2**36  # elements; TMA strides must stay below 2^40 bytes
 
 
@@ -56,8 +79,20 @@ def fp8_base(tile_n: int) -> str:
     return f"gemm.fp8.t{TILE_M}x{tile_n}"
 
 
-BASES: tuple[str, ...] = ()  # nothing required on every arch yet
-OPTIONAL_BASES = tuple(gemm_base(t) for t in TILES) + tuple(fp8_base(t) for t in TILES)  # sm_90a
+def mma_base(bm: int, bn: int) -> str:
+    """The base name of the Triton bf16 GEMM kernel with a ``bm`` x ``bn`` tile."""
+    return f"gemm.bf16.mma.t{bm}x{bn}"
+
+
+def w4a16_base(bm: int, bn: int) -> str:
+    """The base name of the Triton NVFP4 W4A16 GEMM kernel with a ``bm`` x ``bn`` tile."""
+    return f"gemm.w4a16.t{bm}x{bn}"
+
+
+BASES = tuple(mma_base(*t) for t in MMA_TILES) + tuple(w4a16_base(*t) for t in W4A16_TILES)  # Triton: every arch
+OPTIONAL_BASES = tuple(gemm_base(t) for t in TILES) + tuple(fp8_base(t) for t in TILES)  # the CuTe lane: sm_90a
+
+_calls = CallCache(per_key=8)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -72,6 +107,26 @@ def pick_tile(m: int, n: int, sms: int, tiles=TILES) -> int:
         waves = _cdiv(total, sms)
         return (n / (n_tiles * tn)) * (total / (waves * sms)) * TILE_FACTOR[tn], tn
     return max(tiles, key=score)
+
+
+def pick_mn_tile(m: int, n: int, sms: int, tiles, factor) -> tuple[int, int]:
+    """The (BLOCK_M, BLOCK_N) of ``tiles`` with the highest ``useful fraction of the padded M x N x last-wave
+    efficiency x factor[tile]`` for an [m, n] output on ``sms`` SMs; ties go to the earlier (wider) tile."""
+    best = None
+    for t in tiles:
+        bm, bn = t
+        tm, tn = cdiv(max(m, 1), bm), cdiv(n, bn)
+        total = tm * tn
+        useful = (max(m, 1) / (tm * bm)) * (n / (tn * bn))
+        score = useful * (total / (cdiv(total, sms) * sms)) * factor[t]
+        if best is None or score > best[0] + 1e-9:
+            best = (score, t)
+    return best[1]
+
+
+def has_cute() -> bool:
+    """Whether this device's arch has the CuTe bf16 GEMM (sm_90a)."""
+    return has_kernel(OPTIONAL_BASES[0])
 
 
 def plan_tactic(m: int, n: int, k: int):
@@ -99,10 +154,15 @@ def _check_layout(op: str, name: str, t, cols_name: str) -> int:
     return ld
 
 
-def linear(x, weight, out=None, *, stream=None):
-    """out[M, N] = x[M, K] @ weight[N, K]^T (bf16; module docstring for the requirements). Returns ``out``."""
+def linear(x, weight, out=None, *, stream=None, _lane: str | None = None):
+    """out[M, N] = x[M, K] @ weight[N, K]^T (bf16; module docstring for the requirements). Returns ``out``.
+    ``_lane`` forces "cute" or "triton" (tests, benchmarks); by default the CuTe lane runs where it exists."""
     op = "linear"
     s = stream_of(stream)
+    if _lane is not None and _lane not in LANES:
+        raise OpError(f"{op}: _lane must be None, 'cute' or 'triton', got {_lane!r}")
+    if out is not None and _lane != "cute" and _calls.run((op, _lane), (x, weight, out), (), s):
+        return out
     xt = tensor(op, "x", x, BF16, ndim=2)
     M, K = xt.shape
     wt = tensor(op, "weight", weight, BF16, ndim=2)
@@ -111,7 +171,7 @@ def linear(x, weight, out=None, *, stream=None):
         raise OpError(f"{op}: weight has shape {tuple(wt.shape)}, expected dim 1 == K = {K} (x is {tuple(xt.shape)})")
     res = out if out is not None else memory.DeviceArray.empty((M, N), BF16, device=xt.device)
     yt = tensor(op, "out", res, BF16, ndim=2, shape=(M, N))
-    same_device(op, xt, wt, yt)
+    dev = same_device(op, xt, wt, yt)
     if M == 0 or N == 0:
         return res
     if K == 0 or K % 8 or N % 8:
@@ -127,9 +187,13 @@ def linear(x, weight, out=None, *, stream=None):
         a0, a1 = _span(t, ld)
         if a0 < c1 and c0 < a1:
             raise OpError(f"{op}: out must not overlap {name}")
-    if not has_kernel(OPTIONAL_BASES[0]):
-        raise MissingKernelError(f"{op}: no bf16 GEMM kernel for this device's arch (the CuTe GEMM is built for "
-                                 f"sm_90a only so far)", missing=[OPTIONAL_BASES[0]])
+    lane = _lane or ("cute" if has_cute() else "triton")
+    if lane == "triton":
+        _launch_mma(op, (op, _lane), xt, wt, yt, lda, ldw, ldc, M, N, K, dev, s, out)
+        return res
+    if not has_cute():
+        raise MissingKernelError(f"{op}: no CuTe bf16 GEMM for this device's arch (built for sm_90a; "
+                                 f"the Triton lane runs everywhere)", missing=[OPTIONAL_BASES[0]])
     k0 = get_kernel(OPTIONAL_BASES[0])
     t = plan_tactic(M, N, K)
     tn = t.tile_n if t is not None else pick_tile(M, N, _sm_count(k0.device))
@@ -138,6 +202,63 @@ def linear(x, weight, out=None, *, stream=None):
     base = t.base if t is not None else gemm_base(tn)
     k = k0 if base == OPTIONAL_BASES[0] else get_kernel(base)
     k.launch(xt.ptr, lda, wt.ptr, ldw, yt.ptr, ldc, M, N, K, s)
+    return res
+
+
+def _launch_mma(op, key, xt, wt, yt, lda, ldw, ldc, M, N, K, dev, s, out):
+    """The Triton lane: its div=16 promises checked, the tile picked, one launch (bound when ``out`` was given)."""
+    if K % 16 or lda % 16 or ldw % 16:
+        raise OpError(f"{op}: the Triton lane needs K ({K}) and the x / weight row strides ({lda} / {ldw}) to be "
+                      f"multiples of 16")
+    fits_i32(op, stride_x=lda, stride_w=ldw, stride_out=ldc)
+    tiles = tuple(t for t in MMA_TILES if has_kernel(mma_base(*t)))
+    if not tiles:
+        raise MissingKernelError(f"{op}: no Triton bf16 GEMM in this arch's artifacts",
+                                 missing=[mma_base(*MMA_TILES[0])])
+    bm, bn = pick_mn_tile(M, N, _sm_count(dev), tiles, MMA_TILE_FACTOR)
+    grid = cdiv(M, bm) * cdiv(N, bn)
+    fits_i32(op, grid=grid)
+    launch = Launch(get_kernel(mma_base(bm, bn)), (grid, 1, 1), (xt, wt, yt, M, N, K, lda, ldw, ldc))
+    _calls.launch(key, bindable(out, xt, wt, yt), (), [launch], s,
+                  relations=[disjoint(xt, yt), disjoint(wt, yt)])
+
+
+def linear_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream=None):
+    """out[M, N] bf16 = x[M, K] @ W^T with NVFP4 weights W[n, k] = e2m1(weight_packed) * e4m3(weight_scale[n,
+    k // 16]) * global_scale, any M (operands as :func:`vkc_runtime.ops.gemv.gemv_w4a16`'s). Returns ``out``."""
+    op = "linear_w4a16"
+    s = stream_of(stream)
+    alpha = _gemv.global_multiplier(op, global_scale)
+    if out is not None and _calls.run((op,), (x, weight_packed, weight_scale, out), (alpha,), s):
+        return out
+    pt, st, N, K = _gemv.nvfp4_weights(op, weight_packed, weight_scale)
+    xt = tensor(op, "x", x, BF16, ndim=2)
+    M = xt.shape[0]
+    if xt.shape[1] != K:
+        raise OpError(f"{op}: x has K={xt.shape[1]}, the weights have K={K}")
+    res = out if out is not None else memory.DeviceArray.empty((M, N), BF16, device=xt.device)
+    yt = tensor(op, "out", res, BF16, ndim=2, shape=(M, N))
+    dev = same_device(op, xt, pt, st, yt)
+    if M == 0 or N == 0:
+        return res
+    sw, ss = _gemv.nvfp4_strides(op, pt, st, yt)
+    lda = row_stride(xt) if M > 1 else K
+    ldc = row_stride(yt) if M > 1 else N
+    if xt.ptr % 16 or lda % 16:
+        raise OpError(f"{op}: x must be 16-byte aligned with a row stride that is a multiple of 16 (got {lda})")
+    if ldc < N:
+        raise OpError(f"{op}: out rows overlap (row stride {ldc} < N = {N})")
+    _gemv._no_overlap(op, xt, yt, "x", "out")
+    fits_i32(op, M=M, N=N, stride_x=lda, stride_out=ldc)
+    tiles = tuple(t for t in W4A16_TILES if has_kernel(w4a16_base(*t)))
+    if not tiles:
+        raise MissingKernelError(f"{op}: no W4A16 GEMM in this arch's artifacts", missing=[w4a16_base(*W4A16_TILES[0])])
+    bm, bn = pick_mn_tile(M, N, _sm_count(dev), tiles, MMA_TILE_FACTOR)
+    grid = cdiv(M, bm) * cdiv(N, bn)
+    fits_i32(op, grid=grid)
+    launch = Launch(get_kernel(w4a16_base(bm, bn)), (grid, 1, 1), (xt, pt, st, yt, alpha, M, N, K, lda, sw, ss, ldc))
+    _calls.launch((op,), bindable(out, xt, pt, st, yt), (alpha,), [launch], s,
+                  relations=[disjoint(t, yt) for t in (xt, pt, st)])
     return res
 
 

@@ -89,19 +89,7 @@ OPTIONAL_BASES = tuple(gemm_base(k, bm, bn) for k in KINDS for bm, bn in TILES[k
 _calls = CallCache(per_key=8)
 def pick_tile(m: int, n: int, sms: int, tiles=TILES["scaled"]) -> tuple[int, int]:
     """The (BLOCK_M, BLOCK_N) tile for an [m, n] output on ``sms`` SMs among ``tiles`` (module docstring)."""
-    def score(t):
-        bm, bn = t
-        tm, tn = cdiv(max(m, 1), bm), cdiv(n, bn)
-        total = tm * tn
-        waves = cdiv(total, sms)
-        useful = (m / (tm * bm)) * (n / (tn * bn))
-        return useful * (total / (waves * sms)) * TILE_FACTOR[t]
-    best = None
-    for t in tiles:
-        s = score(t)
-        if best is None or s > best[0] + 1e-9:
-            best = (s, t)
-    return best[1]
+    return _cute.pick_mn_tile(m, n, sms, tiles, TILE_FACTOR)
 
 
 # ---------------------------------------------------------------- validation helpers

@@ -336,6 +336,45 @@ def gemv(x, weight, out=None, *, stream=None, workspace=None, _plan: Plan | None
                 (xt, wt, yt), _plan)
 
 
+def global_multiplier(op: str, global_scale) -> float:
+    """The NVFP4 global multiplier as a finite float (checked before a bound call replays)."""
+    try:
+        alpha = float(global_scale)
+    except (TypeError, ValueError):
+        raise OpError(f"{op}: global_scale must be a float, got {type(global_scale).__name__}") from None
+    if not math.isfinite(alpha):
+        raise OpError(f"{op}: global_scale must be finite, got {alpha}")
+    return alpha
+
+
+def nvfp4_weights(op: str, weight_packed, weight_scale):
+    """The NVFP4 weight operands (layout in the module doc) checked: (packed ref, scale ref, N, K)."""
+    pt = tensor(op, "weight_packed", weight_packed, "uint8", ndim=2)
+    N, Kh = pt.shape
+    K = 2 * Kh
+    if K == 0 or K % 16:
+        raise OpError(f"{op}: K = 2 * weight_packed.shape[1] = {K} must be a positive multiple of 16")
+    try:
+        st = tensor(op, "weight_scale", weight_scale, "float8_e4m3fn", ndim=2, shape=(N, K // 16))
+    except OpError as e:
+        if "must be float8_e4m3fn" not in str(e):
+            raise
+        st = tensor(op, "weight_scale", weight_scale, "uint8", ndim=2, shape=(N, K // 16))
+    return pt, st, N, K
+
+
+def nvfp4_strides(op: str, pt, st, yt) -> tuple[int, int]:
+    """The packed / scale row strides (bytes), their alignment and out's checked; out must not overlap them."""
+    sw, ss = row_stride(pt), row_stride(st)
+    _aligned(op, "weight_packed", pt, "weight_packed row stride", sw)
+    _aligned(op, "weight_scale", st, "weight_scale row stride", ss)
+    _aligned(op, "out", yt)
+    _no_overlap(op, pt, yt, "weight_packed", "out")
+    _no_overlap(op, st, yt, "weight_scale", "out")
+    fits_i32(op, stride_w=sw, stride_s=ss)
+    return sw, ss
+
+
 def gemv_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream=None, workspace=None,
                _plan: Plan | None = None, _decoder: str | None = None):
     """y [M, N] bf16 = x [M, K] @ W^T with NVFP4 weights W[n, k] = e2m1(weight_packed) * e4m3(weight_scale[n,
@@ -348,39 +387,18 @@ def gemv_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream
     dec = DEFAULT_DECODER if _decoder is None else _decoder
     if dec not in DECODERS:
         raise OpError(f"{op}: _decoder must be one of {DECODERS}, got {_decoder!r}")
-    try:
-        alpha = float(global_scale)
-    except (TypeError, ValueError):
-        raise OpError(f"{op}: global_scale must be a float, got {type(global_scale).__name__}") from None
+    alpha = global_multiplier(op, global_scale)
     key = (op, workspace is None, _plan, dec)
     tensors = (x, weight_packed, weight_scale, out) if workspace is None else \
         (x, weight_packed, weight_scale, out, workspace)
     if out is not None and _calls.run(key, tensors, (alpha,), s):
         return out
-    if not math.isfinite(alpha):
-        raise OpError(f"{op}: global_scale must be finite, got {alpha}")
-    pt = tensor(op, "weight_packed", weight_packed, "uint8", ndim=2)
-    N, Kh = pt.shape
-    K = 2 * Kh
-    if K == 0 or K % 16:
-        raise OpError(f"{op}: K = 2 * weight_packed.shape[1] = {K} must be a positive multiple of 16")
-    try:
-        st = tensor(op, "weight_scale", weight_scale, "float8_e4m3fn", ndim=2, shape=(N, K // 16))
-    except OpError as e:
-        if "must be float8_e4m3fn" not in str(e):
-            raise
-        st = tensor(op, "weight_scale", weight_scale, "uint8", ndim=2, shape=(N, K // 16))
+    pt, st, N, K = nvfp4_weights(op, weight_packed, weight_scale)
     xt, M, yt, res = _prepare(op, x, out, N, K, (pt, st))
     if M == 0 or N == 0:
         return res
-    sw, ss = row_stride(pt), row_stride(st)
-    _aligned(op, "weight_packed", pt, "weight_packed row stride", sw)
-    _aligned(op, "weight_scale", st, "weight_scale row stride", ss)
-    _aligned(op, "out", yt)
+    sw, ss = nvfp4_strides(op, pt, st, yt)
     _no_overlap(op, xt, yt, "x", "out")
-    _no_overlap(op, pt, yt, "weight_packed", "out")
-    _no_overlap(op, st, yt, "weight_scale", "out")
-    fits_i32(op, stride_w=sw, stride_s=ss)
     return _run(op, key, "w4a16", xt, yt, res, M, N, K, (pt, st), (alpha,), ((pt, st), (alpha,), (sw, ss)),
                 workspace, s, out, (xt, pt, st, yt), _plan, dec)
 

@@ -1,0 +1,80 @@
+"""VkcBackend on an NVFP4 checkpoint without a driver (the fakes of tests/test_engine_vkc_backend_fake.py and
+tests/test_engine_graphs_fake.py): every NVFP4 linear of every step -- eager prefill and decode, the graph runner's
+warm-up, captures and replays -- passes the real host validation of ops.gemv.gemv_w4a16 (M <= GEMV_MAX_M) or
+ops.gemm.linear_w4a16 (larger M), launches checked against the sm_90a manifest, on the backend's stream, with no
+allocation inside a capture; the bf16 GEMM runs only the bf16 linears; ``weight_nvfp4`` pads rows to 16-byte
+pitches when K needs it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.engine_fixtures import HEADS_35B, make_checkpoint
+from tests.ops_fakes import declared_bases, patch_ops
+from tests.test_engine_fp8_fake import Fp8StreamBackend
+from tests.test_engine_graphs_fake import STREAM, _record_streams
+from tests.test_engine_vkc_backend_fake import FakeDeviceBackend, _Rec, fake_vkc  # noqa: F401  (fixture)
+
+pytest.importorskip("transformers")
+
+from vkc_engine import LLM, SamplingParams  # noqa: E402
+from vkc_engine.backend import GEMV_MAX_M, Nvfp4Weight  # noqa: E402
+from vkc_engine.loader import RawTensor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("nvfp4fake")
+    make_checkpoint(d, heads=HEADS_35B, seed=7, nvfp4={})
+    return d
+
+
+@pytest.fixture()
+def launches(fake_vkc, monkeypatch):  # noqa: F811
+    from vkc_runtime.ops import gemm, gemv
+    for m in (gemv, gemm):
+        r = _Rec(declared=declared_bases(m))
+        patch_ops(monkeypatch, m, "get_kernel", r)
+        patch_ops(monkeypatch, m, "_sm_count", lambda dev: 132)
+        fake_vkc[m.__name__.split(".")[-1]] = r
+    patch_ops(monkeypatch, gemm, "has_kernel", fake_vkc["gemm"].has)
+    seen = []
+    for rec in fake_vkc.values():
+        _record_streams(rec, seen)
+    return seen
+
+
+def test_nvfp4_linears_through_the_real_validation(launches, ckpt, monkeypatch):
+    from vkc_runtime.ops import gemm
+    be = Fp8StreamBackend(monkeypatch)
+    be.gemm.linear_w4a16 = gemm.linear_w4a16
+    llm = LLM(ckpt, backend=be, max_num_seqs=5, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
+              block_size=64)
+    assert llm.graphs is not None and be.captures == 4
+    attn = llm.model.layers[1].mixer
+    assert isinstance(attn.qkv, Nvfp4Weight) and isinstance(attn.o, Nvfp4Weight)
+    n_setup = len(launches)
+    outs = llm.generate([[5] * 70, [7] * 3, [9], [11] * 30], SamplingParams(temperature=0, max_tokens=4,
+                                                                            ignore_eos=True))
+    assert all(len(o.token_ids) == 4 for o in outs) and be.replays > 0 and len(launches) > n_setup
+    assert not [(b, s) for b, s in launches if s != STREAM]
+    assert not be.allocs_in_capture, be.allocs_in_capture[:5]
+    bases = [b for b, _ in launches]
+    assert any(b.startswith("gemm.w4a16.") for b in bases[n_setup:])  # prefill chunks of > 16 rows
+    assert any(b.startswith("gemv.w4a16.") for b in bases[n_setup:])  # decode rows, eager and captured
+    cfg = llm.cfg
+    assert {n for _, n, _ in be.gemm.calls} <= {cfg.vocab_size, 2 * cfg.gdn_v_heads}  # lm_head, in_proj_b | a
+    assert GEMV_MAX_M == 16
+
+
+def test_weight_nvfp4_pads_rows_to_16_bytes(fake_vkc):  # noqa: F811
+    be = FakeDeviceBackend()
+    K = 48  # packed rows of 24 bytes, scale rows of 3: both padded
+    p = RawTensor("w", "U8", np.zeros((8, K // 2), np.uint8), "f")
+    s = RawTensor("s", "F8_E4M3", np.zeros((8, K // 16), np.uint8), "f")
+    w = be.weight_nvfp4([p, p], [s, s], 0.25)
+    assert w.shape == (16, K) and w.alpha == 0.25
+    assert w.packed.shape == (16, 24) and w.packed.strides[0] == 32
+    assert w.scale.shape == (16, 3) and w.scale.strides[0] == 16
+    with pytest.raises(Exception, match="weight_nvfp4 takes U8 codes"):
+        be.weight_nvfp4([s], [s], 1.0)
