@@ -6,7 +6,8 @@ Graph-replayed on both sides (timing.graph_ms, median of CUDA-event-timed replay
 copies to exceed 2.5 x the L2. Every vkc row carries its relative error against cuBLAS's output on the same
 operands (NVFP4: against cuBLAS on the dequantized bf16 weights), so a fast wrong kernel cannot pass.
 pct_limit: % of the bf16 dense peak (989 TFLOPS) for M >= 256, % of the HBM floor (weights + activations at
-4.8 TB/s; NVFP4 weights at 0.5625 bytes per element) below.
+4.8 TB/s; NVFP4 weights at 0.5625 bytes per element; the dequantizing path also writes and reads the bf16 weights
+once) below. ``dequant_w4a16``: linear_w4a16 with a workspace (M >= DEQUANT_MIN_M: dequantize, then the bf16 GEMM).
 Usage: python benchmarks/bench_gemm_triton.py OUT.json [M,M,...]
 """
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main(argv: list[str]) -> int:
         ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16) for _ in range(n_sets)]
         qs = [nvfp4(n, k) for _ in range(C.n_sets_for(n * k // 2))]
         wq0 = dequant_bf16(*qs[0], alpha)
+        wsp = torch.empty(n * k, device="cuda", dtype=torch.bfloat16)
         for m in ms:
             xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(n_sets)]
             ref = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -85,13 +87,17 @@ def main(argv: list[str]) -> int:
             nq = len(qs)
             add("triton_w4a16", lambda i, st: G.linear_w4a16(xs[i % n_sets], qs[i % nq][0], qs[i % nq][1], alpha,
                                                               out, stream=st), wref, max(nq, n_sets), n * k * 9 // 16)
+            if m >= G.DEQUANT_MIN_M:  # dequantize into the workspace + the bf16 GEMM (the op's large-M path)
+                add("dequant_w4a16", lambda i, st: G.linear_w4a16(xs[i % n_sets], qs[i % nq][0], qs[i % nq][1],
+                                                                   alpha, out, stream=st, workspace=wsp),
+                    wref, max(nq, n_sets), n * k * 9 // 16 + 4 * n * k)
             rows.append(row)
             print(f"{case:<24} cuBLAS {row['torch_tflops']:7.1f} TF  " + "  ".join(
                 f"{nm} {r['tflops']:7.1f} TF {r['ratio_vs_cublas_bf16']:.2f}x err {r['rel_err_vs_cublas']:.1e}"
                 for nm, r in row["lanes"].items()), flush=True)
             write(out_path, rows, cmp)
             del xs, ref, out
-        del ws, qs, wq0
+        del ws, qs, wq0, wsp
         torch.cuda.empty_cache()
     return 0
 

@@ -78,3 +78,31 @@ def test_weight_nvfp4_pads_rows_to_16_bytes(fake_vkc):  # noqa: F811
     assert w.scale.shape == (16, 3) and w.scale.strides[0] == 16
     with pytest.raises(Exception, match="weight_nvfp4 takes U8 codes"):
         be.weight_nvfp4([s], [s], 1.0)
+
+
+def test_large_prefill_chunks_dequantize_once_then_run_the_bf16_gemm(launches, ckpt, monkeypatch):
+    """Chunks of >= ops.gemm.DEQUANT_MIN_M rows: each NVFP4 linear dequantizes into the backend's one workspace
+    (sized at prepare for the largest NVFP4 linear) and runs the bf16 GEMM (here its Triton lane)."""
+    from vkc_runtime.ops import gemm
+    monkeypatch.setattr(gemm, "has_cute", lambda: False)
+    be = Fp8StreamBackend(monkeypatch)
+    be.gemm.linear_w4a16 = gemm.linear_w4a16
+    llm = LLM(ckpt, backend=be, max_num_seqs=2, max_num_batched_tokens=160, max_model_len=256, num_blocks=16,
+              block_size=64, enforce_eager=True)
+    big = max(w.shape[0] * w.shape[1] for w in _nvfp4_weights(llm.model))
+    assert be._nvfp4_ws is not None and be._nvfp4_ws.shape == (big,)
+    n0 = len(launches)
+    llm.generate([[5] * 200], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    bases = [b for b, _ in launches[n0:]]
+    assert gemm.DEQUANT_BASE in bases and any(b.startswith("gemm.bf16.mma.") for b in bases)
+    assert not [(b, s) for b, s in launches if s != STREAM]
+
+
+def _nvfp4_weights(model):
+    from vkc_engine.model import _Segments
+    for layer in model.layers:
+        for blk in (layer.mixer, layer.mlp):
+            for w in vars(blk).values():
+                for x in (w.segs if isinstance(w, _Segments) else [(w,)]):
+                    if isinstance(x[0], Nvfp4Weight):
+                        yield x[0]

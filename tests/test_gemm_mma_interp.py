@@ -151,3 +151,19 @@ def test_w4a16_nibble_order_scale_index_and_alpha():
     for bad in (F.dequant(swapped, s, 2.0), F.dequant(packed, np.roll(s, 1, axis=1), 2.0),
                 F.dequant(packed, s, 1.0)):
         assert rel_err(np64(out), np64(a) @ bad.T) > 0.1
+
+
+def test_nvfp4_dequant_with_tails_and_padding():
+    """N = 37 (a partial 16-row block), K = 304 (a 256-wide block and a 48-wide tail); padded weight / scale / out
+    rows: out = bf16(W * alpha), nothing written past [N, K], nothing read past K // 16 groups."""
+    g = rng()
+    N, K = 37, 304
+    packed, s = nvfp4(g, N, K)
+    spec = SPECS["nvfp4_dequant"]
+    c = spec.constexprs
+    buf, out = out_buf(N, K, pad=16)
+    launch_spec(spec, (triton.cdiv(N, c["BLOCK_N"]), triton.cdiv(K, c["BLOCK_K"])), strided(to_dev(packed)),
+                strided(to_dev(s)), out, 0.37, N, K, K // 2 + 16, K // 16 + 16, out.stride(0), PRMT=False)
+    want = np64(bf16(F.dequant(packed, s, 1.0).astype(np.float32) * np.float32(0.37)))  # fp32 product, as the kernel
+    np.testing.assert_array_equal(np64(out), want)
+    assert torch.isnan(buf[:, K:]).all()

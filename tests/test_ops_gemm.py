@@ -48,7 +48,8 @@ def test_tile_rule():
     assert G.pick_tile(1, 10240, 132) == 128
     assert G.pick_tile(2048, 5120, 132, tiles=(256,)) == 256
     assert set(G.OPTIONAL_BASES) == {G.gemm_base(t) for t in G.TILES} | {G.fp8_base(t) for t in G.TILES}
-    assert G.BASES == tuple(G.mma_base(*t) for t in G.MMA_TILES) + tuple(G.w4a16_base(*t) for t in G.W4A16_TILES)
+    assert G.BASES == tuple(G.mma_base(*t) for t in G.MMA_TILES) + tuple(G.w4a16_base(*t) for t in G.W4A16_TILES) + \
+        (G.DEQUANT_BASE,)
     T = G.MMA_TILES
     assert G.pick_mn_tile(8192, 34816, 132, T, G.MMA_TILE_FACTOR) == (128, 256)
     assert G.pick_mn_tile(2048, 5120, 132, T, G.MMA_TILE_FACTOR) == (128, 128)   # 320 wide tiles: 3 waves at 81%
@@ -141,7 +142,7 @@ def test_w4a16_arguments(rec):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (lambda: (Dev((4, 512)), Dev((64, 128), U8), Dev((64, 32), U8), 1.0), "x has K=512, the weights have K=256"),
+    (lambda: (Dev((4, 512)), Dev((64, 128), U8), Dev((64, 16), U8), 1.0), "x has K=512, the weights have K=256"),
     (lambda: (Dev((4, 256)), Dev((64, 128), U8), Dev((64, 8), U8), 1.0), "weight_scale has shape (64, 8)"),
     (lambda: (Dev((4, 256)), Dev((64, 128), "<f4"), Dev((64, 16), U8), 1.0), "weight_packed must be uint8"),
     (lambda: (Dev((4, 256)), Dev((64, 128), U8), Dev((64, 16), U8), float("inf")), "global_scale must be finite"),
@@ -194,3 +195,34 @@ def test_linear_refuses_overlap(calls):
         G.linear(Dev((4, 64)), w, Dev((4, 64), device_ptr=ptr(w) + 64 * 64 * 2 - 16))
     G.linear(x, Dev((64, 64)), Dev((4, 64), device_ptr=base + 4 * 64 * 2))  # adjacent, not overlapping
     assert len(calls) == 1
+
+
+def test_w4a16_workspace_dequantizes_then_runs_the_bf16_gemm(rec):
+    M, N, K = G.DEQUANT_MIN_M, 2048, 4096
+    x, p, sc, y = Dev((M, K)), Dev((N, K // 2), U8), Dev((N, K // 16), U8), Dev((M, N))
+    ws = Dev((N * K + 64,))
+    G.linear_w4a16(x, p, sc, 0.25, y, workspace=ws)
+    (b0, g0, a0), (b1, g1, a1) = rec.calls
+    assert b0 == G.DEQUANT_BASE and g0 == (N // 16, K // 256, 1)
+    assert a0 == (ptr(p), ptr(sc), ptr(ws), 0.25, N, K, K // 2, K // 16, K)
+    bm, bn = G.pick_mn_tile(M, N, 132, G.MMA_TILES, G.MMA_TILE_FACTOR)
+    assert b1 == G.mma_base(bm, bn) and a1 == (ptr(x), ptr(ws), ptr(y), M, N, K, K, K, N)
+    # fewer rows: the fused kernel, the workspace untouched
+    G.linear_w4a16(Dev((M - 1, K)), p, sc, 0.25, Dev((M - 1, N)), workspace=ws)
+    assert rec.calls[2][0].startswith("gemm.w4a16.")
+    with pytest.raises(OpError, match="the dequantized weights need"):
+        G.linear_w4a16(x, p, sc, 0.25, y, workspace=Dev((N * K - 8,)))
+    with pytest.raises(OpError, match="workspace must be bfloat16"):
+        G.linear_w4a16(x, p, sc, 0.25, y, workspace=Dev((N * K,), "<f4"))
+    assert len(rec.calls) == 3
+
+
+def test_dequantize_nvfp4_arguments(rec):
+    N, K = 300, 512
+    p, sc, out = Dev((N, K // 2), U8), Dev((N, K // 16), U8), Dev((N, K))
+    assert G.dequantize_nvfp4(p, sc, 2.0, out) is out
+    (base, grid, args), = rec.calls
+    assert base == G.DEQUANT_BASE and grid == (-(-N // 16), 2, 1) and args == (ptr(p), ptr(sc), ptr(out), 2.0, N, K,
+                                                                             K // 2, K // 16, K)
+    with pytest.raises(OpError, match="row stride that is a multiple of 16"):
+        G.dequantize_nvfp4(p, sc, 2.0, Dev((N, K), strides=(K + 8, 1)))

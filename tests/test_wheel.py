@@ -30,7 +30,7 @@ def test_wheel_holds_one_arch(wheel):
     assert any(n.startswith("vkc_runtime/_native.") and n.endswith(".so") for n in names)
     # the committed default GEMM plans travel with the runtime (vkc_runtime/plans/defaults.py reads them)
     assert {f"vkc_runtime/plans/defaults/{a}.json" for a in ("sm_80", "sm_90a", "sm_121a")} <= set(names)
-    cute = sorted(n for n in names if n.startswith("vkc_runtime/artifacts/vendored/sm_90a/gemm/"))
+    cute = sorted(n for n in names if n.startswith("vkc_runtime/artifacts/vendored/sm_90a/gemm/") and n.endswith(".so"))
     assert cute == [f"vkc_runtime/artifacts/vendored/sm_90a/gemm/gemm.{h}.so" for h in ("aarch64", "x86_64")], cute
     assert wheel.stat().st_size < 2 * 1024 * 1024, wheel.stat().st_size
 

@@ -9,7 +9,9 @@ GROUP_M tile rows (``kernels_src/gemm_fp8/gemm_fp8.py`` ``_tile``), so a wave's 
 ``gemm_w4a16_kernel`` is the same GEMM with NVFP4 weights dequantized in the kernel (W4A16, the large-M side of
 ``vkc_runtime.ops.gemv.gemv_w4a16``; layout and decoders in ``kernels_src/gemv/gemv.py``): each k-slice's packed
 codes and e4m3 group scales decode to exact bf16 weights in registers (``nvfp4_tile``), the MMA runs bf16 x bf16,
-and the one global multiplier scales the fp32 accumulator before the store.
+and the one global multiplier scales the fp32 accumulator before the store. ``nvfp4_dequant_kernel`` writes the
+same weights times the multiplier as a bf16 [N, K] matrix (one bf16 rounding per weight), for large M where
+dequantizing once and running the bf16 GEMM beats decoding every k-slice in every tile row (ops.gemm).
 
 Bounds: rows of x past M and rows of w past N are read from row ``m % M`` (``n % N``): in bounds and never stored,
 so the loads need no M / N mask and stay vectorized; K is masked per k-slice (the host promises K % 16 == 0 and
@@ -73,3 +75,24 @@ def gemm_w4a16_kernel(a_ptr, w_ptr, s_ptr, out_ptr, alpha, M, N, K, stride_am, s
         acc = tl.dot(a, tl.trans(w), acc)
         a_ptrs += BLOCK_K
     _store(acc * alpha, m, n, M, N, out_ptr, stride_om)
+
+
+@triton.jit
+def nvfp4_dequant_kernel(w_ptr, s_ptr, out_ptr, alpha, N, K, stride_wn, stride_sn, stride_on,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRMT: tl.constexpr):
+    """NVFP4 w (packed [N, K/2], scales [N, K/16], as gemm_w4a16_kernel's) -> out [N, K] bf16 = bf16(W * alpha)
+    (row stride stride_on). Grid (cdiv(N, BLOCK_N), cdiv(K, BLOCK_K)); rows past N and columns past K are neither
+    read nor written."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    n_ok = n < N
+    rn = n.to(tl.int64)
+    w_rows = w_ptr + rn[:, None, None] * stride_wn
+    if PRMT:
+        w_rows32 = w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None, None] * (stride_wn // 4)
+    else:
+        w_rows32 = w_rows  # unused
+    w = nvfp4_tile(w_rows, w_rows32, s_ptr + rn[:, None] * stride_sn, k0, K, n_ok, BLOCK_N, BLOCK_K, PRMT)
+    k = k0 + tl.arange(0, BLOCK_K)
+    mask = n_ok[:, None] & (k < K)[None, :]
+    tl.store(out_ptr + rn[:, None] * stride_on + k[None, :], (w.to(tl.float32) * alpha).to(tl.bfloat16), mask=mask)

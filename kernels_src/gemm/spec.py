@@ -19,7 +19,8 @@ The Triton BF16 GEMM (``bf16.mma.t<bm>x<bn>``, all seven archs; the op runs it w
 tests / benchmarks force it on sm_90a): BLOCK_K 32, 4 stages (64 / 48 KB of shared memory, inside the 99 KB of
 sm_86 / sm_89 / sm_120a / sm_121a), 128x128 with 8 warps and 64x128 with 4 (the small-M / small-grid tile). Every
 pointer, K and the x / w row strides carry div=16 (checked by the op); M, N and the out row stride none. Grid
-(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),).
+(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),). ``nvfp4_dequant`` (NVFP4 -> bf16 weights, 16 x 256 per program): grid
+(cdiv(N, 16), cdiv(K, 256)).
 """
 from vkc.cute_spec import CuteKernelSpec
 from vkc.spec import Arg, KernelSpec
@@ -47,6 +48,12 @@ SPECS = [
                constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "PRMT": True},
                num_warps=w, num_stages=3)
     for bm, bn, w in W4A16_TILES
+] + [
+    KernelSpec(name="nvfp4_dequant", source="mma.py", entry="nvfp4_dequant_kernel",
+               args=[Arg("w_ptr", "*u8", div=16), Arg("s_ptr", "*u8", div=16), Arg("out_ptr", "*bf16", div=16),
+                     Arg("alpha", "fp32"), Arg("N", "i32"), Arg("K", "i32", div=16),
+                     Arg("stride_wn", "i32", div=16), Arg("stride_sn", "i32", div=16), Arg("stride_on", "i32", div=16)],
+               constexprs={"BLOCK_N": 16, "BLOCK_K": 256, "PRMT": True}, num_warps=4, num_stages=1)
 ]
 
 _SM90_TILES = [(128, 256, 4), (128, 128, 6), (128, 64, 8)]

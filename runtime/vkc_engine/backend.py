@@ -43,7 +43,9 @@ dequantization).
 NVFP4 linears (NVFP4 checkpoints, vkc_engine.model): :meth:`VkcBackend.weight_nvfp4` uploads the packed e2m1 codes
 and the e4m3 group scales (rows padded to 16-byte pitches where K needs it) with the global multiplier as an
 :class:`Nvfp4Weight`; ``linear`` of one runs W4A16 -- ``ops.gemv.gemv_w4a16`` for M <= GEMV_MAX_M rows (eager
-and captured steps alike, so a replay equals its eager step), else ``ops.gemm.linear_w4a16`` -- on every arch.
+and captured steps alike, so a replay equals its eager step), else ``ops.gemm.linear_w4a16`` -- on every arch --
+with a bf16 workspace of the largest NVFP4 linear (made in ``prepare``), so steps of M >= ops.gemm.DEQUANT_MIN_M rows
+dequantize each weight once and run the bf16 GEMM.
 """
 from __future__ import annotations
 
@@ -128,6 +130,8 @@ class VkcBackend(OpProfiler):
 
     name = "vkc"
     supports_graphs = True  # pure-decode steps replay CUDA graphs (vkc_engine.graphs)
+    _nvfp4_elems = 0        # N * K of the largest NVFP4 linear uploaded (weight_nvfp4)
+    _nvfp4_ws = None        # its bf16 dequantization workspace (prepare)
     # per-instance state, set by __init__ / prepare (class defaults keep driver-free test subclasses working)
     _s = 0             # the stream handle every op gets (__init__: the backend's own non-blocking stream)
     _small_m = 0       # > 0 inside graph_ops(): linear takes ops.gemv for M <= this
@@ -223,6 +227,8 @@ class VkcBackend(OpProfiler):
     def prepare(self, max_tokens: int, max_seqs: int, cfg) -> None:
         """Workspaces for batches of up to max_tokens tokens in max_seqs sequences (before any capture)."""
         d = self.device
+        if self._nvfp4_elems and self._nvfp4_ws is None:
+            self._nvfp4_ws = self.empty((self._nvfp4_elems,), "bf16")  # linear_w4a16's dequantized weights
         if _fp8(cfg):
             self._prepare_fp8(max(max_tokens, max_seqs), cfg)
         self._max_seqs, self._vocab = max_seqs, cfg.vocab_size  # the penalty counts buffer's shape (init_counts)
@@ -300,7 +306,9 @@ class VkcBackend(OpProfiler):
             arr = self.weight(parts, "u8")
             return self.cols(arr, 0, width) if pad else arr
 
-        return Nvfp4Weight(pitched(packed), pitched(scales), alpha)
+        w = Nvfp4Weight(pitched(packed), pitched(scales), alpha)
+        self._nvfp4_elems = max(self._nvfp4_elems, w.shape[0] * w.shape[1])
+        return w
 
     def upload_into(self, dst, host: np.ndarray):
         """Copy a host array into the front of a preallocated flat device buffer of its dtype (an async copy on
@@ -440,7 +448,8 @@ class VkcBackend(OpProfiler):
             ok, ws = self._gemv_plan(M, w.shape[0], w.shape[1], kind="w4a16")
             if ok:
                 return self._gemv.gemv_w4a16(x, w.packed, w.scale, w.alpha, out, stream=self._s, workspace=ws)
-        return self._gemm.linear_w4a16(x, w.packed, w.scale, w.alpha, out, stream=self._s)
+        return self._gemm.linear_w4a16(x, w.packed, w.scale, w.alpha, out, stream=self._s,
+                                       workspace=self._nvfp4_ws)
 
     def _linear_fp8(self, x, w: Fp8Weight, out):
         """quantize_fp8_per_token_group(x) into the prepared buffers, then linear_fp8_block (any M); with FP8_GEMV

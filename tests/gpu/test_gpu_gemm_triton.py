@@ -114,6 +114,30 @@ def test_w4a16_gemm_agrees_with_the_gemv(G):
     assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
 
 
+@pytest.mark.parametrize("n,k", [(5120, 6144), (12352, 2048), (34816, 5120)])
+@pytest.mark.parametrize("m", [128, 255, 2048])
+def test_w4a16_workspace_dequantizes_then_gemm(G, m, n, k):
+    """M >= DEQUANT_MIN_M with a workspace: the weights dequantized once (bf16(W * alpha)) and the bf16 GEMM (CuTe
+    on sm_90a); below it the fused kernel (M = 127)."""
+    x, p, sc, alpha, ref = w4_case(m, n, k)
+    ws = torch.full((n * k + 8,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    buf, out = guarded_out(m, n)
+    G.linear_w4a16(x, p, sc, alpha, out, stream=torch.cuda.current_stream(), workspace=ws)
+    torch.cuda.synchronize()
+    check(out, ref, buf, f"w4a16 dequant + gemm M={m} N={n} K={k}")
+    assert torch.isnan(ws[n * k:].float()).all(), "wrote past the dequantized weights"
+    want = (dequant64(p, sc, 1.0).float() * torch.tensor(alpha, dtype=torch.float32)).to(torch.bfloat16)
+    assert torch.equal(ws[:n * k].view(n, k), want), "dequantized weights != bf16(W * alpha)"
+    x1 = x[:G.DEQUANT_MIN_M - 1]
+    out1 = torch.empty((x1.shape[0], n), device="cuda", dtype=torch.bfloat16)
+    ws.fill_(float("nan"))
+    G.linear_w4a16(x1, p, sc, alpha, out1, stream=torch.cuda.current_stream(), workspace=ws)
+    torch.cuda.synchronize()
+    if x1.shape[0]:
+        check(out1, ref[:x1.shape[0]], None, f"w4a16 fused below DEQUANT_MIN_M N={n} K={k}")
+    assert torch.isnan(ws.float()).all(), "the fused path touched the workspace"
+
+
 @pytest.mark.parametrize("which", ["bf16", "w4a16"])
 def test_graph_capture_replay_equals_eager(G, which):
     m, n, k = 300, 5120, 2048

@@ -3,6 +3,8 @@
     out[M, N] = x[M, K] @ weight[N, K]^T        bf16 in and out, fp32 accumulation
     linear_w4a16(x, weight_packed, weight_scale, global_scale)
                                                 the same with NVFP4 weights dequantized in the kernel (W4A16)
+    dequantize_nvfp4(weight_packed, weight_scale, global_scale, out)
+                                                out[N, K] bf16 = the NVFP4 weights times the multiplier
 
 and the launcher of the CuTe FP8 GEMM (:func:`launch_fp8`: fp8 e4m3 operands, per-tensor or per-token x
 per-channel fp32 scales in the epilogue), which :func:`vkc_runtime.ops.gemm_fp8.linear_fp8` validates for and calls
@@ -28,7 +30,12 @@ inside graph capture; the launch itself allocates nothing).
 ``linear_w4a16`` (Triton, every arch: ``gemm.w4a16.t*``) is the large-M side of
 :func:`vkc_runtime.ops.gemv.gemv_w4a16` (same operands, layout and checks, see that module: packed e2m1 [N, K/2]
 low nibble first, linear e4m3 scales [N, K/16], one fp32 multiplier), for any M: each k-slice of the weights is
-decoded to exact bf16 in registers and multiplied on the tensor cores. Bound calls when ``out`` is given.
+decoded to exact bf16 in registers and multiplied on the tensor cores. Bound calls when ``out`` is given. With a
+``workspace`` (a contiguous bf16 tensor of at least N * K elements) and M >= :data:`DEQUANT_MIN_M`, it instead
+dequantizes the weights once into the workspace (``dequantize_nvfp4``: bf16(W * multiplier), one rounding per
+weight) and runs :func:`linear` on them: decoding every k-slice once per 128-row tile costs the fused kernel
+0.24-0.40x cuBLAS bf16 at M >= 2048 on the H200, where the bf16 GEMM reaches 0.82-0.99x and the dequantization
+adds one pass over the weights (BENCHMARKS.md, session 14).
 
 Tile rule of the CuTe lane (:func:`pick_tile`): among the compiled tiles (128x256, 128x128, 128x64) take the one
 with the highest ``useful fraction x last-wave efficiency x tile factor``, where the useful fraction is N / (N
@@ -45,14 +52,15 @@ tactic is launched instead; the rule above is the default when no plan says othe
 from __future__ import annotations
 
 from .. import memory, plans
-from ..bound import CallCache, Launch, disjoint
+from ..bound import CallCache, Launch, disjoint, run_launches
 from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
+from ..tensor import TensorRef
 from . import gemv as _gemv
 from ._check import OpError, bindable, cdiv, fits_i32, row_stride, same_device, stream_of, tensor
 from ._check import sm_count as _sm_count
 
-__all__ = ["linear", "linear_w4a16", "pick_tile", "pick_mn_tile", "plan_tactic", "gemm_base", "mma_base", "fp8_base", "has_fp8",
+__all__ = ["linear", "linear_w4a16", "dequantize_nvfp4", "DEQUANT_MIN_M", "pick_tile", "pick_mn_tile", "plan_tactic", "gemm_base", "mma_base", "fp8_base", "has_fp8",
            "has_cute", "launch_fp8", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR", "LANES", "BASES",
            "OPTIONAL_BASES", "OpError"]
 
@@ -65,6 +73,8 @@ MAX_DIM = 2**31 - 1
 MMA_TILES = ((128, 256), (128, 128), (64, 128))
 MMA_TILE_FACTOR = {(128, 256): 1.0, (128, 128): 0.9, (64, 128): 0.75}
 W4A16_TILES = ((128, 128), (64, 128))  # kernels_src/gemm/spec.py W4A16_TILES
+DEQUANT_MIN_M = 128  # linear_w4a16 with a workspace: dequantize + the bf16 GEMM from this M on (module docstring)
+DEQUANT_BLOCK = (16, 256)  # nvfp4_dequant's (BLOCK_N, BLOCK_K)
 LANES = ("cute", "triton")
 MAX_STRIDE = 2**36  # elements; TMA strides must stay below 2^40 bytes
 
@@ -89,7 +99,8 @@ def w4a16_base(bm: int, bn: int) -> str:
     return f"gemm.w4a16.t{bm}x{bn}"
 
 
-BASES = tuple(mma_base(*t) for t in MMA_TILES) + tuple(w4a16_base(*t) for t in W4A16_TILES)  # Triton: every arch
+DEQUANT_BASE = "gemm.nvfp4_dequant"
+BASES = tuple(mma_base(*t) for t in MMA_TILES) + tuple(w4a16_base(*t) for t in W4A16_TILES) + (DEQUANT_BASE,)
 OPTIONAL_BASES = tuple(gemm_base(t) for t in TILES) + tuple(fp8_base(t) for t in TILES)  # the CuTe lane: sm_90a
 
 _calls = CallCache(per_key=8)
@@ -223,13 +234,15 @@ def _launch_mma(op, key, xt, wt, yt, lda, ldw, ldc, M, N, K, dev, s, out):
                   relations=[disjoint(xt, yt), disjoint(wt, yt)])
 
 
-def linear_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream=None):
+def linear_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stream=None, workspace=None):
     """out[M, N] bf16 = x[M, K] @ W^T with NVFP4 weights W[n, k] = e2m1(weight_packed) * e4m3(weight_scale[n,
-    k // 16]) * global_scale, any M (operands as :func:`vkc_runtime.ops.gemv.gemv_w4a16`'s). Returns ``out``."""
+    k // 16]) * global_scale, any M (operands as :func:`vkc_runtime.ops.gemv.gemv_w4a16`'s). ``workspace``: see the
+    module docstring (large M: dequantize + the bf16 GEMM). Returns ``out``."""
     op = "linear_w4a16"
     s = stream_of(stream)
     alpha = _gemv.global_multiplier(op, global_scale)
-    if out is not None and _calls.run((op,), (x, weight_packed, weight_scale, out), (alpha,), s):
+    if out is not None and workspace is None and \
+            _calls.run((op,), (x, weight_packed, weight_scale, out), (alpha,), s):
         return out
     pt, st, N, K = _gemv.nvfp4_weights(op, weight_packed, weight_scale)
     xt = tensor(op, "x", x, BF16, ndim=2)
@@ -250,6 +263,11 @@ def linear_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stre
         raise OpError(f"{op}: out rows overlap (row stride {ldc} < N = {N})")
     _gemv._no_overlap(op, xt, yt, "x", "out")
     fits_i32(op, M=M, N=N, stride_x=lda, stride_out=ldc)
+    if workspace is not None:
+        wv = _dequant_view(op, workspace, N, K, dev, (xt, yt))
+        if M >= DEQUANT_MIN_M:
+            _launch_dequant(op, pt, st, wv, alpha, N, K, sw, ss, s)
+            return linear(xt, wv, yt, stream=s)
     tiles = tuple(t for t in W4A16_TILES if has_kernel(w4a16_base(*t)))
     if not tiles:
         raise MissingKernelError(f"{op}: no W4A16 GEMM in this arch's artifacts", missing=[w4a16_base(*W4A16_TILES[0])])
@@ -257,9 +275,54 @@ def linear_w4a16(x, weight_packed, weight_scale, global_scale, out=None, *, stre
     grid = cdiv(M, bm) * cdiv(N, bn)
     fits_i32(op, grid=grid)
     launch = Launch(get_kernel(w4a16_base(bm, bn)), (grid, 1, 1), (xt, pt, st, yt, alpha, M, N, K, lda, sw, ss, ldc))
-    _calls.launch((op,), bindable(out, xt, pt, st, yt), (alpha,), [launch], s,
+    _calls.launch((op,), bindable(None if workspace is not None else out, xt, pt, st, yt), (alpha,), [launch], s,
                   relations=[disjoint(t, yt) for t in (xt, pt, st)])
     return res
+
+
+def _dequant_view(op, workspace, N, K, dev, others):
+    """The [N, K] bf16 view at the front of a contiguous bf16 workspace of >= N * K elements (checked)."""
+    wt = tensor(op, "workspace", workspace, BF16, ndim=1)
+    if wt.shape[0] > 1 and wt.strides[0] != 1:
+        raise OpError(f"{op}: workspace must be contiguous")
+    if wt.shape[0] < N * K:
+        raise OpError(f"{op}: workspace has {wt.shape[0]} bf16 elements, the dequantized weights need {N * K}")
+    if wt.ptr % 16:
+        raise OpError(f"{op}: workspace must be 16-byte aligned")
+    same_device(op, wt, *others)
+    view = TensorRef(wt.ptr, (N, K), (K, 1), BF16, dev, workspace)
+    for t, name in zip(others, ("x", "out")):
+        _gemv._no_overlap(op, t, view, name, "workspace")
+    return view
+
+
+def _launch_dequant(op, pt, st, yt, alpha, N, K, sw, ss, s):
+    ldo = row_stride(yt) if N > 1 else K
+    if yt.ptr % 16 or ldo % 16:
+        raise OpError(f"{op}: out must be 16-byte aligned with a row stride that is a multiple of 16 (got {ldo})")
+    fits_i32(op, K=K, stride_out=ldo)
+    bn, bk = DEQUANT_BLOCK
+    if not has_kernel(DEQUANT_BASE):
+        raise MissingKernelError(f"{op}: no NVFP4 dequantization kernel in this arch's artifacts",
+                                 missing=[DEQUANT_BASE])
+    run_launches([Launch(get_kernel(DEQUANT_BASE), (cdiv(N, bn), cdiv(K, bk), 1),
+                         (pt, st, yt, alpha, N, K, sw, ss, ldo))], s)
+
+
+def dequantize_nvfp4(weight_packed, weight_scale, global_scale, out, *, stream=None):
+    """out[N, K] bf16 = bf16(e2m1(weight_packed) * e4m3(weight_scale[n, k // 16]) * global_scale) (operands as
+    :func:`vkc_runtime.ops.gemv.gemv_w4a16`'s; out's row stride a multiple of 16, 16-byte aligned). Returns out."""
+    op = "dequantize_nvfp4"
+    s = stream_of(stream)
+    alpha = _gemv.global_multiplier(op, global_scale)
+    pt, st, N, K = _gemv.nvfp4_weights(op, weight_packed, weight_scale)
+    yt = tensor(op, "out", out, BF16, ndim=2, shape=(N, K))
+    same_device(op, pt, st, yt)
+    if N == 0:
+        return out
+    sw, ss = _gemv.nvfp4_strides(op, pt, st, yt)
+    _launch_dequant(op, pt, st, yt, alpha, N, K, sw, ss, s)
+    return out
 
 
 def has_fp8() -> bool:
