@@ -54,7 +54,8 @@ import numpy as np
 from .loader import RawTensor, to_bf16_bits, to_float32
 from .profiling import FAMILIES, OpProfiler
 
-__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "Nvfp4Weight", "GEMV_MAX_M", "FP8_GEMV", "FP8_GEMV_MAX_M", "FAMILIES"]
+__all__ = ["VkcBackend", "BackendError", "Fp8Weight", "Nvfp4Weight", "GEMV_MAX_M", "FP8_GEMV", "FP8_GEMV_MAX_M",
+           "FAMILIES"]
 
 BF16, F32, I32 = "bfloat16", "float32", "int32"
 _DT = {"bf16": BF16, "f32": F32, "i32": I32, "u8": "uint8"}

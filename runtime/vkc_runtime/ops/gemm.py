@@ -60,8 +60,8 @@ from . import gemv as _gemv
 from ._check import OpError, bindable, cdiv, fits_i32, row_stride, same_device, stream_of, tensor
 from ._check import sm_count as _sm_count
 
-__all__ = ["linear", "linear_w4a16", "dequantize_nvfp4", "DEQUANT_MIN_M", "pick_tile", "pick_mn_tile", "plan_tactic", "gemm_base", "mma_base", "fp8_base", "has_fp8",
-           "has_cute", "launch_fp8", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR", "LANES", "BASES",
+__all__ = ["linear", "linear_w4a16", "dequantize_nvfp4", "DEQUANT_MIN_M", "pick_tile", "pick_mn_tile", "plan_tactic",
+           "gemm_base", "mma_base", "w4a16_base", "fp8_base", "has_fp8", "has_cute", "launch_fp8", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR", "LANES", "BASES",
            "OPTIONAL_BASES", "OpError"]
 
 BF16 = "bfloat16"
