@@ -4,7 +4,8 @@ replay CUDA graphs unless ``--graphs off``). Shapes: the dense 27B and the MoE 3
 
     python benchmarks/bench_engine.py [--shape {27b,35b-a3b}] [--batches 1,16,64] [--prefill 2048]
                                       [--long-prefill 8192] [--steps 16] [--graphs on|off] [--gemv-max-m 16]
-                                      [--quant {none,fp8,nvfp4}] [--fp8-gemv on|off] [--breakdown] [--out F]
+                                      [--quant {none,fp8,nvfp4}] [--fp8-gemv on|off] [--breakdown] [--timeline]
+                                      [--out F]
 
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
@@ -13,7 +14,8 @@ rule (vkc_engine.backend.GEMV_MAX_M: ops.gemv for M <= this, 0 = the CuTe GEMM a
 decode batch (and for the long prefill, as ``prefill_long.breakdown``, eager) where a step's time goes, per kernel family (backend.FAMILIES): ``eager`` -- ms per step between the
 CUDA events recorded before each op of eager steps (graphs off for them), so host gaps are charged to the op they
 delay; ``graph`` -- the step's graph captured with an event node before each op and replayed once: device time
-only (the events add a little). Each lists {family: [ms, calls]} and ``total``. ``run(model_dir, ...,
+only (the events add a little). Each lists {family: [ms, calls]} and ``total``. ``--timeline`` adds per decode
+batch ``timeline``: the undisturbed graph-replayed steps kernel by kernel (exclusive µs, idle; step_timeline.py). ``run(model_dir, ...,
 backend=...)`` is the same measurement on any backend (the CPU test drives it on the numpy backend at a tiny
 shape). ``--quant fp8``: the config gets Qwen's block-wise FP8 ``quantization_config`` and the dummy weights of the
 projections an *-FP8 release quantizes are random e4m3 bytes with float32 block scales (vkc_engine.dummy), so those
@@ -120,7 +122,7 @@ def _prefill(llm, n, sp, breakdown=False):
 
 
 def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, load_format="dummy",
-        long_prefill=0, graphs=True, breakdown=False) -> dict:
+        long_prefill=0, graphs=True, breakdown=False, timeline=False) -> dict:
     from vkc_engine import LLM, SamplingParams
     Bm = max(batches)
     t0 = time.perf_counter()
@@ -137,7 +139,8 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
     if long_prefill:
         res["prefill_long"] = _prefill(llm, long_prefill, sp, breakdown)
     for B in batches:
-        dp = SamplingParams(temperature=0, max_tokens=steps + 2 + (min(steps, 4) + 1 if breakdown else 0),
+        tl_steps = min(steps, 8) if timeline else 0
+        dp = SamplingParams(temperature=0, max_tokens=steps + 2 + (min(steps, 4) + 1 if breakdown else 0) + tl_steps,
                             ignore_eos=True)
         for b in range(B):
             llm.add_request([(7 * b + j) % V for j in range(16)], dp)
@@ -152,6 +155,9 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
         res["decode"].append({"batch": B, "ms_per_step": ms, "tok_s": B / ms * 1e3})
         if breakdown:
             res["decode"][-1]["breakdown"] = _breakdown(llm, max(1, min(steps, 4)))
+        if tl_steps:
+            from step_timeline import timeline as _timeline  # noqa: PLC0415 - torch + CUPTI, the GPU run only
+            res["decode"][-1]["timeline"] = _timeline(llm.step, tl_steps)
         while llm.has_unfinished():
             llm.step()
     return res
@@ -168,6 +174,8 @@ def main(argv=None) -> int:
                     help="per-kernel-family time of a decode step and of the long prefill")
     ap.add_argument("--gemv-max-m", type=int, default=None, choices=range(0, 65), metavar="0..64",
                     help="ops.gemv for M <= this in captured steps (default: the backend's rule)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="per-kernel exclusive device time of graph-replayed decode steps (step_timeline.py; torch)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--quant", choices=("none", "fp8", "nvfp4"), default="none",
                     help="fp8: block-wise FP8 dummy weights for the projections (ops.gemm_fp8); nvfp4: NVFP4 "
@@ -187,7 +195,8 @@ def main(argv=None) -> int:
         conf = dict(SHAPES[a.shape], **({"quantization_config": quant} if quant else {}))
         (Path(d) / "config.json").write_text(json.dumps(conf))
         res = run(d, batches=tuple(int(b) for b in a.batches.split(",")), prefill=a.prefill, steps=a.steps,
-                  long_prefill=a.long_prefill, graphs=a.graphs == "on", breakdown=a.breakdown)
+                  long_prefill=a.long_prefill, graphs=a.graphs == "on", breakdown=a.breakdown,
+                  timeline=a.timeline)
     res["shape"] = a.shape
     res["quant"] = a.quant
     import vkc_engine.backend as B

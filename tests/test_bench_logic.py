@@ -30,11 +30,30 @@ from tests import refs_attn  # noqa: E402
 @pytest.mark.parametrize("mod", ["bench_attn", "bench_gdn", "bench_gdn_decode", "bench_gemm", "bench_gemm_fp8",
                                  "bench_gemm_triton", "bench_gemv", "bench_norm", "bench_sample",
                                  "timing", "summarize", "tune_attn", "tune_conv", "tune_gdn", "tune_gemv", "tune_norm",
-                                 "ncu_case"])
+                                 "ncu_case", "step_timeline"])
 def test_benchmarks_import_on_cpu(mod):
     m = importlib.import_module(mod)
     if mod.startswith("bench_"):
         assert callable(m.main) and m.main.__code__.co_argcount == 1  # python3 benchmarks/bench_X.py OUT.json
+
+
+def test_step_timeline_summarize_charges_overlap_and_gaps():
+    """Exclusive time: a PDL kernel that starts before its predecessor ends is charged from that end; a gap
+    inside a step is idle, a gap holding a step mark is between steps; per-step figures divide by steps."""
+    import step_timeline as T
+    iv = [("b", 12.0, 20.0), ("a", 0.0, 10.0),     # step 1: a [0, 10), idle [10, 12), b [12, 20)
+          ("c", 18.0, 25.0),                        # c starts under b (PDL): charged [20, 25)
+          ("a", 100.0, 110.0), ("b", 109.0, 120.0), ("c", 121.0, 125.0)]  # step 2 after a host gap at 60
+    r = T.summarize(iv, 2, marks=[60.0])
+    k = {x["name"]: x for x in r["kernels"]}
+    assert k["a"]["us"] == 10.0 and k["a"]["calls"] == 1.0 and k["a"]["us_max"] == 10.0
+    assert k["b"]["us"] == (8.0 + 10.0) / 2 and k["b"]["us_max"] == 11.0
+    assert k["c"]["us"] == (5.0 + 4.0) / 2
+    assert r["idle_us"] == (2.0 + 1.0) / 2 and r["between_steps_us"] == 75.0 / 2
+    assert r["busy_us"] == sum(x["us"] for x in r["kernels"]) == (23.0 + 24.0) / 2
+    assert r["span_us"] == r["busy_us"] + r["idle_us"]
+    assert [x["name"] for x in r["kernels"]] == ["a", "b", "c"]  # by time
+    assert T.summarize([], 3)["kernels"] == [] and T.summarize([], 3)["steps"] == 3
 
 
 def test_helpers_other_scripts_use_keep_their_signatures():
