@@ -8,6 +8,8 @@ multiplies them. Variants: ``lut`` (table in global memory, L1-resident), ``lut_
 per group, then one FMA with the scale -- as lut, but the scale applied per k-step tile), against the vendored
 kernel's structure (``prmt``). Prints one JSON line per (variant, shape): graph-replayed median µs, % of the
 4-bit floor, error vs float64. Usage: python3 benchmarks/explore_w4a16_lut.py
+Status: checked in Triton's interpreter against the float64 reference (bf16 rounding only); not yet run on the
+H200 (session 15 got no device for it): no figure of it exists yet.
 """
 import json
 import os
