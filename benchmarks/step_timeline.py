@@ -56,21 +56,17 @@ def summarize(intervals, steps: int, marks=()) -> dict:
 def timeline(fn, steps: int) -> dict:
     """Run ``fn()`` (one step) ``steps`` times under torch.profiler (CUDA activities only) and summarize the
     kernels it recorded. Needs torch with CUPTI (the H200's torch has it)."""
-    import time  # noqa: PLC0415
-
     import torch  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-    marks_host = []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            marks_host.append(time.perf_counter())
             fn()
         torch.cuda.synchronize()
     ev = [e for e in prof.events() if getattr(e, "device_type", None) is not None
           and str(e.device_type).endswith("CUDA") and not e.name.startswith(("Memcpy", "Memset"))]
     intervals = [(e.name, e.time_range.start, e.time_range.end) for e in ev]
-    # step boundaries: a kernel that starts after the previous step's last kernel and a host gap; the host
-    # marks are on another clock, so the steps are cut at the (steps - 1) widest gaps between kernels
+    # step boundaries: the host's work between steps (sampling download, scheduling) leaves the widest gaps, so
+    # the steps are cut at the (steps - 1) widest gaps between kernels
     ks = sorted((s, e) for _, s, e in intervals)
     gaps, end = [], None
     for s, e in ks:
