@@ -20,8 +20,8 @@ backend=...)`` is the same measurement on any backend (the CPU test drives it on
 shape). ``--quant fp8``: the config gets Qwen's block-wise FP8 ``quantization_config`` and the dummy weights of the
 projections an *-FP8 release quantizes are random e4m3 bytes with float32 block scales (vkc_engine.dummy), so those
 linears run ops.gemm_fp8 (quantize_fp8_per_token_group + linear_fp8_block) at every M; ``--quant nvfp4``: an
-llm-compressor NVFP4 config and NVFP4 dummy weights for the same projections (W4A16: ops.gemv.gemv_w4a16 at M <=
-16, ops.gemm.linear_w4a16 above); the JSON gets "quant".
+llm-compressor NVFP4 config and NVFP4 dummy weights for the same projections (W4A16 from the MMA layout:
+ops.nvfp4.linear_nvfp4 at every M, dequantize + bf16 GEMM above its MMA_MAX_M); the JSON gets "quant".
 ``--fp8-gemv on`` turns vkc_engine.backend.FP8_GEMV on: the captured steps' FP8 linears at M <= GEMV_MAX_M take
 ops.gemv.gemv_w8a16 (the JSON gets "fp8_gemv").
 """

@@ -1,9 +1,9 @@
 """VkcBackend on an NVFP4 checkpoint without a driver (the fakes of tests/test_engine_vkc_backend_fake.py and
-tests/test_engine_graphs_fake.py): every NVFP4 linear of every step -- eager prefill and decode, the graph runner's
-warm-up, captures and replays -- passes the real host validation of ops.gemv.gemv_w4a16 (M <= GEMV_MAX_M) or
-ops.gemm.linear_w4a16 (larger M), launches checked against the sm_90a manifest, on the backend's stream, with no
-allocation inside a capture; the bf16 GEMM runs only the bf16 linears; ``weight_nvfp4`` pads rows to 16-byte
-pitches when K needs it."""
+tests/test_engine_graphs_fake.py): every NVFP4 linear is packed into the MMA layout at load (ops.nvfp4.pack) and
+every NVFP4 linear of every step -- eager prefill and decode, the graph runner's warm-up, captures and replays --
+passes the real host validation of ops.nvfp4.linear_nvfp4 (the tensor-core kernel; above MMA_MAX_M rows the
+dequantize + bf16 GEMM path), launches checked against the sm_90a manifest, on the backend's stream, with no
+allocation inside a capture; the bf16 GEMM runs only the bf16 linears."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +31,8 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture()
 def launches(fake_vkc, monkeypatch):  # noqa: F811
-    from vkc_runtime.ops import gemm, gemv
-    for m in (gemv, gemm):
+    from vkc_runtime.ops import gemm, gemv, nvfp4
+    for m in (gemv, gemm, nvfp4):
         r = _Rec(declared=declared_bases(m))
         patch_ops(monkeypatch, m, "get_kernel", r)
         patch_ops(monkeypatch, m, "_sm_count", lambda dev: 132)
@@ -45,9 +45,7 @@ def launches(fake_vkc, monkeypatch):  # noqa: F811
 
 
 def test_nvfp4_linears_through_the_real_validation(launches, ckpt, monkeypatch):
-    from vkc_runtime.ops import gemm
     be = Fp8StreamBackend(monkeypatch)
-    be.gemm.linear_w4a16 = gemm.linear_w4a16
     llm = LLM(ckpt, backend=be, max_num_seqs=5, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
               block_size=64)
     assert llm.graphs is not None and be.captures == 4
@@ -60,33 +58,38 @@ def test_nvfp4_linears_through_the_real_validation(launches, ckpt, monkeypatch):
     assert not [(b, s) for b, s in launches if s != STREAM]
     assert not be.allocs_in_capture, be.allocs_in_capture[:5]
     bases = [b for b, _ in launches]
-    assert any(b.startswith("gemm.w4a16.") for b in bases[n_setup:])  # prefill chunks of > 16 rows
-    assert any(b.startswith("gemv.w4a16.") for b in bases[n_setup:])  # decode rows, eager and captured
+    assert "gemv.nvfp4_mma_pack" in bases[:n_setup]
+    mma = [b for b in bases[n_setup:] if b.startswith("gemv.w4a16.mma.")]
+    assert {b.split(".")[3] for b in mma} == {"m8", "m16"}  # decode rows (eager and captured), prefill chunks
     cfg = llm.cfg
     assert {n for _, n, _ in be.gemm.calls} <= {cfg.vocab_size, 2 * cfg.gdn_v_heads}  # lm_head, in_proj_b | a
     assert GEMV_MAX_M == 16
 
 
-def test_weight_nvfp4_pads_rows_to_16_bytes(fake_vkc):  # noqa: F811
+def test_weight_nvfp4_packs_into_the_mma_layout(launches, fake_vkc):  # noqa: F811
+    from vkc_runtime.ops import nvfp4
     be = FakeDeviceBackend()
-    K = 48  # packed rows of 24 bytes, scale rows of 3: both padded
+    be.synchronize = lambda: None  # no stream here: the packer's launch is recorded, not run
+    K = 48  # packed rows of 24 bytes, scale rows of 3 (any row stride: the packer reads bytes)
     p = RawTensor("w", "U8", np.zeros((8, K // 2), np.uint8), "f")
-    s = RawTensor("s", "F8_E4M3", np.zeros((8, K // 16), np.uint8), "f")
+    s = RawTensor("s", "F8_E4M3", np.full((8, K // 16), 0x38, np.uint8), "f")
     w = be.weight_nvfp4([p, p], [s, s], 0.25)
     assert w.shape == (16, K) and w.alpha == 0.25
-    assert w.packed.shape == (16, 24) and w.packed.strides[0] == 32
-    assert w.scale.shape == (16, 3) and w.scale.strides[0] == 16
+    assert (w.mma.words.shape, w.mma.scales.shape) == nvfp4.mma_shapes(16, K)
+    assert [b for b, _ in launches] == ["gemv.nvfp4_mma_pack"]
     with pytest.raises(Exception, match="weight_nvfp4 takes U8 codes"):
         be.weight_nvfp4([s], [s], 1.0)
+    bad = RawTensor("model.x.weight_scale", "F8_E4M3", np.full((8, K // 16), 0x7F, np.uint8), "f.safetensors")
+    with pytest.raises(Exception, match="model.x.weight_scale .* NaN"):
+        be.weight_nvfp4([p], [bad], 1.0)
 
 
 def test_large_prefill_chunks_dequantize_once_then_run_the_bf16_gemm(launches, ckpt, monkeypatch):
-    """Chunks of >= ops.gemm.DEQUANT_MIN_M rows: each NVFP4 linear dequantizes into the backend's one workspace
+    """Chunks of more than ops.nvfp4.MMA_MAX_M rows: each NVFP4 linear dequantizes into the backend's one workspace
     (sized at prepare for the largest NVFP4 linear) and runs the bf16 GEMM (here its Triton lane)."""
     from vkc_runtime.ops import gemm
     monkeypatch.setattr(gemm, "has_cute", lambda: False)
     be = Fp8StreamBackend(monkeypatch)
-    be.gemm.linear_w4a16 = gemm.linear_w4a16
     llm = LLM(ckpt, backend=be, max_num_seqs=2, max_num_batched_tokens=160, max_model_len=256, num_blocks=16,
               block_size=64, enforce_eager=True)
     big = max(w.shape[0] * w.shape[1] for w in _nvfp4_weights(llm.model))
@@ -94,7 +97,7 @@ def test_large_prefill_chunks_dequantize_once_then_run_the_bf16_gemm(launches, c
     n0 = len(launches)
     llm.generate([[5] * 200], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     bases = [b for b, _ in launches[n0:]]
-    assert gemm.DEQUANT_BASE in bases and any(b.startswith("gemm.bf16.mma.") for b in bases)
+    assert "gemv.nvfp4_mma_dequant" in bases and any(b.startswith("gemm.bf16.mma.") for b in bases)
     assert not [(b, s) for b, s in launches if s != STREAM]
 
 

@@ -98,6 +98,7 @@ def compile_base(root: Path, rs: ResolvedSpec) -> Compiled:
     import triton  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.compiler import ASTSource  # noqa: PLC0415
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction  # noqa: PLC0415
 
     spec = rs.spec
     fn = _kernel_fn(root, spec.family, spec.source, spec.entry)
@@ -113,7 +114,9 @@ def compile_base(root: Path, rs: ResolvedSpec) -> Compiled:
     types = {a.name: a.type for a in spec.args}
     signature = {n: (types[n] if n in types else "constexpr") for n in arg_names}
     attrs = {(arg_names.index(a.name),): [["tt.divisibility", a.div]] for a in spec.args if a.div}
-    src = ASTSource(fn, signature=signature, constexprs=dict(rs.constexprs), attrs=attrs)
+    # a Gluon kernel (explicit layouts, kernels_src/gemv/nvfp4_mma.py) compiles through its own AST source
+    source_cls = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
+    src = source_cls(fn, signature=signature, constexprs=dict(rs.constexprs), attrs=attrs)
     arch = get_arch(rs.arch)
     options = {"num_warps": rs.num_warps, "num_stages": rs.num_stages, "num_ctas": rs.num_ctas, **rs.options}
     k = triton.compile(src, target=GPUTarget("cuda", arch.triton_cc, 32), options=options)

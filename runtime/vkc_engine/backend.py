@@ -41,11 +41,11 @@ with FP8 weights on an arch without the FP8 kernels (sm_80 / sm_86) is refused b
 dequantization).
 
 NVFP4 linears (NVFP4 checkpoints, vkc_engine.model): :meth:`VkcBackend.weight_nvfp4` uploads the packed e2m1 codes
-and the e4m3 group scales (rows padded to 16-byte pitches where K needs it) with the global multiplier as an
-:class:`Nvfp4Weight`; ``linear`` of one runs W4A16 -- ``ops.gemv.gemv_w4a16`` for M <= GEMV_MAX_M rows (eager
-and captured steps alike, so a replay equals its eager step), else ``ops.gemm.linear_w4a16`` -- on every arch --
-with a bf16 workspace of the largest NVFP4 linear (made in ``prepare``), so steps of M >= ops.gemm.DEQUANT_MIN_M rows
-dequantize each weight once and run the bf16 GEMM.
+and the e4m3 group scales to a temporary device copy and packs them (``ops.nvfp4.pack``) into the MMA layout of
+``ops.nvfp4`` with the global multiplier as an :class:`Nvfp4Weight`; ``linear`` of one runs W4A16 through
+``ops.nvfp4.linear_nvfp4`` at every M on every arch (the tensor-core kernel, eager and captured steps alike, so a
+replay equals its eager step), with a bf16 workspace of the largest NVFP4 linear (made in ``prepare``), so steps of
+more than ops.nvfp4.MMA_MAX_M rows dequantize each weight once and run the bf16 GEMM.
 """
 from __future__ import annotations
 
@@ -103,15 +103,19 @@ class Fp8Weight:
 
 
 class Nvfp4Weight:
-    """An NVFP4 linear weight on the device: ``packed`` [N, K/2] uint8 and ``scale`` [N, K/16] e4m3 bytes (views
-    with 16-byte row pitches), ``alpha`` the global multiplier."""
+    """An NVFP4 linear weight on the device, packed into the MMA layout of ``vkc_runtime.ops.nvfp4`` (``mma``: an
+    ``MmaWeights`` of int32 words and scales, its [N, K] and the global multiplier)."""
 
-    def __init__(self, packed, scale, alpha: float):
-        self.packed, self.scale, self.alpha = packed, scale, float(alpha)
+    def __init__(self, mma):
+        self.mma = mma
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.packed.shape[0], 2 * self.packed.shape[1]
+        return self.mma.n, self.mma.k
+
+    @property
+    def alpha(self) -> float:
+        return self.mma.global_scale
 
 
 def _fp8(cfg) -> bool:
@@ -143,6 +147,7 @@ class VkcBackend(DeviceSampling, OpProfiler):
     _staging = None    # pinned upload ring: [ptr, nbytes, offset, numpy view]
     _prof = None       # list of (family, event) while profiling
     _gemm_fp8 = None   # vkc_runtime.ops.gemm_fp8 (FP8 checkpoints only)
+    _nvfp4 = None      # vkc_runtime.ops.nvfp4 (NVFP4 checkpoints only)
     _fp8_buf = None    # (x_q bytes, x_scale float32, max rows, max K): the FP8 activation buffers (prepare)
 
     def __init__(self, device: int | None = None):
@@ -294,23 +299,30 @@ class VkcBackend(DeviceSampling, OpProfiler):
 
     def weight_nvfp4(self, packed: list[RawTensor], scales: list[RawTensor], alpha: float) -> Nvfp4Weight:
         """Upload an NVFP4 linear: U8 packed parts [N_i, K/2] and F8_E4M3 scale parts [N_i, K/16] stacked along dim
-        0 (rows padded to a multiple of 16 bytes when K / 2 or K / 16 is not one: the kernels' row-stride rule),
-        one global multiplier for all of them."""
+        0 into a temporary device copy, packed on the device (``ops.nvfp4.pack``) into the MMA layout, one global
+        multiplier for all of them. e4m3 NaN scale codes are refused, naming the tensor."""
         if any(p.dtype != "U8" for p in packed) or any(s.dtype != "F8_E4M3" for s in scales):
             raise BackendError(f"weight_nvfp4 takes U8 codes and F8_E4M3 scales, got {[p.dtype for p in packed]} / "
                                f"{[s.dtype for s in scales]}")
-
-        def pitched(parts):
-            width = parts[0].shape[1]
-            pad = -width % 16
-            if pad:
-                parts = [RawTensor(p.name, p.dtype, np.pad(p.data, ((0, 0), (0, pad))), p.file) for p in parts]
-            arr = self.weight(parts, "u8")
-            return self.cols(arr, 0, width) if pad else arr
-
-        w = Nvfp4Weight(pitched(packed), pitched(scales), alpha)
-        self._nvfp4_elems = max(self._nvfp4_elems, w.shape[0] * w.shape[1])
+        for t in scales:
+            if np.any((np.asarray(t.data).view(np.uint8) & 0x7F) == 0x7F):
+                raise BackendError(f"{t.name} ({t.file}) holds e4m3 NaN scale codes (0x7F / 0xFF): not a usable "
+                                   "NVFP4 checkpoint")
+        n4 = self._nvfp4_ops()
+        lin_p, lin_s = self.weight(packed, "u8"), self.weight(scales, "u8")
+        N, K = lin_p.shape[0], 2 * lin_p.shape[1]
+        wshape, sshape = n4.mma_shapes(N, K)
+        words, sc = self.empty(wshape, "i32"), self.empty(sshape, "i32")
+        n4.pack(lin_p, lin_s, words, sc, stream=self._s)
+        self.synchronize()  # the linear copies are freed when this returns
+        w = Nvfp4Weight(n4.MmaWeights(words, sc, N, K, float(alpha)))
+        self._nvfp4_elems = max(self._nvfp4_elems, N * K)
         return w
+
+    def _nvfp4_ops(self):
+        if self._nvfp4 is None:
+            self._nvfp4 = _op_module("nvfp4", "the NVFP4 linears an NVFP4 checkpoint needs")
+        return self._nvfp4
 
     def upload_into(self, dst, host: np.ndarray):
         """Copy a host array into the front of a preallocated flat device buffer of its dtype (an async copy on
@@ -444,14 +456,10 @@ class VkcBackend(DeviceSampling, OpProfiler):
         return self._gemm.linear(x, w, out, stream=self._s)
 
     def _linear_nvfp4(self, x, w: Nvfp4Weight, out):
-        """W4A16: the GEMV for M <= GEMV_MAX_M (eager too), else the GEMM (module docstring)."""
-        M = x.shape[0]
-        if M <= GEMV_MAX_M:
-            ok, ws = self._gemv_plan(M, w.shape[0], w.shape[1], kind="w4a16")
-            if ok:
-                return self._gemv.gemv_w4a16(x, w.packed, w.scale, w.alpha, out, stream=self._s, workspace=ws)
-        return self._gemm.linear_w4a16(x, w.packed, w.scale, w.alpha, out, stream=self._s,
-                                       workspace=self._nvfp4_ws)
+        """W4A16 from the MMA layout at every M (ops.nvfp4.linear_nvfp4; module docstring)."""
+        ok, ws = self._gemv_plan(x.shape[0], w.shape[0], w.shape[1], kind="nvfp4")
+        return self._nvfp4.linear_nvfp4(x, w.mma, out, stream=self._s, workspace=ws if ok else None,
+                                        dequant_workspace=self._nvfp4_ws)
 
     def _linear_fp8(self, x, w: Fp8Weight, out):
         """quantize_fp8_per_token_group(x) into the prepared buffers, then linear_fp8_block (any M); with FP8_GEMV
@@ -526,6 +534,9 @@ class VkcBackend(DeviceSampling, OpProfiler):
         if need is None:
             if K % 16 or N < 1:
                 need = -1
+            elif kind == "nvfp4":
+                need = self._nvfp4.split_workspace_elems(M, N, K, dequant=self._nvfp4_ws is not None,
+                                                         device=self.device)
             else:
                 need = self._gemv.split_workspace_elems(M, N, K, kind=kind, device=self.device)
             self._gemv_need[key] = need

@@ -14,7 +14,7 @@ checkpoint's FP8 experts are dequantized to bf16 at load anyway, which would onl
 
 NVFP4 (an NVFP4 ``quantization_config``, either layout): the same projections come as NVFP4 -- random packed
 codes, e4m3 group scales of 0.25 .. 1 and a global multiplier of 0.01 (the global scales "exist" only for them, so
-everything else loads as bf16) -- and run the W4A16 GEMV / GEMM.
+everything else loads as bf16) -- and run the W4A16 kernels of ops.nvfp4 (MMA layout).
 """
 from __future__ import annotations
 

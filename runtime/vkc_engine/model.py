@@ -28,7 +28,7 @@ experts, embeddings -- are dequantized to bf16 at load (one log line with the co
 NVFP4 checkpoints (``cfg.quant.method`` "nvfp4", either layout of vkc_engine.loader.nvfp4_names): a linear whose
 global scale is stored is NVFP4 (the others, the checkpoint's ignore list, are bf16). In a fused projection,
 consecutive NVFP4 parts with the same global multiplier form one run (packed codes and group scales stacked:
-``backend.weight_nvfp4``, run as W4A16); parts with another multiplier start a new run, and the column rule above
+``backend.weight_nvfp4``: packed into ops.nvfp4's MMA layout, run as W4A16); parts with another multiplier start a new run, and the column rule above
 applies to the runs (an unaligned mix loads the whole projection as bf16). NVFP4 tensors read through ``load``
 (MoE experts, the folded shared expert, a quantized router or embedding) are dequantized to bf16 at load.
 """
@@ -189,8 +189,8 @@ class _Weights:
             why_linear = "N not whole 128-row blocks, or a fused projection the GEMMs cannot split into FP8 and bf16 " \
                          "columns"
         else:
-            msg = (f"NVFP4 checkpoint ({self.nvfp4}): {self.fp8_parts} linear weights run as W4A16 (GEMV / GEMM "
-                   "with the weights dequantized in the kernel; the checkpoint's activation scales are not used)")
+            msg = (f"NVFP4 checkpoint ({self.nvfp4}): {self.fp8_parts} linear weights packed into the MMA layout, run "
+                   "as W4A16 (weights decoded in the tensor-core kernel; the checkpoint's activation scales are not used)")
             why_other, over = "no NVFP4 grouped GEMM", bo * 0.71875
             why_linear = "a fused projection the GEMMs cannot split into NVFP4 and bf16 columns"
         if no:
