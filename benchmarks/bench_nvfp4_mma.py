@@ -25,25 +25,25 @@ import bench_common as BC  # noqa: E402
 from bench_gemv import SHAPES, dequant_bf16, floor_bytes, nvfp4_weights, weight_bytes  # noqa: E402
 from timing import graph_ms, method  # noqa: E402
 
-MS = (1, 4, 8, 16, 32, 64, 128)
+MS = (1, 8, 16, 64)
 SWEEP_MAX_BYTES = 120e6
 INNER, REPS = 20, 20
 ALPHA = 0.0625
 
 
 def plan_name(p):
-    return f"m{p.bm}.k{p.wk}.r{p.r}.d{p.depth}.s{p.split}"
+    return f"m{p.bm}.k{p.wk}.r{p.r}.s{p.split}"
 
 
 def alternatives(M, K):
     bm = 8 if M <= 8 else 16
     kb = -(-K // 128)
     out = []
-    for _, wk, r, d in (t for t in N4.MMA_TILES if t[0] == bm):
+    for _, wk, r in (t for t in N4.MMA_TILES if t[0] == bm):
         for s in (1, 2, 3, 4, 6, 8):
             per = -(-(-(-kb // s)) // wk) * wk
             if -(-kb // per) == s:
-                out.append(N4.MmaPlan(bm, wk, r, d, s, per * 128))
+                out.append(N4.MmaPlan(bm, wk, r, s, per * 128))
     return out
 
 
@@ -80,7 +80,7 @@ def bench_case(model, proj, N, K, M, copy_tbs, ws):
     bm = 8 if M <= 8 else 16
     occ = N4._occupancy(bm)
     row["plan"] = plan_name(N4.plan(M, N, K, sms, occ))
-    row["occupancy"] = {f"k{wk}.r{r}.d{d}": n for wk, r, d, n in occ}
+    row["occupancy"] = {f"k{wk}.r{r}": n for wk, r, n in occ}
     torch.matmul(xs[0], torch_w[0].T, out=ref)
     vkc(0, None)
     torch.cuda.synchronize()

@@ -176,9 +176,9 @@ def test_decode_asm_model_catches_a_wrong_slot_or_scale():
 @pytest.mark.parametrize("M,N,K", [(1, 5120, 6144), (1, 2048, 4096), (7, 16480, 5120), (16, 34816, 5120),
                                    (33, 5120, 17408), (1, 48, 2048), (128, 248320, 5120)])
 def test_plan_is_well_formed(M, N, K):
-    p = N4.plan(M, N, K, 132, tuple((wk, r, d, 24 // (wk * r)) for _, wk, r, d in N4.MMA_TILES))
+    p = N4.plan(M, N, K, 132, tuple((wk, r, 24 // (wk * r)) for _, wk, r in N4.MMA_TILES))
     kb = -(-K // 128)
-    assert p.bm == (8 if M <= 8 else 16) and (p.bm, p.wk, p.r, p.depth) in N4.MMA_TILES
+    assert p.bm == (8 if M <= 8 else 16) and (p.bm, p.wk, p.r) in N4.MMA_TILES
     assert p.k_split % (128 * p.wk) == 0 and p.split == -(-K // p.k_split) and 1 <= p.split <= N4.MAX_SPLIT
     if p.split > 1:
         assert p.k_split // 128 >= N4.MIN_BLOCKS_PER_WARP * p.wk

@@ -22,7 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HOST_OPTIONS = {"x86_64": "", "aarch64": "--host-target linux-aarch64"}
+# An explicit x86_64 target: left empty the DSL compiles the host object for the build machine's CPU (AVX-512 code
+# from one build box, none from another: neither byte-identical across machines nor safe on hosts without it)
+HOST_OPTIONS = {"x86_64": "--host-target 'llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=x86-64-v2'",
+                "aarch64": "--host-target linux-aarch64"}
 
 
 def dsl_identity() -> dict:

@@ -34,8 +34,7 @@ by alpha * 2^16 once at the end.
 ``gemv_w4a16_mma_kernel``: a program owns R row blocks (16 R rows of W) and BLOCK_M rows of x; per row block WK
 warps take the 128-wide k blocks of its K range in turn (warp (wk, r): blocks lo + wk, lo + wk + WK, ...), each a
 [16, 128] x [128, BLOCK_M] mma_v2 per block, and the WK partial tiles are summed at the end (shared memory,
-once). The next DEPTH (1 or 2) blocks' words and scales and the next block's x are loaded before the current one
-is decoded. Grid
+once). The next block's words, scales and x are loaded before the current one is decoded. Grid
 (cdiv(N, 16 R) * cdiv(M, BLOCK_M), n_split): the M chunk varies fastest, so the programs of one row block run
 together and read its weights from L2 after the first. Split-K as in gemv.py (``k_split`` a multiple of 128 WK;
 fp32 partials ws[s, m, n], gemv_reduce_kernel).
@@ -107,8 +106,7 @@ def gluon_pdl_enter(PDL: gl.constexpr):
 
 @gluon.jit
 def gemv_w4a16_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_om, k_split,
-                          BLOCK_M: gl.constexpr, WK: gl.constexpr, R: gl.constexpr, DEPTH: gl.constexpr,
-                          PDL: gl.constexpr):
+                          BLOCK_M: gl.constexpr, WK: gl.constexpr, R: gl.constexpr, PDL: gl.constexpr):
     """x [M, K] bf16 (row stride stride_xm), the MMA layout's words (w_ptr, int32) and scales (s_ptr, int32), alpha
     the fp32 global multiplier -> y [M, N] bf16 (row stride stride_om) or fp32 partials ws[s, m, n] (module doc).
     A program: R row blocks (16 R rows of W) x BLOCK_M rows of x; its WK x R warps, warp (wk, r) on row block r and
@@ -153,39 +151,26 @@ def gemv_w4a16_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, 
     x_rows = x_ptr + xm.to(gl.int64) * stride_xm
     m_ok = xm < M
 
-    # the first DEPTH blocks' weights before the PDL wait (model weights: never written by the previous kernel);
-    # the loop then keeps DEPTH blocks of weights (and one of x) in flight while it decodes the current one
+    # the first block's weights before the PDL wait (model weights: never written by the previous kernel); the loop
+    # loads the next block's words, scales and x before it decodes the current one (a second block of weights in
+    # flight per warp measured no faster: BENCHMARKS.md, session 16)
     words = gl.load(w_ptr + kb_lo * 256 + w_off, mask=w_row_ok & (kb_lo + wk < kb_hi), other=0)
     sc = gl.load(s_ptr + kb_lo * 32 + s_off, mask=s_row_ok & (kb_lo + sk < kb_hi), other=0)
-    if DEPTH == 2:
-        b1 = kb_lo + WK
-        words1 = gl.load(w_ptr + b1 * 256 + w_off, mask=w_row_ok & (b1 + wk < kb_hi), other=0)
-        sc1 = gl.load(s_ptr + b1 * 32 + s_off, mask=s_row_ok & (b1 + sk < kb_hi), other=0)
-    else:
-        words1 = words
-        sc1 = sc
     gluon_pdl_enter(PDL)
     xk = kb_lo * 128 + x_k
     xt = gl.load(x_rows + xk, mask=m_ok & (xk < K) & (kb_lo + xw < kb_hi), other=0.0)
     acc = gl.zeros([WK, 16 * R, BLOCK_M], gl.float32, mma)
     for kb0 in range(kb_lo, kb_hi, WK):
-        nb = kb0 + DEPTH * WK
+        nb = kb0 + WK
         words_n = gl.load(w_ptr + nb * 256 + w_off, mask=w_row_ok & (nb + wk < kb_hi), other=0)
         sc_n = gl.load(s_ptr + nb * 32 + s_off, mask=s_row_ok & (nb + sk < kb_hi), other=0)
-        xb = kb0 + WK
-        xk = xb * 128 + x_k
-        xt_n = gl.load(x_rows + xk, mask=m_ok & (xk < K) & (xb + xw < kb_hi), other=0.0)
+        xk = nb * 128 + x_k
+        xt_n = gl.load(x_rows + xk, mask=m_ok & (xk < K) & (nb + xw < kb_hi), other=0.0)
         a = gl.inline_asm(_decode_asm, ("=h", "r", "r"), [words, sc],
                           gl.distributed_type(gl.bfloat16, [WK, 16 * R, 128], a_l), is_pure=True)
         acc = mma_v2(a, xt, acc)
-        if DEPTH == 2:
-            words = words1
-            sc = sc1
-            words1 = words_n
-            sc1 = sc_n
-        else:
-            words = words_n
-            sc = sc_n
+        words = words_n
+        sc = sc_n
         xt = xt_n
 
     y = gl.sum(acc, axis=0) * (alpha * 65536.0)  # ACC_SCALE

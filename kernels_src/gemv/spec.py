@@ -17,7 +17,7 @@ Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule)
                                           NATIVE (the hardware's e4m3 conversion) on sm_89+, the integer
                                           decoder on sm_80/86 (H200 JIT sweep: 55-81% of the FP8 floor over
                                           the 27B/35B-A3B projections, 1.5-3.6x the MMA kernel at M = 1)
-  w4a16.mma.m{8,16}.k{WK}.r{R}.d{D} NVFP4 weights in the MMA layout (nvfp4_mma.py, a Gluon kernel): R blocks of 16
+  w4a16.mma.m{8,16}.k{WK}.r{R} NVFP4 weights in the MMA layout (nvfp4_mma.py, a Gluon kernel): R blocks of 16
                                weight rows and BLOCK_M rows of x per program, WK warps splitting K per row block;
                                any M (M chunks along the grid)
   nvfp4_mma_pack               linear NVFP4 (HF's weight_packed / weight_scale) -> the MMA layout, once at load
@@ -68,9 +68,9 @@ _MMA_PACK = [
     ("wp_ptr", "*u8", None), ("sc_ptr", "*u8", None), ("w_out", "*i32", 16), ("s_out", "*i32", 16),
     ("N", "i32", None), ("K", "i32", 16), ("stride_wn", "i32", None), ("stride_sn", "i32", None),
 ]
-# (BLOCK_M, WK, R, DEPTH) of the MMA-layout NVFP4 kernel: WK warps per row block along K, R row blocks per
-# program, DEPTH k blocks of weights in flight per warp (the op's MMA_TILES lists the same)
-MMA_TILES = tuple((bm, wk, r, d) for bm in (8, 16) for wk, r in ((8, 1), (4, 2), (1, 8)) for d in (1, 2))
+# (BLOCK_M, WK, R) of the MMA-layout NVFP4 kernel: WK warps per row block along K, R row blocks per program (the
+# op's MMA_TILES lists the same)
+MMA_TILES = tuple((bm, wk, r) for bm in (8, 16) for wk, r in ((8, 1), (4, 2), (1, 8)))
 _REDUCE = [
     ("ws_ptr", "*fp32", 16), ("out_ptr", "*bf16", 16), ("M", "i32", None), ("N", "i32", None),
     ("stride_om", "i32", None), ("n_split", "i32", None),
@@ -127,10 +127,10 @@ for _kind in TILES:
                            {a: {"num_stages": 2} for a in ("sm_120a", "sm_121a")}
                            if (_kind, _bm, _bn) == ("w4a16", 16, 64) else {})))
 
-SPECS += [KernelSpec(name=f"w4a16.mma.m{_bm}.k{_wk}.r{_r}.d{_d}", source="nvfp4_mma.py",
+SPECS += [KernelSpec(name=f"w4a16.mma.m{_bm}.k{_wk}.r{_r}", source="nvfp4_mma.py",
                      entry="gemv_w4a16_mma_kernel", args=_args(_W4A16_MMA),
-                     constexprs={"BLOCK_M": _bm, "WK": _wk, "R": _r, "DEPTH": _d}, num_warps=_wk * _r, num_stages=1)
-          for _bm, _wk, _r, _d in MMA_TILES]
+                     constexprs={"BLOCK_M": _bm, "WK": _wk, "R": _r}, num_warps=_wk * _r, num_stages=1)
+          for _bm, _wk, _r in MMA_TILES]
 SPECS.append(KernelSpec(name="nvfp4_mma_pack", source="nvfp4_mma.py", entry="nvfp4_mma_pack_kernel",
                         args=_args(_MMA_PACK), num_warps=4, num_stages=1))
 SPECS.append(KernelSpec(name="nvfp4_mma_dequant", source="nvfp4_mma.py", entry="nvfp4_mma_dequant_kernel",

@@ -100,12 +100,12 @@ def test_every_kernel_and_split(N4):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         ref = reference(x, N, K).cpu().numpy()
         bm = 8 if M <= 8 else 16
-        for _, wk, r, d in (t for t in N4.MMA_TILES if t[0] == bm):
+        for _, wk, r in (t for t in N4.MMA_TILES if t[0] == bm):
             for s in (1, 2, 4, 6):
                 per = -(-(-(-K // 128) // s) // wk) * wk
                 if -(-(K // 128) // per) != s:
                     continue
-                p = N4.MmaPlan(bm, wk, r, d, s, per * 128)
+                p = N4.MmaPlan(bm, wk, r, s, per * 128)
                 out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
                 N4.linear_nvfp4(x, w, out, workspace=ws, _plan=p)
                 err = rel_err(out.double().cpu().numpy(), ref)

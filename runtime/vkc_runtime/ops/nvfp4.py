@@ -18,16 +18,16 @@ Operands (checked before any launch, :class:`OpError` otherwise):
   out      [M, N] bf16, last dim contiguous, 16-byte aligned, not overlapping x or the weights
 
 Dispatch (:func:`plan`, a pure function of host ints): every M runs the tensor-core kernel
-``gemv.w4a16.mma.m{8,16}.k{WK}.r{R}.d{DEPTH}`` -- BLOCK_M 8 for M <= 8, else 16 with the M chunks along the grid (the chunks
+``gemv.w4a16.mma.m{8,16}.k{WK}.r{R}`` -- BLOCK_M 8 for M <= 8, else 16 with the M chunks along the grid (the chunks
 of one weight block run together, so its bytes come from L2 after the first) -- unless M > MMA_MAX_M and the caller
 passes ``dequant_workspace`` (bf16, >= N * K elements): then the weights are dequantized into it once
 (``gemv.nvfp4_mma_dequant``) and the bf16 GEMM (:func:`vkc_runtime.ops.gemm.linear`) runs. For the kernel the rule
-takes the (WK, R, DEPTH, split) of least estimated time, relative to streaming the weights at full bandwidth: the
-busiest SM's programs over the mean (programs are equal, so the SM with one more sets the time); a warp's start and
-end cost WARP_OVERHEAD k-block iterations on top of its own; fewer than IN_FLIGHT k blocks of weights in flight per
-SM (resident warps x DEPTH) stretch the time by IN_FLIGHT / that; every split costs its partials' traffic and the
-reduce launch; a split keeps at least 2 k blocks per warp. The constants were fitted to the H200's measured
-alternatives (benchmarks/bench_nvfp4_mma.py, BENCHMARKS.md). Split-K: fp32 partials [s, M, N] in ``workspace`` (as ops.gemv: a 1-D
+takes the (WK, R, split) of least estimated time: the weights streamed at full bandwidth, times the busiest SM's
+programs over the mean (programs are equal, so the SM with one more sets the time), times (iterations +
+WARP_OVERHEAD) / iterations per warp (a warp's start and end), stretched by IN_FLIGHT / the resident warps per SM
+when fewer (too few loads in flight); a split adds its reduce launch (SPLIT_LAUNCH_US) and its partials' traffic
+and keeps at least 2 k blocks per warp. The constants were fitted to the H200's measured alternatives
+(benchmarks/bench_nvfp4_mma.py: the pick within 6% of the best of 18 per shape, 0.6% on average; BENCHMARKS.md). Split-K: fp32 partials [s, M, N] in ``workspace`` (as ops.gemv: a 1-D
 float32 tensor of >= :func:`workspace_elems` elements allocated before any graph capture; without one a per-device
 default that grows on eager calls only), summed in split order by ``gemv.splitk_reduce`` (deterministic).
 """
@@ -51,15 +51,15 @@ __all__ = ["MmaWeights", "mma_shapes", "pack", "pack_host", "linear_nvfp4", "deq
 
 SLOT = (3, 7, 2, 6, 1, 5, 0, 4)  # kernels_src/gemv/nvfp4_mma.py: nibble of code e in its word
 E5M3_BIAS = 13                   # scale byte E << 3 | m  =  2^(E - 13) * (1 + m / 8)
-# (BLOCK_M, WK warps along K per row block, R row blocks per program, DEPTH k blocks of weights in flight per warp);
-# kernels_src/gemv/spec.py compiles the same
-MMA_TILES = tuple((bm, wk, r, d) for bm in (8, 16) for wk, r in ((8, 1), (4, 2), (1, 8)) for d in (1, 2))
+# (BLOCK_M, WK warps along K per row block, R row blocks per program); kernels_src/gemv/spec.py compiles the same
+MMA_TILES = tuple((bm, wk, r) for bm in (8, 16) for wk, r in ((8, 1), (4, 2), (1, 8)))
 MMA_MAX_M = 128   # above it, with a dequant workspace, dequantize once + the bf16 GEMM
 MAX_SPLIT = 16
 MIN_BLOCKS_PER_WARP = 2
-SPLIT_COST = 0.03
-WARP_OVERHEAD = 2.0  # a warp's start and end (first loads, the cross-warp sum, the store), in k-block iterations
-IN_FLIGHT = 24       # k blocks of weights in flight per SM (resident warps x DEPTH) that hide the load latency
+WARP_OVERHEAD = 1.0         # a warp's start and end (first loads, the cross-warp sum, the store), in k-block iterations
+IN_FLIGHT = 12              # resident warps per SM (one k block of weights in flight each) that hide the load latency
+SPLIT_LAUNCH_US = 1.0       # the split-K reduce launch
+STREAM_BYTES_PER_US = 4.8e6  # HBM bandwidth (H200) that converts weight bytes into the rule's microseconds
 
 
 class MmaWeights(NamedTuple):
@@ -76,7 +76,6 @@ class MmaPlan(NamedTuple):
     bm: int
     wk: int       # warps per row block, along K
     r: int        # row blocks per program
-    depth: int    # k blocks of weights in flight per warp
     split: int
     k_split: int  # K elements per split, a multiple of 128 * wk
 
@@ -86,8 +85,8 @@ def mma_shapes(n: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (cdiv(n, 16), cdiv(k, 128), 32, 8), (cdiv(n, 16), cdiv(k, 128), 32)
 
 
-def _kernel_base(bm: int, wk: int, r: int, depth: int) -> str:
-    return f"gemv.w4a16.mma.m{bm}.k{wk}.r{r}.d{depth}"
+def _kernel_base(bm: int, wk: int, r: int) -> str:
+    return f"gemv.w4a16.mma.m{bm}.k{wk}.r{r}"
 
 
 BASES = tuple(_kernel_base(*t) for t in MMA_TILES) + ("gemv.nvfp4_mma_pack", "gemv.nvfp4_mma_dequant",
@@ -164,17 +163,18 @@ def _mma_operands(op: str, w: MmaWeights):
 
 
 @lru_cache(maxsize=4096)
-def plan(M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[tuple[int, int, int, int], ...] = ()) -> MmaPlan:
+def plan(M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[tuple[int, int, int], ...] = ()) -> MmaPlan:
     """The MMA kernel, split count and per-split K of one call (the rule in the module doc). ``ctas_per_sm``:
-    ((wk, r, depth, resident programs per SM), ...) of the M bucket's kernels."""
+    ((wk, r, resident programs per SM), ...) of the M bucket's kernels."""
     if M < 1:
         raise OpError(f"linear_nvfp4: M={M} must be >= 1")
     bm = 8 if M <= 8 else 16
-    occ = {(wk, r, d): n for wk, r, d, n in ctas_per_sm}
+    occ = {(wk, r): n for wk, r, n in ctas_per_sm}
     sms = max(1, num_sms)
     kb = cdiv(K, 128)
+    stream_us = N * K * 0.5625 / STREAM_BYTES_PER_US  # the 4-bit weights at full bandwidth
     best = None
-    for b, wk, r, d in MMA_TILES:
+    for b, wk, r in MMA_TILES:
         if b != bm:
             continue
         for s in range(1, MAX_SPLIT + 1):
@@ -184,12 +184,12 @@ def plan(M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[tuple[int, int
             iters = per // wk
             progs = cdiv(cdiv(N, 16), r) * cdiv(M, bm) * s
             quant = cdiv(progs, sms) * sms / progs  # the busiest SM's programs over the mean
-            in_flight = min(max(1, occ.get((wk, r, d), 1)), cdiv(progs, sms)) * wk * r * d
-            cost = quant * (iters + WARP_OVERHEAD) / iters * max(1.0, IN_FLIGHT / in_flight)
-            if s > 1:  # the reduce launch, and the fp32 partials written and read back, per weight byte
-                cost += SPLIT_COST + 8.0 * s * min(M, bm) / (K * 0.5625)
-            if best is None or cost < best[0] - 1e-9:
-                best = (cost, MmaPlan(bm, wk, r, d, s, per * 128))
+            in_flight = min(max(1, occ.get((wk, r), 1)), cdiv(progs, sms)) * wk * r
+            t = stream_us * quant * (iters + WARP_OVERHEAD) / iters * max(1.0, IN_FLIGHT / in_flight)
+            if s > 1:  # the reduce launch, and the fp32 partials written and read back
+                t += SPLIT_LAUNCH_US + stream_us * 8.0 * s * min(M, bm) / (K * 0.5625)
+            if best is None or t < best[0] - 1e-9:
+                best = (t, MmaPlan(bm, wk, r, s, per * 128))
     return best[1]
 
 
@@ -198,9 +198,9 @@ def workspace_elems(M: int, N: int) -> int:
     return MAX_SPLIT * int(M) * int(N)
 
 
-def _occupancy(bm: int, device=None) -> tuple[tuple[int, int, int, int], ...]:
-    return tuple((wk, r, d, max(1, get_kernel(_kernel_base(bm, wk, r, d), device=device).max_active_blocks()))
-                 for b, wk, r, d in MMA_TILES if b == bm)
+def _occupancy(bm: int, device=None) -> tuple[tuple[int, int, int], ...]:
+    return tuple((wk, r, max(1, get_kernel(_kernel_base(bm, wk, r), device=device).max_active_blocks()))
+                 for b, wk, r in MMA_TILES if b == bm)
 
 
 def split_workspace_elems(M: int, N: int, K: int, *, dequant: bool = False, device: int | None = None) -> int:
@@ -211,7 +211,7 @@ def split_workspace_elems(M: int, N: int, K: int, *, dequant: bool = False, devi
         return 0
     bm = 8 if M <= 8 else 16
     occ = _occupancy(bm, device)
-    p = plan(int(M), int(N), int(K), _sm_count(get_kernel(_kernel_base(bm, *occ[0][:3]), device=device).device), occ)
+    p = plan(int(M), int(N), int(K), _sm_count(get_kernel(_kernel_base(bm, *occ[0][:2]), device=device).device), occ)
     return p.split * int(M) * int(N) if p.split > 1 else 0
 
 
@@ -252,7 +252,7 @@ def linear_nvfp4(x, w: MmaWeights, out=None, *, stream=None, workspace=None, deq
         return linear(xt, view, yt, stream=s)
     bm = 8 if M <= 8 else 16
     p = _plan if _plan is not None else plan(M, N, K, _sm_count(dev), _occupancy(bm))
-    if p.bm != bm or (p.bm, p.wk, p.r, p.depth) not in MMA_TILES or p.k_split % (128 * p.wk) \
+    if p.bm != bm or (p.bm, p.wk, p.r) not in MMA_TILES or p.k_split % (128 * p.wk) \
             or p.split != cdiv(K, p.k_split) or not 1 <= p.split <= MAX_SPLIT:
         raise OpError(f"{op}: plan {p!r} does not fit M={M}, K={K}")
     grid = cdiv(cdiv(N, 16), p.r) * cdiv(M, bm)
@@ -263,7 +263,7 @@ def linear_nvfp4(x, w: MmaWeights, out=None, *, stream=None, workspace=None, deq
         user_ws = _gemv._workspace(op, workspace, p.split * M * N if p.split > 1 else 0, dev, s)
     if p.split > 1:
         ws_t = user_ws if user_ws is not None else _gemv._workspace(op, None, p.split * M * N, dev, s)
-    launches = [Launch(get_kernel(_kernel_base(bm, p.wk, p.r, p.depth)), (grid, p.split, 1), (xt, wt, st, yt, ws_t, alpha, M, N, K, sx, sy,
+    launches = [Launch(get_kernel(_kernel_base(bm, p.wk, p.r)), (grid, p.split, 1), (xt, wt, st, yt, ws_t, alpha, M, N, K, sx, sy,
                                                                   p.k_split))]
     if p.split > 1:
         r = get_kernel(_gemv._reduce_base())
