@@ -25,7 +25,7 @@ import bench_common as BC  # noqa: E402
 from bench_gemv import SHAPES, dequant_bf16, floor_bytes, nvfp4_weights, weight_bytes  # noqa: E402
 from timing import graph_ms, method  # noqa: E402
 
-MS = (1, 8, 16, 64)
+MS = (1, 4, 8, 16, 64)
 SWEEP_MAX_BYTES = 120e6
 INNER, REPS = 20, 20
 ALPHA = 0.0625

@@ -183,3 +183,15 @@ def test_plan_is_well_formed(M, N, K):
     if p.split > 1:
         assert p.k_split // 128 >= N4.MIN_BLOCKS_PER_WARP * p.wk
     assert (p.split - 1) * p.k_split < kb * 128  # no empty split
+
+
+# the fastest forced alternative per shape on the H200 at M = 1 (benchmarks/results/2026-12-03-h200-session16,
+# nvfp4-mma-f65604f.json); H200 occupancy: 3 resident 8-warp programs per SM at BLOCK_M 8
+MEASURED_BEST_M1 = {(16480, 5120): (4, 2, 1), (34816, 5120): (4, 2, 1), (10240, 5120): (8, 1, 1),
+                    (5120, 6144): (8, 1, 1), (5120, 17408): (8, 1, 2), (2048, 4096): (8, 1, 1)}
+
+
+@pytest.mark.parametrize("NK", sorted(MEASURED_BEST_M1))
+def test_plan_picks_the_measured_best_at_m1(NK):
+    p = N4.plan(1, *NK, 132, tuple((wk, r, 3) for b, wk, r in N4.MMA_TILES if b == 8))
+    assert (p.wk, p.r, p.split) == MEASURED_BEST_M1[NK]

@@ -137,7 +137,7 @@ if [ "$WHAT" = memcheck ]; then
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   echo "== benchmarks"
-  for b in ${BENCHES:-gdn gdn_decode attn norm gemm gemm_fp8 gemm_triton gemv sample moe moe_grouped launch coldstart coldstart_gdn}; do
+  for b in ${BENCHES:-gdn gdn_decode attn norm gemm gemm_fp8 gemm_triton gemv nvfp4_mma sample moe moe_grouped launch coldstart coldstart_gdn}; do
     [ -f "benchmarks/bench_$b.py" ] || continue
     echo "-- bench_$b"
     timeout "${BENCH_TIMEOUT:-240}" python3 "benchmarks/bench_$b.py" "$WORK/$b.json" 2>&1 | tail -45 || rc=1

@@ -254,13 +254,13 @@ def _workspace(op, ws, need: int, device: int, s: int):
     return memory.as_tensor(cur, "workspace")
 
 
-def _prepare(op, x, out, N, K, dev_refs):
-    """Shared validation of x and out; returns (xt, M, yt, res)."""
+def _prepare(op, x, out, N, K, dev_refs, *, any_m: bool = False):
+    """Shared validation of x and out (M <= max_m() unless ``any_m``); returns (xt, M, yt, res)."""
     xt = tensor(op, "x", x, BF16, ndim=2)
     M = xt.shape[0]
     if xt.shape[1] != K:
         raise OpError(f"{op}: x has K={xt.shape[1]}, the weights have K={K}")
-    if M > max_m():
+    if M > max_m() and not any_m:
         raise OpError(f"{op}: M={M} exceeds max_m()={max_m()} (use the GEMM for larger M)")
     res = out if out is not None else memory.DeviceArray.empty((M, N), BF16, device=xt.device)
     yt = tensor(op, "out", res, BF16, ndim=2, shape=(M, N))

@@ -25,11 +25,12 @@ passes ``dequant_workspace`` (bf16, >= N * K elements): then the weights are deq
 takes the (WK, R, split) of least estimated time: the weights streamed at full bandwidth, times the busiest SM's
 programs over the mean (programs are equal, so the SM with one more sets the time), times (iterations +
 WARP_OVERHEAD) / iterations per warp (a warp's start and end), stretched by IN_FLIGHT / the resident warps per SM
-when fewer (too few loads in flight); a split adds its reduce launch (SPLIT_LAUNCH_US) and its partials' traffic
-and keeps at least 2 k blocks per warp. The constants were fitted to the H200's measured alternatives
-(benchmarks/bench_nvfp4_mma.py: the pick within 6% of the best of 18 per shape, 0.6% on average; BENCHMARKS.md). Split-K: fp32 partials [s, M, N] in ``workspace`` (as ops.gemv: a 1-D
-float32 tensor of >= :func:`workspace_elems` elements allocated before any graph capture; without one a per-device
-default that grows on eager calls only), summed in split order by ``gemv.splitk_reduce`` (deterministic).
+when fewer (too few loads in flight); a split adds its reduce launch (SPLIT_LAUNCH_US, SPLIT_EACH_US per partial)
+and its partials' traffic and keeps at least 2 k blocks per warp. The constants were fitted to the H200's measured alternatives
+(benchmarks/bench_nvfp4_mma.py; BENCHMARKS.md, session 16). Split-K: fp32 partials [s, M, N] in ``workspace`` (as
+ops.gemv: a 1-D float32 tensor of >= :func:`workspace_elems` elements allocated before any graph capture; without one
+a per-device default that grows on eager calls only), summed in split order by ``gemv.splitk_reduce``
+(deterministic).
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import memory
 from ..bound import CallCache, Launch, disjoint
 from ..kernels import get_kernel
 from ..memory import TensorRef
@@ -47,7 +47,8 @@ from ._check import BF16, OpError, cdiv, fits_i32, row_stride, same_device, stre
 from ._check import sm_count as _sm_count
 
 __all__ = ["MmaWeights", "mma_shapes", "pack", "pack_host", "linear_nvfp4", "dequantize", "plan", "MmaPlan",
-           "workspace_elems", "split_workspace_elems", "BASES", "MMA_TILES", "MMA_MAX_M", "MAX_SPLIT", "SLOT", "E5M3_BIAS"]
+           "workspace_elems", "split_workspace_elems", "BASES", "MMA_TILES", "MMA_MAX_M", "MAX_SPLIT", "SLOT",
+           "E5M3_BIAS"]
 
 SLOT = (3, 7, 2, 6, 1, 5, 0, 4)  # kernels_src/gemv/nvfp4_mma.py: nibble of code e in its word
 E5M3_BIAS = 13                   # scale byte E << 3 | m  =  2^(E - 13) * (1 + m / 8)
@@ -59,6 +60,7 @@ MIN_BLOCKS_PER_WARP = 2
 WARP_OVERHEAD = 1.0         # a warp's start and end (first loads, the cross-warp sum, the store), in k-block iterations
 IN_FLIGHT = 12              # resident warps per SM (one k block of weights in flight each) that hide the load latency
 SPLIT_LAUNCH_US = 1.0       # the split-K reduce launch
+SPLIT_EACH_US = 0.1         # and each split's partial it reads
 STREAM_BYTES_PER_US = 4.8e6  # HBM bandwidth (H200) that converts weight bytes into the rule's microseconds
 
 
@@ -187,7 +189,7 @@ def plan(M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[tuple[int, int
             in_flight = min(max(1, occ.get((wk, r), 1)), cdiv(progs, sms)) * wk * r
             t = stream_us * quant * (iters + WARP_OVERHEAD) / iters * max(1.0, IN_FLIGHT / in_flight)
             if s > 1:  # the reduce launch, and the fp32 partials written and read back
-                t += SPLIT_LAUNCH_US + stream_us * 8.0 * s * min(M, bm) / (K * 0.5625)
+                t += SPLIT_LAUNCH_US + SPLIT_EACH_US * s + stream_us * 8.0 * s * min(M, bm) / (K * 0.5625)
             if best is None or t < best[0] - 1e-9:
                 best = (t, MmaPlan(bm, wk, r, s, per * 128))
     return best[1]
@@ -228,12 +230,7 @@ def linear_nvfp4(x, w: MmaWeights, out=None, *, stream=None, workspace=None, deq
         if _calls.run(key, tensors, (alpha, w.n, w.k), s):
             return out
     wt, st, N, K, alpha = _mma_operands(op, w)
-    xt = tensor(op, "x", x, BF16, ndim=2)
-    M = xt.shape[0]
-    if xt.shape[1] != K:
-        raise OpError(f"{op}: x has K={xt.shape[1]}, the weights have K={K}")
-    res = out if out is not None else memory.DeviceArray.empty((M, N), BF16, device=xt.device)
-    yt = tensor(op, "out", res, BF16, ndim=2, shape=(M, N))
+    xt, M, yt, res = _gemv._prepare(op, x, out, N, K, (wt, st), any_m=True)
     dev = same_device(op, xt, wt, st, yt)
     if M == 0:
         return res
@@ -263,8 +260,8 @@ def linear_nvfp4(x, w: MmaWeights, out=None, *, stream=None, workspace=None, deq
         user_ws = _gemv._workspace(op, workspace, p.split * M * N if p.split > 1 else 0, dev, s)
     if p.split > 1:
         ws_t = user_ws if user_ws is not None else _gemv._workspace(op, None, p.split * M * N, dev, s)
-    launches = [Launch(get_kernel(_kernel_base(bm, p.wk, p.r)), (grid, p.split, 1), (xt, wt, st, yt, ws_t, alpha, M, N, K, sx, sy,
-                                                                  p.k_split))]
+    launches = [Launch(get_kernel(_kernel_base(bm, p.wk, p.r)), (grid, p.split, 1),
+                       (xt, wt, st, yt, ws_t, alpha, M, N, K, sx, sy, p.k_split))]
     if p.split > 1:
         r = get_kernel(_gemv._reduce_base())
         launches.append(Launch(r, (cdiv(N, r.constexprs["BLOCK"]), M, 1), (ws_t, yt, M, N, sy, p.split)))
