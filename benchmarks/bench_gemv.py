@@ -217,6 +217,17 @@ def bench_case(kind, model, proj, N, K, M, copy_tbs, ws):
     return row
 
 
+def run_case(fn, ident: dict) -> dict:
+    """One benchmark row: ``fn()``, or ``ident`` with the error when it raised (traceback printed); printed."""
+    try:
+        r = fn()
+    except Exception as e:  # noqa: BLE001 - recorded as the row, never silently dropped
+        traceback.print_exc()
+        r = {**ident, "error": BC.err(e)}
+    print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if k != "alternatives"}, flush=True)
+    return r
+
+
 def main(out_path: str) -> None:
     ms = MS
     if len(sys.argv) > 2:
@@ -229,14 +240,9 @@ def main(out_path: str) -> None:
     for kind in kinds:
         for model, proj, N, K in SHAPES:
             for M in ms:
-                try:
-                    r = bench_case(kind, model, proj, N, K, M, copy_tbs, ws)
-                except Exception as e:  # noqa: BLE001
-                    traceback.print_exc()
-                    r = {"kind": kind, "model": model, "proj": proj, "M": M, "N": N, "K": K, "error": BC.err(e)}
+                r = run_case(lambda: bench_case(kind, model, proj, N, K, M, copy_tbs, ws),
+                             {"kind": kind, "model": model, "proj": proj, "M": M, "N": N, "K": K})
                 rows.append(r)
-                print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if k != "alternatives"},
-                      flush=True)
                 case = f"{kind} {model} {proj} M={M}"
                 cmp.add("gemv", case, "device", "op", r.get("vkc_graph_us"), "torch_matmul_bf16",
                         r.get("torch_graph_us"), unit="us", pct_limit=r.get("pct_floor"), limit=lim)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 import torch
 
@@ -22,7 +21,7 @@ from vkc_runtime.ops import nvfp4 as N4
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as BC  # noqa: E402
-from bench_gemv import SHAPES, dequant_bf16, floor_bytes, nvfp4_weights, weight_bytes  # noqa: E402
+from bench_gemv import SHAPES, dequant_bf16, floor_bytes, nvfp4_weights, run_case, weight_bytes  # noqa: E402
 from timing import graph_ms, method  # noqa: E402
 
 MS = (1, 4, 8, 16, 64)
@@ -121,14 +120,9 @@ def main(out_path: str) -> None:
     lim = f"HBM floor (4-bit weights + x + y) at {BC.HBM_NOMINAL_TBS} TB/s nominal"
     for model, proj, N, K in SHAPES:
         for M in ms:
-            try:
-                r = bench_case(model, proj, N, K, M, copy_tbs, ws)
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                r = {"model": model, "proj": proj, "M": M, "N": N, "K": K, "error": BC.err(e)}
+            r = run_case(lambda: bench_case(model, proj, N, K, M, copy_tbs, ws),
+                         {"model": model, "proj": proj, "M": M, "N": N, "K": K})
             rows.append(r)
-            print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if k != "alternatives"},
-                  flush=True)
             case = f"w4a16 {model} {proj} M={M}"
             cmp.add("nvfp4", case, "device", "mma_layout", r.get("vkc_graph_us"), "torch_matmul_bf16",
                     r.get("torch_graph_us"), unit="us", pct_limit=r.get("pct_floor"), limit=lim)

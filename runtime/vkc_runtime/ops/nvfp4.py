@@ -42,6 +42,7 @@ import numpy as np
 from ..bound import CallCache, Launch, disjoint
 from ..kernels import get_kernel
 from ..memory import TensorRef
+from . import gemm as _gemm
 from . import gemv as _gemv
 from ._check import BF16, OpError, cdiv, fits_i32, row_stride, same_device, stream_of, tensor
 from ._check import sm_count as _sm_count
@@ -243,10 +244,9 @@ def linear_nvfp4(x, w: MmaWeights, out=None, *, stream=None, workspace=None, deq
         _gemv._no_overlap(op, t, yt, name, "out")
     fits_i32(op, M=M, stride_x=sx, stride_out=sy)
     if M > MMA_MAX_M and dequant_workspace is not None and _plan is None:
-        from .gemm import _dequant_view, linear  # noqa: PLC0415 (gemm imports this module's users, not this one)
-        view = _dequant_view(op, dequant_workspace, N, K, dev, (xt, yt))
+        view = _gemm._dequant_view(op, dequant_workspace, N, K, dev, (xt, yt))
         _dequant(op, wt, st, view, alpha, N, K, s)
-        return linear(xt, view, yt, stream=s)
+        return _gemm.linear(xt, view, yt, stream=s)
     bm = 8 if M <= 8 else 16
     p = _plan if _plan is not None else plan(M, N, K, _sm_count(dev), _occupancy(bm))
     if p.bm != bm or (p.bm, p.wk, p.r) not in MMA_TILES or p.k_split % (128 * p.wk) \
