@@ -71,6 +71,10 @@ class Fp8NumpyWeight:
         return self.q.astype(np.float64) * s
 
 
+class Nvfp4NumpyExperts(np.ndarray):
+    """NVFP4 MoE experts (backend.experts_nvfp4): their values e2m1 * e4m3 * alpha [E', R, K] as float64."""
+
+
 class Nvfp4NumpyWeight:
     """An NVFP4 linear (W4A16): its exact values e2m1 * e4m3 [N, K] as float64 and the global multiplier."""
 
@@ -127,6 +131,15 @@ class NumpyBackend:
         codes = np.stack([p & 15, p >> 4], axis=-1).reshape(p.shape[0], -1)
         s = np.repeat(np.concatenate([E4M3_VALUES[t.data] for t in scales], axis=0), 16, axis=1)
         return Nvfp4NumpyWeight(E2M1_VALUES[codes].astype(np.float64) * s, alpha)
+
+    def experts_nvfp4(self, packed, scales, alpha, experts):
+        """float64 [experts, R, K]: each part's exact e2m1 * e4m3 values times its module's multiplier (alpha
+        [experts, parts per expert])."""
+        parts = [self.weight_nvfp4([p], [s], 1.0).w for p, s in zip(packed, scales)]
+        a = np.asarray(alpha, np.float32).reshape(-1)
+        assert a.size == len(parts) and len(parts) % experts == 0
+        w = np.concatenate([p * np.float64(x) for p, x in zip(parts, a)], axis=0)
+        return w.reshape(experts, -1, w.shape[1]).view(Nvfp4NumpyExperts)
 
     def upload_into(self, dst, host):
         view = dst[:host.size].reshape(host.shape)

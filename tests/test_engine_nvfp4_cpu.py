@@ -11,8 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.engine_fixtures import HEADS_35B, MOE_SMALL, hf_logits, make_checkpoint
-from tests.engine_numpy_backend import NumpyBackend, Nvfp4NumpyWeight
+from tests.engine_fixtures import HEADS_35B, MOE_SMALL, NVFP4_IGNORE, hf_logits, make_checkpoint
+from tests.engine_numpy_backend import NumpyBackend, Nvfp4NumpyExperts, Nvfp4NumpyWeight
 
 pytest.importorskip("transformers")
 pytest.importorskip("ml_dtypes")
@@ -81,7 +81,7 @@ def dense(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    """VLM-wrapped, per-expert NVFP4 experts (dequantized to bf16 at load), compressed-tensors, two shards."""
+    """VLM-wrapped, per-expert NVFP4 experts (kept NVFP4), compressed-tensors, two shards."""
     d = tmp_path_factory.mktemp("nvfp4_moe")
     model, _ = make_checkpoint(d, heads=HEADS_35B, layer_types=LAYERS3, moe=MOE_SMALL, expert_layout="per_expert",
                                vlm=True, shards=2, seed=42, nvfp4={})
@@ -154,16 +154,39 @@ def test_dense_nvfp4_weights_runs_and_logits(dense):
     assert "linear_nvfp4" in llm.backend.calls
 
 
-def test_moe_nvfp4_experts_dequantized(moe):
+def test_moe_nvfp4_experts_kept_nvfp4(moe):
+    """Per-expert NVFP4 experts and shared expert stay 4-bit (backend.experts_nvfp4: the numpy backend's exact
+    values times each module's multiplier); the logits match HF's on the dequantized weights."""
     d, model = moe
     logs = []
     llm = _llm(d, log=logs.append)
     assert llm.cfg.vlm_wrapped and llm.cfg.quant.method == "nvfp4"
-    assert any("tensors outside the quantized linears (MoE experts" in x for x in logs), logs
+    E = llm.cfg.num_experts
+    for layer in llm.model.layers:
+        assert isinstance(layer.mlp.w1, Nvfp4NumpyExperts) and isinstance(layer.mlp.w2, Nvfp4NumpyExperts)
+        assert layer.mlp.w1.shape[0] == E + 1 and layer.mlp.shared is None
+    n = len(llm.model.layers) * 3 * (E + 1)
+    assert any(f"{n} MoE expert weights kept NVFP4" in x for x in logs), logs
     ids = _prompt(21, llm.cfg.vocab_size, 6)
     rel = _rel(llm.prompt_logits(ids), hf_logits(model.float(), ids))
     assert rel < TOL_BF16, rel
     assert "linear_nvfp4" in llm.backend.calls
+
+
+def test_moe_nvfp4_experts_beside_a_bf16_shared_expert_are_dequantized(tmp_path):
+    """A checkpoint whose shared expert is on the ignore list (bf16) with NVFP4 routed experts: the MoE kernels
+    take one weight kind for the stacked experts, so the experts are dequantized to bf16 at load (said in the
+    load line) and the logits still match HF's."""
+    ignore = NVFP4_IGNORE + ("shared_expert.",)
+    model, _ = make_checkpoint(tmp_path, heads=HEADS_35B, layer_types=LAYERS3, moe=MOE_SMALL,
+                               expert_layout="per_expert", seed=43, nvfp4={"ignore": ignore})
+    logs = []
+    llm = _llm(tmp_path, log=logs.append)
+    assert not isinstance(llm.model.layers[0].mlp.w1, Nvfp4NumpyExperts)
+    assert any("tensors outside the quantized linears (MoE experts" in x for x in logs), logs
+    ids = _prompt(13, llm.cfg.vocab_size, 8)
+    rel = _rel(llm.prompt_logits(ids), hf_logits(model.float(), ids))
+    assert rel < TOL_BF16, rel
 
 
 def test_dummy_nvfp4_weights_and_bench_option(tmp_path):

@@ -276,6 +276,33 @@ def gemv_w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stri
 
 
 @triton.jit
+def nvfp4_words_fma(acc, w64, sf, xg, x_ok, PRMT: tl.constexpr):
+    """acc + the 16 weights of each int64 word of ``w64`` (code i of a word is its k = 16 g + i, low nibble first)
+    times the word's group scale ``sf`` (fp32, exact e4m3 values) times x[16 g + i], read at ``xg + i`` (``xg``:
+    pointers to each word's 16 x values, broadcastable against w64; ``x_ok`` their mask), in fp32. PRMT: two
+    _UNPACK8_F32 per word (inline PTX), else nibble by nibble (_e2m1_bits; the interpreter's path). Any shape:
+    the M = 1 GEMV's [BLOCK_N, G] words and the MoE decode kernels' [slots, BLOCK_N, G] (kernels_src/moe)."""
+    if PRMT:
+        s16 = sf.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)
+        s2 = s16 | (s16 << 16)
+        lo = tl.inline_asm_elementwise(_UNPACK8_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w64.to(tl.int32), s2],
+                                       dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        hi = tl.inline_asm_elementwise(_UNPACK8_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [(w64 >> 32).to(tl.int32), s2],
+                                       dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        for i in tl.static_range(8):
+            xi = tl.load(xg + i, mask=x_ok, other=0.0).to(tl.float32)
+            acc += lo[i].to(tl.float32, bitcast=True) * xi
+        for i in tl.static_range(8):
+            xi = tl.load(xg + 8 + i, mask=x_ok, other=0.0).to(tl.float32)
+            acc += hi[i].to(tl.float32, bitcast=True) * xi
+    else:
+        for i in tl.static_range(16):
+            xi = tl.load(xg + i, mask=x_ok, other=0.0).to(tl.float32)
+            acc += _e2m1_bits(((w64 >> (4 * i)) & 0xF).to(tl.int32)) * sf * xi
+    return acc
+
+
+@triton.jit
 def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, stride_xm, stride_wn, stride_sn,
                          stride_om, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          PRMT: tl.constexpr, PDL: tl.constexpr):
@@ -299,25 +326,7 @@ def gemv_w4a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, alpha, M, N, K, s
         w64 = tl.load(w_rows + ga[None, :], mask=ok, other=0)
         sc = tl.load(s_rows + ga[None, :], mask=ok, other=0).to(tl.int32)
         sf = e4m3_scale(sc)
-        xg = x_ptr + 16 * ga
-        if PRMT:
-            s16 = sf.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)
-            s2 = s16 | (s16 << 16)
-            lo = tl.inline_asm_elementwise(_UNPACK8_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w64.to(tl.int32), s2],
-                                           dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-            hi = tl.inline_asm_elementwise(_UNPACK8_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r,r",
-                                           [(w64 >> 32).to(tl.int32), s2], dtype=(tl.int32,) * 8, is_pure=True,
-                                           pack=1)
-            for i in tl.static_range(8):
-                xi = tl.load(xg + i, mask=g_ok, other=0.0).to(tl.float32)
-                acc += lo[i].to(tl.float32, bitcast=True) * xi[None, :]
-            for i in tl.static_range(8):
-                xi = tl.load(xg + 8 + i, mask=g_ok, other=0.0).to(tl.float32)
-                acc += hi[i].to(tl.float32, bitcast=True) * xi[None, :]
-        else:
-            for i in tl.static_range(16):
-                xi = tl.load(xg + i, mask=g_ok, other=0.0).to(tl.float32)
-                acc += _e2m1_bits(((w64 >> (4 * i)) & 0xF).to(tl.int32)) * sf * xi[None, :]
+        acc = nvfp4_words_fma(acc, w64, sf, (x_ptr + 16 * ga)[None, :], g_ok[None, :], PRMT)
     y = tl.sum(acc, axis=1) * alpha
     _store_out(y[:, None], n, tl.arange(0, 1), N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)
 

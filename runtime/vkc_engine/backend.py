@@ -102,6 +102,17 @@ class Fp8Weight:
         return tuple(self.q.shape)
 
 
+def _check_nvfp4_parts(op: str, packed: list[RawTensor], scales: list[RawTensor]) -> None:
+    """U8 codes and F8_E4M3 scales, no e4m3 NaN scale code (named with its tensor)."""
+    if any(p.dtype != "U8" for p in packed) or any(s.dtype != "F8_E4M3" for s in scales):
+        raise BackendError(f"{op} takes U8 codes and F8_E4M3 scales, got {sorted({p.dtype for p in packed})} / "
+                           f"{sorted({s.dtype for s in scales})}")
+    for t in scales:
+        if np.any((np.asarray(t.data).view(np.uint8) & 0x7F) == 0x7F):
+            raise BackendError(f"{t.name} ({t.file}) holds e4m3 NaN scale codes (0x7F / 0xFF): not a usable "
+                               "NVFP4 checkpoint")
+
+
 class Nvfp4Weight:
     """An NVFP4 linear weight on the device, packed into the MMA layout of ``vkc_runtime.ops.nvfp4`` (``mma``: an
     ``MmaWeights`` of int32 words and scales, its [N, K] and the global multiplier)."""
@@ -301,13 +312,7 @@ class VkcBackend(DeviceSampling, OpProfiler):
         """Upload an NVFP4 linear: U8 packed parts [N_i, K/2] and F8_E4M3 scale parts [N_i, K/16] stacked along dim
         0 into a temporary device copy, packed on the device (``ops.nvfp4.pack``) into the MMA layout, one global
         multiplier for all of them. e4m3 NaN scale codes are refused, naming the tensor."""
-        if any(p.dtype != "U8" for p in packed) or any(s.dtype != "F8_E4M3" for s in scales):
-            raise BackendError(f"weight_nvfp4 takes U8 codes and F8_E4M3 scales, got {[p.dtype for p in packed]} / "
-                               f"{[s.dtype for s in scales]}")
-        for t in scales:
-            if np.any((np.asarray(t.data).view(np.uint8) & 0x7F) == 0x7F):
-                raise BackendError(f"{t.name} ({t.file}) holds e4m3 NaN scale codes (0x7F / 0xFF): not a usable "
-                                   "NVFP4 checkpoint")
+        _check_nvfp4_parts("weight_nvfp4", packed, scales)
         n4 = self._nvfp4_ops()
         lin_p, lin_s = self.weight(packed, "u8"), self.weight(scales, "u8")
         N, K = lin_p.shape[0], 2 * lin_p.shape[1]
@@ -318,6 +323,22 @@ class VkcBackend(DeviceSampling, OpProfiler):
         w = Nvfp4Weight(n4.MmaWeights(words, sc, N, K, float(alpha)))
         self._nvfp4_elems = max(self._nvfp4_elems, N * K)
         return w
+
+    def experts_nvfp4(self, packed: list[RawTensor], scales: list[RawTensor], alpha, experts: int):
+        """Upload NVFP4 MoE expert weights for the W4A16 expert kernels (ops.moe ``Nvfp4Experts``): U8 code parts
+        [R_i, K/2] and F8_E4M3 scale parts [R_i, K/16], expert after expert (each expert's parts consecutive),
+        stacked as they are stored (HF's linear layout: no repacking) into [experts, R, K/2] / [experts, R, K/16];
+        ``alpha`` float32 [experts, A], each expert's global multiplier per projection. NaN scale codes are
+        refused, naming the tensor."""
+        _check_nvfp4_parts("experts_nvfp4", packed, scales)
+        codes, sc = self.weight(packed, "u8"), self.weight(scales, "u8")
+        a = np.ascontiguousarray(alpha, dtype=np.float32)
+        if a.ndim != 2 or a.shape[0] != experts or codes.shape[0] % experts:
+            raise BackendError(f"experts_nvfp4: {codes.shape[0]} rows and alpha {a.shape} for {experts} experts")
+        R = codes.shape[0] // experts
+        alpha_dev = self.weight([RawTensor("alpha", "F32", a, "")], "f32")
+        return self._moe_ops().Nvfp4Experts(codes.reshape(experts, R, codes.shape[1]),
+                                            sc.reshape(experts, R, sc.shape[1]), alpha_dev)
 
     def _nvfp4_ops(self):
         if self._nvfp4 is None:

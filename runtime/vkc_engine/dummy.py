@@ -12,9 +12,10 @@ MLP -- come as F8_E4M3 bytes (a repeated tile of random finite e4m3 values) with
 their block grid, so the engine runs them on the FP8 GEMM; MoE experts and the shared expert stay bf16 (a real
 checkpoint's FP8 experts are dequantized to bf16 at load anyway, which would only slow a speed run down).
 
-NVFP4 (an NVFP4 ``quantization_config``, either layout): the same projections come as NVFP4 -- random packed
-codes, e4m3 group scales of 0.25 .. 1 and a global multiplier of 0.01 (the global scales "exist" only for them, so
-everything else loads as bf16) -- and run the W4A16 kernels of ops.nvfp4 (MMA layout).
+NVFP4 (an NVFP4 ``quantization_config``, either layout): the same projections and, as NVFP4 releases of MoE models
+quantize them, the MoE experts and the shared expert come as NVFP4 -- random packed codes, e4m3 group scales of
+0.25 .. 1 and a global multiplier of 0.01 (the global scales "exist" only for them, so everything else loads as
+bf16) -- and run the W4A16 kernels of ops.nvfp4 (MMA layout) and of ops.moe (experts as stored).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ __all__ = ["DummyCheckpoint"]
 
 _TILE = 1 << 20
 _FP8_SKIP = ("lm_head", "embed_tokens", "in_proj_a", "in_proj_b", ".experts.", "shared_expert", "mlp.gate.")
+_NVFP4_SKIP = ("lm_head", "embed_tokens", "in_proj_a", "in_proj_b", "mlp.gate.")
 
 
 class DummyCheckpoint:
@@ -56,9 +58,9 @@ class DummyCheckpoint:
 
     def __contains__(self, name: str) -> bool:
         if self.nvfp4 and name.endswith((".weight_global_scale", ".weight_scale_2", ".input_global_scale",
-                                         ".input_scale")):  # the NVFP4 modules: the FP8 rule's projections
+                                         ".input_scale")):  # the NVFP4 modules (module doc)
             mod = name.rsplit(".", 1)[0]
-            return "proj" in mod.split(".")[-1] and not any(k in mod + "." for k in _FP8_SKIP)
+            return "proj" in mod.split(".")[-1] and not any(k in mod + "." for k in _NVFP4_SKIP)
         return True
 
     def ignored_summary(self) -> str:

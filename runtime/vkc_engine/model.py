@@ -28,9 +28,13 @@ experts, embeddings -- are dequantized to bf16 at load (one log line with the co
 NVFP4 checkpoints (``cfg.quant.method`` "nvfp4", either layout of vkc_engine.loader.nvfp4_names): a linear whose
 global scale is stored is NVFP4 (the others, the checkpoint's ignore list, are bf16). In a fused projection,
 consecutive NVFP4 parts with the same global multiplier form one run (packed codes and group scales stacked:
-``backend.weight_nvfp4``: packed into ops.nvfp4's MMA layout, run as W4A16); parts with another multiplier start a new run, and the column rule above
-applies to the runs (an unaligned mix loads the whole projection as bf16). NVFP4 tensors read through ``load``
-(MoE experts, the folded shared expert, a quantized router or embedding) are dequantized to bf16 at load.
+``backend.weight_nvfp4``: packed into ops.nvfp4's MMA layout, run as W4A16); parts with another multiplier start a
+new run, and the column rule above applies to the runs (an unaligned mix loads the whole projection as bf16). MoE
+experts stored per expert whose every projection, the folded shared expert's included, is NVFP4 stay 4-bit as
+stored (``backend.experts_nvfp4``: ops.moe's W4A16 expert kernels, a global multiplier per expert and projection;
+hidden and intermediate sizes multiples of 32).
+Other NVFP4 tensors read through ``load`` (experts beside a bf16 shared expert, a quantized router or embedding)
+are dequantized to bf16 at load.
 """
 from __future__ import annotations
 
@@ -90,6 +94,7 @@ class _Weights:
         self.nvfp4 = quant.layout if quant is not None and quant.method == "nvfp4" else None
         self.dtypes = FLOAT_DTYPES + (FP8_DTYPE,) if self.fp8 else FLOAT_DTYPES
         self.fp8_parts = 0
+        self.nvfp4_experts = 0  # expert projections kept NVFP4 (experts_nvfp4)
         self.dequantized = {"other": [0, 0], "linear": [0, 0]}  # kind -> [tensors, bf16 bytes]
         self.bf16_linears: set[tuple[int, int]] = set()  # (N, K) of every bf16 weight a linear runs on
 
@@ -176,6 +181,24 @@ class _Weights:
         self._advance(len(parts))
         return segs[0][0] if len(segs) == 1 else _Segments(segs)
 
+    def all_nvfp4(self, modules) -> bool:
+        """Whether every module (a linear's name without ``.weight``) is stored as NVFP4."""
+        return bool(self.nvfp4) and all(is_nvfp4(self.ckpt, self.nvfp4, m) for m in modules)
+
+    def experts_nvfp4(self, experts: list[list[str]], shape: tuple[int, int]):
+        """NVFP4 MoE experts kept 4-bit (backend.experts_nvfp4: ops.moe's W4A16 kernels): ``experts`` lists each
+        expert's modules (gate, up or down), every one NVFP4 of ``shape`` [N, K]; their codes and group scales are
+        stacked as stored, alpha [E', modules per expert] holds each module's global multiplier."""
+        ts = [[self._get(m + ".weight", shape) for m in mods] for mods in experts]
+        flat = [t for mods in ts for t in mods]
+        if not all(isinstance(t, Nvfp4Tensor) for t in flat):
+            raise CheckpointError(f"{self.ckpt.dir}: expert weights {experts[0]} ... mix NVFP4 and other dtypes")
+        alpha = np.array([[t.alpha for t in mods] for mods in ts], np.float32)
+        out = self.be.experts_nvfp4([t.packed for t in flat], [t.scale for t in flat], alpha, len(experts))
+        self.nvfp4_experts += len(flat)
+        self._advance(len(flat))
+        return out
+
     def summary(self) -> str:
         """One line on the quantized weights: how many linears run quantized, what was dequantized to bf16 (and its
         bytes)."""
@@ -191,7 +214,9 @@ class _Weights:
         else:
             msg = (f"NVFP4 checkpoint ({self.nvfp4}): {self.fp8_parts} linear weights packed into the MMA layout, run "
                    "as W4A16 (weights decoded in the tensor-core kernel; the checkpoint's activation scales are not used)")
-            why_other, over = "no NVFP4 grouped GEMM", bo * 0.71875
+            if self.nvfp4_experts:
+                msg += f"; {self.nvfp4_experts} MoE expert weights kept NVFP4 (W4A16 in the MoE kernels)"
+            why_other, over = "not NVFP4 in the checkpoint, or NVFP4 experts beside a bf16 shared expert", bo * 0.71875
             why_linear = "a fused projection the GEMMs cannot split into NVFP4 and bf16 columns"
         if no:
             msg += (f"; {no} tensors outside the quantized linears (MoE experts, router, shared expert, embeddings) "
@@ -235,6 +260,15 @@ class _MoE:
         sh = p + "shared_expert."
         sh_gu = [(sh + "gate_proj.weight", (Is, H)), (sh + "up_proj.weight", (Is, H))]
         sh_d = [(sh + "down_proj.weight", (H, Is))]
+        if not fused and self.folded and H % 32 == 0 and I % 32 == 0:  # NVFP4 experts kept 4-bit (W4A16)
+            mods = [[f"{p}experts.{e}.{n}_proj" for n in ("gate", "up")] for e in range(E)] + \
+                [[sh + "gate_proj", sh + "up_proj"]]
+            down = [[f"{p}experts.{e}.down_proj"] for e in range(E)] + [[sh + "down_proj"]]
+            if w.all_nvfp4([m for ms in mods + down for m in ms]):
+                self.w1 = w.experts_nvfp4(mods, (I, H))
+                self.w2 = w.experts_nvfp4(down, (H, I))
+                self.shared = None
+                return
         if fused:
             gu = [(p + "experts.gate_up_proj", (E, 2 * I, H))]
             dn = [(p + "experts.down_proj", (E, H, I))]

@@ -2,7 +2,8 @@
 ops.gemm.linear_w4a16), on tiny checkpoints with the real head configurations of tests/gpu/test_gpu_engine.py
 quantized as llm-compressor / ModelOpt store NVFP4 (tests/engine_fixtures.py ``nvfp4=``: every projection except
 lm_head, embeddings, the router, the shared-expert gate and GDN in_proj_a / in_proj_b; q / k / v, gate / up and
-in_proj_qkv / in_proj_z share one global scale; MoE experts NVFP4 in the file, dequantized to bf16 at load):
+in_proj_qkv / in_proj_z share one global scale; MoE experts and the shared expert NVFP4, kept NVFP4 on the
+device: ops.moe's W4A16 expert kernels):
 
 - the expected linears are NVFP4 on the device (one run per shared scale, the bf16 segments beside them);
 - teacher-forced logits vs HF transformers fp32 holding the exact dequantized weights, within the bf16 engine's
@@ -74,6 +75,10 @@ def test_nvfp4_weights_on_the_device(setup):
     assert isinstance(gdn.out, Nvfp4Weight) and not isinstance(m.lm_head, Nvfp4Weight)
     if name != "35b-a3b":
         assert isinstance(m.layers[0].mlp.gate_up, Nvfp4Weight) and isinstance(m.layers[0].mlp.down, Nvfp4Weight)
+    else:
+        from vkc_runtime.ops.moe import Nvfp4Experts
+        assert all(isinstance(layer.mlp.w1, Nvfp4Experts) and isinstance(layer.mlp.w2, Nvfp4Experts)
+                   for layer in m.layers)
 
 
 @pytest.mark.parametrize("n", [1, 17, 300, 2000])

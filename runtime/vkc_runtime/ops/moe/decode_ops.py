@@ -34,6 +34,9 @@ BLOCK_N 8 x BLOCK_K 256 (4 warps), 8 x 512 (4 warps) or 16 x 512 (8 warps); down
 next K step's weights before reducing the current one. Grids: gate_up (M * k', cdiv(I, BLOCK_N)), down
 (M, cdiv(H, BLOCK_N)): a pure function of the shapes, so graph-stable.
 
+NVFP4 experts: ``w1`` / ``w2`` as :class:`~vkc_runtime.ops.moe.nvfp4_ops.Nvfp4Experts` run the W4A16 kernels
+(kernels_src/moe/nvfp4.py: the same grids and rules, weights decoded from int64 words; tiles in nvfp4_ops.TILES).
+
 Graphs: no workspace, no allocation; the block's :func:`moe_workspace` loads these kernels and holds the h rows
 (its ``h`` buffer). Calls with torch tensors are bound calls (vkc_runtime.bound). Deterministic: no atomics.
 """
@@ -43,6 +46,7 @@ from ...bound import CallCache, Launch, disjoint
 from ...kernels import get_kernel
 from .._check import BF16, OpError, cdiv, fits_i32, grid_y, row_stride, same_device, stream_of, tensor
 from .common import routing
+from . import nvfp4_ops as _nv
 
 __all__ = ["decode_gate_up", "decode_down", "DECODE_MAX_M", "TILES", "DECODE_BASES", "load_kernels"]
 
@@ -52,14 +56,18 @@ DECODE_MAX_M = 4
 TILES = {"gate_up": ((8, 256), (8, 512), (16, 512)), "down": ((4, 64, 16), (4, 128, 16), (2, 128, 16))}
 
 
-def _base(kind: str, tile: tuple) -> str:
-    """The kernel name (spelled once: the ops call this, DECODE_BASES is built from it)."""
+def _base(kind: str, tile: tuple, nvfp4: bool = False) -> str:
+    """The kernel name (spelled once: the ops call this, DECODE_BASES is built from it); ``nvfp4``: the W4A16
+    kernel of ops/moe/nvfp4_ops.py."""
+    if nvfp4:
+        return _nv.base(kind, tile)
     if kind == "gate_up":
         return f"moe.decode.gate_up.n{tile[0]}.k{tile[1]}"
     return f"moe.decode.down.n{tile[0]}.k{tile[1]}.s{tile[2]}"
 
 
-DECODE_BASES = tuple(_base(kind, t) for kind, tiles in TILES.items() for t in tiles)
+DECODE_BASES = tuple(_base(kind, t) for kind, tiles in TILES.items() for t in tiles) + \
+    tuple(_base(kind, t, True) for kind in TILES for t in _nv.TILES[kind])
 BASES = DECODE_BASES
 
 _gate_up_calls = CallCache()
@@ -72,11 +80,12 @@ def load_kernels(*, device: int | None = None) -> None:
         get_kernel(b, device=device).load()
 
 
-def _pick_tile(op: str, kind: str, forced):
+def _pick_tile(op: str, kind: str, forced, nvfp4: bool = False):
+    tiles = _nv.TILES[kind] if nvfp4 else TILES[kind]
     if forced is None:
-        return TILES[kind][0]
-    if forced not in TILES[kind]:
-        raise OpError(f"{op}: _tile {forced!r} is not a compiled {kind} tile: {TILES[kind]}")
+        return tiles[0]
+    if forced not in tiles:
+        raise OpError(f"{op}: _tile {forced!r} is not a compiled {kind} tile: {tiles}")
     return forced
 
 
@@ -127,13 +136,19 @@ def decode_gate_up(x, w1, topk_ids, *, out, stream=None, _tile: tuple | None = N
     ``out``. ``_tile`` forces a compiled (BLOCK_N, BLOCK_K) tile (benchmarks)."""
     op = "moe.decode_gate_up"
     s = stream_of(stream)
-    key = (op, _tile)
-    if _gate_up_calls.run(key, (x, w1, topk_ids, out), (), s):
+    nv = _nv.is_nvfp4(w1)
+    key = (op, _tile, nv)
+    wts_in = tuple(w1) if nv else (w1,)
+    if _gate_up_calls.run(key, (x, *wts_in, topk_ids, out), (), s):
         return out
     xt = tensor(op, "x", x, BF16, ndim=2)
     M, H = xt.shape
-    wt = tensor(op, "w1", w1, BF16, ndim=3, shape=(None, None, H))
-    Ep, R, _ = wt.shape
+    if nv:
+        q = _nv.experts_refs(op, "w1", w1, rows=None, K=H, n_alpha=2)
+        wt, Ep, R = q.codes, q.E, q.R
+    else:
+        wt = tensor(op, "w1", w1, BF16, ndim=3, shape=(None, None, H))
+        Ep, R, _ = wt.shape
     if Ep < 1:
         raise OpError(f"{op}: w1 has no experts")
     if R % 2 or R == 0:
@@ -149,18 +164,24 @@ def decode_gate_up(x, w1, topk_ids, *, out, stream=None, _tile: tuple | None = N
         raise OpError(f"{op}: H={H} and I={I} must be positive multiples of 16")
     sx = _rows(op, "x", xt, (M, H))
     sh = _rows(op, "out", ot, (P, I))
-    swe, swn = _weights(op, "w1", wt, R, H)
-    _no_overlap(op, ot, [("x", xt), ("w1", wt), ("topk_ids", it)])
-    fits_i32(op, P=P, E=Ep, R=R, H=H, stride_x=sx, stride_we=swe, stride_wn=swn, stride_h=sh)
+    if nv:
+        wrefs = (q.codes, q.scales, q.alpha)
+        wstr = (q.stride_qe, q.stride_qn, q.stride_se, q.stride_sn)
+        _no_overlap(op, ot, [("x", xt), ("w1.codes", q.codes), ("w1.scales", q.scales), ("w1.alpha", q.alpha),
+                             ("topk_ids", it)])
+    else:
+        wrefs, wstr = (wt,), _weights(op, "w1", wt, R, H)
+        _no_overlap(op, ot, [("x", xt), ("w1", wt), ("topk_ids", it)])
+    fits_i32(op, P=P, E=Ep, R=R, H=H, stride_x=sx, stride_we=wstr[0], stride_wn=wstr[1], stride_h=sh)
     if P == 0:
         return out
-    tile = _pick_tile(op, "gate_up", _tile)
-    kern = get_kernel(_base("gate_up", tile), device=None if dev < 0 else dev)
+    tile = _pick_tile(op, "gate_up", _tile, nv)
+    kern = get_kernel(_base("gate_up", tile, nv), device=None if dev < 0 else dev)
     grid = (P, grid_y(op, cdiv(I, tile[0])), 1)
-    args = (xt, wt, it, ot, P, Ep, I, H, k, sx, swe, swn, sh)
-    slots = (xt, wt, it, ot)
+    args = (xt, *wrefs, it, ot, P, Ep, I, H, k, sx, *wstr, sh)
+    slots = (xt, *wrefs, it, ot)
     _gate_up_calls.launch(key, slots, (), [Launch(kern, grid, args)], s,
-                          relations=[disjoint(ot, r) for r in (xt, wt, it)])
+                          relations=[disjoint(ot, r) for r in slots if r is not ot])
     return out
 
 
@@ -169,8 +190,10 @@ def decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None, _tile: tuple
     ``out``. ``_tile`` forces a compiled (BLOCK_N, BLOCK_K, SB) tile (benchmarks)."""
     op = "moe.decode_down"
     s = stream_of(stream)
-    key = (op, _tile)
-    if _down_calls.run(key, (h, w2, topk_ids, topk_weights, out), (), s):
+    nv = _nv.is_nvfp4(w2)
+    key = (op, _tile, nv)
+    wts_in = tuple(w2) if nv else (w2,)
+    if _down_calls.run(key, (h, *wts_in, topk_ids, topk_weights, out), (), s):
         return out
     it, wts, M, k = routing(op, topk_ids, topk_weights)
     if wts is None:
@@ -178,8 +201,12 @@ def decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None, _tile: tuple
     P = M * k
     ht = tensor(op, "h", h, BF16, ndim=2, shape=(P, None))
     I = ht.shape[1]
-    wt = tensor(op, "w2", w2, BF16, ndim=3, shape=(None, None, I))
-    Ep, H, _ = wt.shape
+    if nv:
+        q = _nv.experts_refs(op, "w2", w2, rows=None, K=I, n_alpha=1)
+        wt, Ep, H = q.codes, q.E, q.R
+    else:
+        wt = tensor(op, "w2", w2, BF16, ndim=3, shape=(None, None, I))
+        Ep, H, _ = wt.shape
     if Ep < 1:
         raise OpError(f"{op}: w2 has no experts")
     ot = tensor(op, "out", out, BF16, ndim=2, shape=(M, H))
@@ -188,16 +215,21 @@ def decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None, _tile: tuple
         raise OpError(f"{op}: I={I} must be a positive multiple of 16 and H={H} positive")
     sh = _rows(op, "h", ht, (P, I))
     so = _rows(op, "out", ot, (M, H))
-    swe, swn = _weights(op, "w2", wt, H, I)
-    _no_overlap(op, ot, [("h", ht), ("w2", wt), ("topk_ids", it), ("topk_weights", wts)])
-    fits_i32(op, P=P, E=Ep, I=I, H=H, stride_h=sh, stride_we=swe, stride_wn=swn, stride_o=so)
+    if nv:
+        wrefs = (q.codes, q.scales, q.alpha)
+        wstr = (q.stride_qe, q.stride_qn, q.stride_se, q.stride_sn)
+        wnamed = [("w2.codes", q.codes), ("w2.scales", q.scales), ("w2.alpha", q.alpha)]
+    else:
+        wrefs, wstr, wnamed = (wt,), _weights(op, "w2", wt, H, I), [("w2", wt)]
+    _no_overlap(op, ot, [("h", ht), *wnamed, ("topk_ids", it), ("topk_weights", wts)])
+    fits_i32(op, P=P, E=Ep, I=I, H=H, stride_h=sh, stride_we=wstr[0], stride_wn=wstr[1], stride_o=so)
     if M == 0:
         return out
-    tile = _pick_tile(op, "down", _tile)
-    kern = get_kernel(_base("down", tile), device=None if dev < 0 else dev)
+    tile = _pick_tile(op, "down", _tile, nv)
+    kern = get_kernel(_base("down", tile, nv), device=None if dev < 0 else dev)
     grid = (M, grid_y(op, cdiv(H, tile[0])), 1)
-    args = (ht, wt, it, wts, ot, Ep, H, I, k, sh, swe, swn, so)
-    slots = (ht, wt, it, wts, ot)
+    args = (ht, *wrefs, it, wts, ot, Ep, H, I, k, sh, *wstr, so)
+    slots = (ht, *wrefs, it, wts, ot)
     _down_calls.launch(key, slots, (), [Launch(kern, grid, args)], s,
-                       relations=[disjoint(ot, r) for r in (ht, wt, it, wts)])
+                       relations=[disjoint(ot, r) for r in slots if r is not ot])
     return out
