@@ -4,7 +4,8 @@ replay CUDA graphs unless ``--graphs off``). Shapes: the dense 27B and the MoE 3
 
     python benchmarks/bench_engine.py [--shape {27b,35b-a3b}] [--batches 1,16,64] [--prefill 2048]
                                       [--long-prefill 8192] [--steps 16] [--graphs on|off] [--gemv-max-m 16]
-                                      [--quant {none,fp8,nvfp4}] [--fp8-gemv on|off] [--breakdown] [--timeline]
+                                      [--quant {none,fp8,nvfp4}] [--experts quantized|bf16] [--fp8-gemv on|off]
+                                      [--breakdown] [--timeline]
                                       [--out F]
 
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
@@ -19,9 +20,10 @@ batch ``timeline``: the undisturbed graph-replayed steps kernel by kernel (exclu
 backend=...)`` is the same measurement on any backend (the CPU test drives it on the numpy backend at a tiny
 shape). ``--quant fp8``: the config gets Qwen's block-wise FP8 ``quantization_config`` and the dummy weights of the
 projections an *-FP8 release quantizes are random e4m3 bytes with float32 block scales (vkc_engine.dummy), so those
-linears run ops.gemm_fp8 (quantize_fp8_per_token_group + linear_fp8_block) at every M; ``--quant nvfp4``: an
-llm-compressor NVFP4 config and NVFP4 dummy weights for the same projections (W4A16 from the MMA layout:
-ops.nvfp4.linear_nvfp4 at every M, dequantize + bf16 GEMM above its MMA_MAX_M); the JSON gets "quant".
+linears run ops.gemm_fp8 (quantize_fp8_per_token_group + linear_fp8_block) at every M, and a MoE model's experts
+stay FP8 (ops.moe's W8A16 expert kernels); ``--quant nvfp4``: an llm-compressor NVFP4 config and NVFP4 dummy weights
+for the same projections (W4A16 from the MMA layout: ops.nvfp4.linear_nvfp4 at every M, dequantize + bf16 GEMM above
+its MMA_MAX_M; MoE experts stay NVFP4: ops.moe's W4A16 expert kernels); the JSON gets "quant".
 ``--fp8-gemv on`` turns vkc_engine.backend.FP8_GEMV on: the captured steps' FP8 linears at M <= GEMV_MAX_M take
 ops.gemv.gemv_w8a16 (the JSON gets "fp8_gemv").
 """
@@ -122,14 +124,14 @@ def _prefill(llm, n, sp, breakdown=False):
 
 
 def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, load_format="dummy",
-        long_prefill=0, graphs=True, breakdown=False, timeline=False) -> dict:
+        long_prefill=0, graphs=True, breakdown=False, timeline=False, quantized_experts=True) -> dict:
     from vkc_engine import LLM, SamplingParams
     Bm = max(batches)
     t0 = time.perf_counter()
     longest = max(prefill, long_prefill)
     llm = LLM(model_dir, backend=backend, load_format=load_format, max_num_seqs=Bm,
               max_num_batched_tokens=max(longest, Bm), max_model_len=longest + steps + 8,
-              memory_fraction=0.5, enforce_eager=not graphs)
+              memory_fraction=0.5, enforce_eager=not graphs, quantized_experts=quantized_experts)
     res = {"load_s": time.perf_counter() - t0, "cache": llm.plan.describe(), "decode": [],
            "graphs": llm.graphs is not None}
     V = llm.cfg.vocab_size
@@ -180,6 +182,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quant", choices=("none", "fp8", "nvfp4"), default="none",
                     help="fp8: block-wise FP8 dummy weights for the projections (ops.gemm_fp8); nvfp4: NVFP4 "
                          "(compressed-tensors) dummy weights, run as W4A16")
+    ap.add_argument("--experts", choices=("quantized", "bf16"), default="quantized",
+                    help="with --quant on a MoE shape: keep the experts quantized (ops.moe W8A16 / W4A16) or "
+                         "dequantize them to bf16 at load (LLM quantized_experts)")
     ap.add_argument("--fp8-gemv", choices=("on", "off"), default=None,
                     help="the small-M rule for FP8 linears (gemv_w8a16; default: the backend's FP8_GEMV)")
     ap.add_argument("--out", default=None)
@@ -196,9 +201,10 @@ def main(argv=None) -> int:
         (Path(d) / "config.json").write_text(json.dumps(conf))
         res = run(d, batches=tuple(int(b) for b in a.batches.split(",")), prefill=a.prefill, steps=a.steps,
                   long_prefill=a.long_prefill, graphs=a.graphs == "on", breakdown=a.breakdown,
-                  timeline=a.timeline)
+                  timeline=a.timeline, quantized_experts=a.experts == "quantized")
     res["shape"] = a.shape
     res["quant"] = a.quant
+    res["experts"] = a.experts
     import vkc_engine.backend as B
     res["gemv_max_m"] = B.GEMV_MAX_M
     res["fp8_gemv"] = B.FP8_GEMV

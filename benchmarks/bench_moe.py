@@ -20,10 +20,11 @@ SMALL_M is set from.
 Floor: the active weights (distinct experts hit, averaged over the input sets, x (2I*H + H*I) bf16) plus the
 router weight, x and out, read once at 4.26 TB/s (the H200's measured copy bandwidth; the run's own copy
 measurement is recorded too). Inputs: n_sets token sets (randn), rotated so that the weights of a set are not
-in L2 when it runs. NVFP4 experts (rows ``op: moe_block_nvfp4``, ``nvfp4`` on the command line: only these rows):
-the block with ops.moe.Nvfp4Experts (W4A16) vs the same block on the dequantized bf16 weights, same inputs, and
-at M = 1 each NVFP4 decode tile forced; the floor counts 4.5 bits per active weight (codes + e4m3 group scales).
-Usage: python benchmarks/bench_moe.py OUT.json [paths | nvfp4]
+in L2 when it runs. Quantized experts (rows ``op: moe_block_nvfp4`` / ``moe_block_fp8``, ``nvfp4`` and / or ``fp8``
+on the command line: only these rows): the block with ops.moe.Nvfp4Experts (W4A16) or Fp8Experts (W8A16) vs the same
+block on the dequantized bf16 weights, same inputs, and at M = 1 each decode tile of the kind forced; the floor
+counts the kind's bytes per active weight (NVFP4 4.5 bits, FP8 8 bits + block scales).
+Usage: python benchmarks/bench_moe.py OUT.json [paths | nvfp4 | fp8 ...]
 """
 from __future__ import annotations
 
@@ -294,40 +295,52 @@ def random_weights(seed: int = 1):
     return (rnd(E, H), rnd(1, H), rnd(EP, 2 * I, H), rnd(EP, H, I)), g
 
 
-NVFP4_MS = (1, 2, 4, 8, 16, 256, 2048, 8192)
-NVFP4_EXPERT_BYTES = 3 * I * H * 9 // 16  # codes (K / 2 bytes a row) + e4m3 group scales (K / 16)
+QUANT_MS = (1, 2, 4, 8, 16, 256, 2048, 8192)
+if os.environ.get("VKC_BENCH_MS"):  # a subset of the M list (quick runs)
+    QUANT_MS = tuple(int(m) for m in os.environ["VKC_BENCH_MS"].split(","))
+# bytes a weight: NVFP4 codes + e4m3 group scales (4.5 bits); FP8 e4m3 + fp32 128 x 128 block scales
+QUANT_BYTES_PER_WEIGHT = {"nvfp4": 9 / 16, "fp8": 1 + 4 / 128 ** 2}
 
 
-def nvfp4_weights(seed: int = 2):
-    """Random NVFP4 experts (codes any byte, e4m3 group scales 0.25 .. 0.94, alpha 2^-7 so the dequantized weights
-    are exact in bf16) as moe.Nvfp4Experts, and the same weights dequantized to bf16 [E', R, K]."""
+def quant_weights(kind: str, seed: int = 2):
+    """Random quantized experts of ``kind`` as moe.Nvfp4Experts (codes any byte, e4m3 group scales 0.25 .. 0.94,
+    alpha 2^-7) or moe.Fp8Experts (finite e4m3 bytes, block scales 2^-7), and the same weights dequantized to bf16
+    [E', R, K] (exact: powers-of-two multipliers)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     table = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
     out = []
-    for R, K, na in ((2 * I, H, 2), (H, I, 1)):
-        codes = torch.randint(0, 256, (EP, R, K // 2), dtype=torch.uint8, device="cuda", generator=g)
-        scales = torch.randint(0x28, 0x38, (EP, R, K // 16), dtype=torch.uint8, device="cuda", generator=g)
-        alpha = torch.full((EP, na), 2.0 ** -7, device="cuda")
-        vals = torch.stack([table[(codes & 15).long()], table[(codes >> 4).long()]], -1).reshape(EP, R, K)
-        sf = scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=-1)
-        out.append((moe.Nvfp4Experts(codes, scales, alpha), (vals * sf * 2.0 ** -7).to(torch.bfloat16)))
-        del vals, sf
+    for R, K_, na in ((2 * I, H, 2), (H, I, 1)):
+        if kind == "nvfp4":
+            codes = torch.randint(0, 256, (EP, R, K_ // 2), dtype=torch.uint8, device="cuda", generator=g)
+            scales = torch.randint(0x28, 0x38, (EP, R, K_ // 16), dtype=torch.uint8, device="cuda", generator=g)
+            alpha = torch.full((EP, na), 2.0 ** -7, device="cuda")
+            vals = torch.stack([table[(codes & 15).long()], table[(codes >> 4).long()]], -1).reshape(EP, R, K_)
+            vals = vals * scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=-1)
+            w = moe.Nvfp4Experts(codes, scales, alpha)
+        else:
+            q = torch.randint(0, 256, (EP, R, K_), dtype=torch.uint8, device="cuda", generator=g)
+            q[(q & 0x7F) == 0x7F] = 0x3C
+            scale = torch.full((EP, R // 128, -(-K_ // 128)), 2.0 ** -7, device="cuda")
+            vals = q.view(torch.float8_e4m3fn).float()
+            w = moe.Fp8Experts(q, scale)
+        out.append((w, (vals * 2.0 ** -7).to(torch.bfloat16)))
+        del vals
     return out
 
 
-def bench_nvfp4(M, gw, sg, q1, q2, d1, d2, copy_tbs):
-    """The block with NVFP4 experts (W4A16, the rule's path) vs the same block on the dequantized bf16 weights,
-    same inputs; at M = 1 each compiled decode tile of the NVFP4 kernels forced."""
+def bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs):
+    """The block with ``kind`` experts (the rule's path) vs the same block on the dequantized bf16 weights, same
+    inputs; at M = 1 each compiled decode tile of the kind's kernels forced."""
     n_sets, xs, routes = _sets(M, (gw, sg))
     active = sum(len(torch.unique(ids)) for ids, _ in routes) / n_sets
-    nbytes = active * NVFP4_EXPERT_BYTES + (E + 1) * H * 2 + 2 * M * H * 2
-    row = {"op": "moe_block_nvfp4", "M": M, "E": E, "top_k": K, "shared": True, "H": H, "I": I, "n_sets": n_sets,
+    nbytes = active * 3 * I * H * QUANT_BYTES_PER_WEIGHT[kind] + (E + 1) * H * 2 + 2 * M * H * 2
+    row = {"op": f"moe_block_{kind}", "M": M, "E": E, "top_k": K, "shared": True, "H": H, "I": I, "n_sets": n_sets,
            "active_experts": active, "bytes": nbytes, "floor_us": nbytes / (FLOOR_TBS * 1e12) * 1e6,
            "floor_copy_us": BC.floor_ms(nbytes, copy_tbs) * 1e3, "path": moe.choose_path(M)}
     ws = moe.moe_workspace(M, E, K, H, I, shared=True)
     out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
     outs = {}
-    for name, w1, w2 in (("nvfp4", q1, q2), ("bf16", d1, d2)):
+    for name, w1, w2 in ((kind, q1, q2), ("bf16", d1, d2)):
         def blk(i, s, w1=w1, w2=w2):
             moe.sparse_moe_block(xs[i], gw, w1, w2, K, renormalize=True, shared_gate_w=sg, workspace=ws, out=out,
                                  stream=s)
@@ -338,21 +351,27 @@ def bench_nvfp4(M, gw, sg, q1, q2, d1, d2, copy_tbs):
             outs[name] = out.clone()
         except Exception as e:  # noqa: BLE001
             row[f"{name}_run_error"] = BC.err(e)
+    if M <= 16:  # both paths forced (the DECODE_MAX_M rule per kind)
+        for path in moe.PATHS:
+            def blk(i, s, path=path):
+                moe.sparse_moe_block(xs[i], gw, q1, q2, K, renormalize=True, shared_gate_w=sg, workspace=ws,
+                                     out=out, stream=s, path=path)
+            _time(row, f"{kind}_{path}", blk, True, n_sets)
     if len(outs) == 2:
-        row["rel_err_nvfp4_vs_bf16"] = BC.rel_err(outs["nvfp4"], outs["bf16"])
-    if row.get("nvfp4_graph_us"):
-        row["nvfp4_pct_floor"] = BC.pct(row["floor_us"], row["nvfp4_graph_us"])
+        row[f"rel_err_{kind}_vs_bf16"] = BC.rel_err(outs[kind], outs["bf16"])
+    if row.get(f"{kind}_graph_us"):
+        row[f"{kind}_pct_floor"] = BC.pct(row["floor_us"], row[f"{kind}_graph_us"])
         if row.get("bf16_graph_us"):
-            row["bf16_over_nvfp4"] = row["bf16_graph_us"] / row["nvfp4_graph_us"]
+            row[f"bf16_over_{kind}"] = row["bf16_graph_us"] / row[f"{kind}_graph_us"]
     if M == 1:
-        from vkc_runtime.ops.moe import decode_ops as D, nvfp4_ops as N
+        from vkc_runtime.ops.moe import decode_ops as D, experts as X
         rid = [r[0].int().contiguous() for r in routes]
         rw = [r[1].contiguous() for r in routes]
         h = torch.empty(M * KOUT, I, dtype=torch.bfloat16, device="cuda")
         alts = {}
-        for kind, tiles in N.TILES.items():
-            for tile in tiles if kind != "grouped" else ():
-                if kind == "gate_up":
+        for part in ("gate_up", "down"):
+            for tile in X.module(kind).TILES[part]:
+                if part == "gate_up":
                     def fn(i, s, tile=tile):
                         D.decode_gate_up(xs[i], q1, rid[i], out=h, stream=s, _tile=tile)
                 else:
@@ -360,29 +379,34 @@ def bench_nvfp4(M, gw, sg, q1, q2, d1, d2, copy_tbs):
                         D.decode_down(h, q2, rid[i], rw[i], out=out, stream=s, _tile=tile)
                 sub = {}
                 _time(sub, "t", fn, True, n_sets)
-                alts[N.base(kind, tile)] = sub.get("t_graph_us", sub.get("t_graph_error"))
+                alts[X.module(kind).base(part, tile)] = sub.get("t_graph_us", sub.get("t_graph_error"))
         row["alternatives"] = alts
-    print("nvfp4", {k: v for k, v in row.items() if k in ("M", "floor_us", "nvfp4_graph_us", "bf16_graph_us",
-                                                         "nvfp4_pct_floor", "rel_err_nvfp4_vs_bf16", "alternatives")})
+    print(kind, {k: v for k, v in row.items() if k in ("M", "floor_us", f"{kind}_graph_us", "bf16_graph_us",
+                                                      f"{kind}_pct_floor", f"rel_err_{kind}_vs_bf16",
+                                                      f"{kind}_decode_graph_us", f"{kind}_grouped_graph_us",
+                                                      "alternatives")})
     return row
 
 
-def main_nvfp4(out_path: str) -> None:
-    """The NVFP4 rows only (``nvfp4`` on the command line)."""
+def main_quant(out_path: str, kinds) -> None:
+    """The quantized-expert rows only (``nvfp4`` / ``fp8`` on the command line)."""
     torch.manual_seed(0)
     copy_tbs = BC.measured_copy_tbs()
     (gw, sg, _, _), _ = random_weights()
-    (q1, d1), (q2, d2) = nvfp4_weights()
     rows, cmp = [], BC.Comparisons()
-    for M in NVFP4_MS:
-        r = bench_nvfp4(M, gw, sg, q1, q2, d1, d2, copy_tbs)
-        rows.append(r)
-        cmp.add("moe", f"M={M} E={E}+1 k={K} H={H} I={I} NVFP4 experts", "device", "sparse_moe_block[nvfp4]",
-                r.get("nvfp4_graph_us"), "sparse_moe_block[bf16 dequantized]", r.get("bf16_graph_us"), unit="us",
-                pct_limit=r.get("nvfp4_pct_floor"),
-                limit="active-weight HBM floor (4.5 bits a weight: codes + scales) + router + x + out at 4.26 TB/s")
+    for kind in kinds:
+        (q1, d1), (q2, d2) = quant_weights(kind)
+        for M in QUANT_MS:
+            r = bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs)
+            rows.append(r)
+            cmp.add("moe", f"M={M} E={E}+1 k={K} H={H} I={I} {kind} experts", "device", f"sparse_moe_block[{kind}]",
+                    r.get(f"{kind}_graph_us"), "sparse_moe_block[bf16 dequantized]", r.get("bf16_graph_us"),
+                    unit="us", pct_limit=r.get(f"{kind}_pct_floor"),
+                    limit=f"active-weight HBM floor ({kind} bytes: codes + scales) + router + x + out at 4.26 TB/s")
+        del q1, q2, d1, d2
+        torch.cuda.empty_cache()
     meth = method(graph_used={"inner": GRAPH_INNER, "reps": 20},
-                  inputs="n_sets rotating randn token sets; random NVFP4 codes, e4m3 scales 0.25-0.94, alpha 2^-7",
+                  inputs="n_sets rotating randn token sets; random codes, scales, multipliers 2^-7",
                   peer="the same block (vkc) on the dequantized bf16 weights")
     limits = {**BC.hbm_limits(copy_tbs), "hbm_used_for_pct_limit": "4.26 TB/s (H200 measured copy, fixed)"}
     BC.write(out_path, BC.result("moe", method=meth, limits=limits, rows=rows, comparisons=cmp))
@@ -433,7 +457,8 @@ def main(out_path: str, only_paths: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    if "nvfp4" in sys.argv[2:]:
-        main_nvfp4(sys.argv[1])
+    quant = [k for k in ("nvfp4", "fp8") if k in sys.argv[2:]]
+    if quant:
+        main_quant(sys.argv[1], quant)
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else "bench_moe.json", only_paths="paths" in sys.argv[2:])

@@ -142,6 +142,19 @@ def _engine_runs_fp8(name: str, shape, sd: dict) -> bool:
     return True
 
 
+def _expert_kept_fp8(name: str, sd: dict, skip: tuple) -> bool:
+    """vkc_engine.model's rule for MoE experts: per-expert F8_E4M3 experts and shared expert stay FP8 (W8A16: bf16
+    activations, exact weights) when I and H are multiples of 128 and every one of them is quantized."""
+    if ".mlp.experts." not in name and ".mlp.shared_expert." not in name:
+        return False
+    pre = name.split(".mlp.")[0] + ".mlp."
+    first, shared = pre + "experts.0.gate_proj.weight", pre + "shared_expert.gate_proj.weight"
+    if first not in sd or shared not in sd or any(k in n for n in (first, shared) for k in skip):
+        return False
+    I, H = sd[first].shape
+    return I % 128 == 0 and H % 128 == 0 and sd[shared].shape[0] == I
+
+
 def _quantize_fp8(model, sd: dict, opts: dict) -> None:
     """Quantize sd's projections in place (module docstring) and set the model's parameters to what the engine
     computes with."""
@@ -157,7 +170,7 @@ def _quantize_fp8(model, sd: dict, opts: dict) -> None:
         q, scale, deq = _block_quantize(t.float(), opts.get("scale_dtype", "F32"))
         sd[name], sd[name + "_scale_inv"] = q, scale.contiguous()
         fp8 = _engine_runs_fp8(name, t.shape, sd)
-        _set_param(params, name, deq if fp8 else deq.to(torch.bfloat16).float())
+        _set_param(params, name, deq if fp8 or _expert_kept_fp8(name, sd, skip) else deq.to(torch.bfloat16).float())
         if fp8:
             model.vkc_fp8_linears.append(name[:-len(".weight")])
 

@@ -71,6 +71,10 @@ class Fp8NumpyWeight:
         return self.q.astype(np.float64) * s
 
 
+class Fp8NumpyExperts(np.ndarray):
+    """Block-wise FP8 MoE experts (backend.experts_fp8): their values e4m3 * scale [E', R, K] as float64."""
+
+
 class Nvfp4NumpyExperts(np.ndarray):
     """NVFP4 MoE experts (backend.experts_nvfp4): their values e2m1 * e4m3 * alpha [E', R, K] as float64."""
 
@@ -140,6 +144,13 @@ class NumpyBackend:
         assert a.size == len(parts) and len(parts) % experts == 0
         w = np.concatenate([p * np.float64(x) for p, x in zip(parts, a)], axis=0)
         return w.reshape(experts, -1, w.shape[1]).view(Nvfp4NumpyExperts)
+
+    def experts_fp8(self, parts, scales, experts):
+        """float64 [experts, R, K]: each part's e4m3 values times its 128 x 128 block scales."""
+        assert all(p.dtype == "F8_E4M3" for p in parts) and all(s.dtype == "F32" for s in scales)
+        w = np.concatenate([Fp8NumpyWeight(E4M3_VALUES[p.data], to_float32(s)).dequantized()
+                            for p, s in zip(parts, scales)], axis=0)
+        return w.reshape(experts, -1, w.shape[1]).view(Fp8NumpyExperts)
 
     def upload_into(self, dst, host):
         view = dst[:host.size].reshape(host.shape)

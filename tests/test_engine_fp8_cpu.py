@@ -134,12 +134,19 @@ def test_dense_fp8_activation_quantization(dense):
     _act_quant_matches(*dense, 2)
 
 
-def test_moe_fp8_experts_dequantized(moe):
+def test_moe_fp8_experts_kept_fp8(moe):
+    """Per-expert FP8 experts and the shared expert stay FP8 (backend.experts_fp8; the numpy backend's exact
+    e4m3 * block-scale values, bf16 activations: W8A16); the logits match HF's on the dequantized weights."""
+    from tests.engine_numpy_backend import Fp8NumpyExperts
     d, model = moe
     llm, logs = _weights_exact(d, model, 20, 4)
     assert llm.cfg.vlm_wrapped and llm.cfg.quant is not None
-    assert any("tensors outside the quantized linears (MoE experts" in x and "dequantized to bf16" in x
-               for x in logs), logs
+    E = llm.cfg.num_experts
+    for layer in llm.model.layers:
+        assert isinstance(layer.mlp.w1, Fp8NumpyExperts) and isinstance(layer.mlp.w2, Fp8NumpyExperts)
+        assert layer.mlp.w1.shape[0] == E + 1 and layer.mlp.shared is None
+    n = len(llm.model.layers) * 3 * (E + 1)
+    assert any(f"{n} MoE expert weights kept FP8" in x for x in logs), logs
     _act_quant_matches(d, model, 5)
 
 

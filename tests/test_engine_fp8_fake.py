@@ -125,3 +125,42 @@ def test_fp8_gemv_in_captured_steps_when_on(fp8_launches, ckpt, monkeypatch):
     assert w8 and all(b.startswith("gemv.w8a16.m1.") for b in w8)  # the one-row bucket's CUDA-core kernel
     assert any(b.startswith("gemm_fp8.block.") for b in bases[n_setup:])  # prefill still on the W8A8 GEMM
     assert not [(b, s) for b, s in fp8_launches if s != STREAM]
+
+
+@pytest.fixture(scope="module")
+def moe_ckpt(tmp_path_factory):
+    from tests.engine_fixtures import MOE_SMALL
+    d = tmp_path_factory.mktemp("fp8moefake")
+    make_checkpoint(d, heads=HEADS_35B, layer_types=["linear_attention", "full_attention"], moe=MOE_SMALL,
+                    expert_layout="per_expert", seed=9, fp8={})
+    return d
+
+
+def test_fp8_experts_through_the_real_moe_validation(fp8_launches, fake_vkc, moe_ckpt, monkeypatch):  # noqa: F811
+    """Per-expert FP8 experts stay FP8 (backend.experts_fp8 -> ops.moe.Fp8Experts) and every MoE block of every
+    step -- eager prefill chunks on the grouped path, captured and replayed decode steps on the decode path --
+    passes the real host validation of ops.moe.sparse_moe_block and launches only the W8A16 expert kernels, on
+    the backend's stream, with no allocation inside a capture."""
+    from vkc_runtime.ops import moe
+    r = _Rec(declared=declared_bases(moe))
+    patch_ops(monkeypatch, moe, "get_kernel", r)
+    patch_ops(monkeypatch, moe, "has_kernel", r.has)
+    patch_ops(monkeypatch, moe, "_sm_count", lambda dev: 132)
+    _record_streams(r, fp8_launches)
+    be = Fp8StreamBackend(monkeypatch)
+    llm = LLM(moe_ckpt, backend=be, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
+              block_size=64)
+    E, H, I = llm.cfg.num_experts, llm.cfg.hidden_size, llm.cfg.moe_intermediate_size
+    mlp = llm.model.layers[0].mlp
+    assert isinstance(mlp.w1, moe.Fp8Experts) and isinstance(mlp.w2, moe.Fp8Experts)
+    assert mlp.w1.q.shape == (E + 1, 2 * I, H) and mlp.w1.scale.shape == (E + 1, 2 * I // 128, -(-H // 128))
+    assert mlp.w2.scale.shape == (E + 1, -(-H // 128), -(-I // 128))
+    n0 = len(fp8_launches)
+    outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert all(len(o.token_ids) == 3 for o in outs) and be.replays > 0
+    bases = [b for b, _ in fp8_launches[n0:] if b.startswith("moe.")]
+    assert any(b.startswith("moe.w8a16.decode.") for b in bases) and any(b.startswith("moe.w8a16.grouped.")
+                                                                        for b in bases)
+    assert not [b for b in bases if b.startswith(("moe.decode.", "moe.grouped."))]
+    assert not [(b, s) for b, s in fp8_launches if s != STREAM]
+    assert not be.allocs_in_capture, be.allocs_in_capture[:5]

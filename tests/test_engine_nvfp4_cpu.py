@@ -173,6 +173,19 @@ def test_moe_nvfp4_experts_kept_nvfp4(moe):
     assert "linear_nvfp4" in llm.backend.calls
 
 
+def test_moe_nvfp4_experts_dequantized_on_request(moe):
+    """LLM(quantized_experts=False): the same checkpoint's experts dequantized to bf16 at load (said in the load
+    line); the logits still match HF's within the bf16 tolerance."""
+    d, model = moe
+    logs = []
+    llm = _llm(d, log=logs.append, quantized_experts=False)
+    assert not isinstance(llm.model.layers[0].mlp.w1, Nvfp4NumpyExperts)
+    assert any("tensors outside the quantized linears (MoE experts" in x for x in logs), logs
+    ids = _prompt(15, llm.cfg.vocab_size, 5)
+    rel = _rel(llm.prompt_logits(ids), hf_logits(model.float(), ids))
+    assert rel < TOL_BF16, rel
+
+
 def test_moe_nvfp4_experts_beside_a_bf16_shared_expert_are_dequantized(tmp_path):
     """A checkpoint whose shared expert is on the ignore list (bf16) with NVFP4 routed experts: the MoE kernels
     take one weight kind for the stacked experts, so the experts are dequantized to bf16 at load (said in the

@@ -77,9 +77,9 @@ def test_grids_and_arguments(rec):
     (b1, g1, a1), (b2, g2, _) = rec.calls
     assert (b1, g1) == ("moe.decode.gate_up.n16.k512", (72, 32, 1)) and a1[9] == 4096
     assert (b2, g2) == ("moe.decode.down.n2.k128.s16", (8, 1024, 1))
-    from vkc_runtime.ops.moe import nvfp4_ops as N
+    from vkc_runtime.ops.moe import experts as X
     assert D.DECODE_BASES == tuple(D._base(k, t) for k, ts in D.TILES.items() for t in ts) + \
-        tuple(N.base(k, t) for k in D.TILES for t in N.TILES[k])
+        tuple(X.module(w).base(k, t) for w in X.KINDS for k in D.TILES for t in X.module(w).TILES[k])
     assert set(D.DECODE_BASES) <= set(moe.BASES)
 
 

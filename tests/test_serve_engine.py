@@ -72,8 +72,8 @@ def test_cli_serve_passes_its_options(ck, monkeypatch):
     monkeypatch.setattr(vkc_server, "serve", lambda model_dir, **kw: got.update(kw, model_dir=model_dir))
     r = CliRunner().invoke(main, ["serve", "--model", str(ck), "--port", "9123", "--max-num-seqs", "5",
                                   "--max-model-len", "128", "--gpu-memory-fraction", "0.5", "--served-model-name", "m",
-                                  "--api-key", "k", "--host", "0.0.0.0"])
+                                  "--api-key", "k", "--host", "0.0.0.0", "--dequantize-experts"])
     assert r.exit_code == 0, r.output
     assert got == dict(model_dir=str(ck), host="0.0.0.0", port=9123, max_num_seqs=5, max_model_len=128,
                        max_num_batched_tokens=2048, memory_fraction=0.5, served_model_name="m", api_key="k",
-                       max_waiting=256, load_format="safetensors", log=got["log"])
+                       max_waiting=256, load_format="safetensors", quantized_experts=False, log=got["log"])

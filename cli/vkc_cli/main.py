@@ -469,10 +469,13 @@ def doctor(as_json: bool, deep: bool) -> None:
 @click.option("--load-format", type=click.Choice(["safetensors", "dummy"]), default="safetensors", show_default=True,
               help="dummy: random weights of config.json's shapes (speed runs without a checkpoint)")
 @click.option("--enforce-eager", is_flag=True, help="no CUDA graphs: every step runs op by op")
+@click.option("--dequantize-experts", is_flag=True,
+              help="FP8 / NVFP4 MoE checkpoints: dequantize the experts to bf16 at load (more memory) instead of "
+                   "running them quantized")
 @_plan_options
 def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, seed, stop, ignore_eos,
              max_model_len, max_num_seqs, max_num_batched_tokens, memory_fraction, load_format,
-             enforce_eager, frozen_plans, plans_file) -> None:
+             enforce_eager, dequantize_experts, frozen_plans, plans_file) -> None:
     """Generate text with the vkc engine (needs a GPU). One prompt streams to the terminal; several print in
     order once done."""
     _plan_settings(frozen_plans, plans_file)
@@ -493,7 +496,7 @@ def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, s
         llm = LLM(model_dir, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, memory_fraction=memory_fraction,
                   load_format=load_format, progress=progress, enforce_eager=enforce_eager,
-                  log=lambda m: click.echo(m, err=True))
+                  quantized_experts=not dequantize_experts, log=lambda m: click.echo(m, err=True))
     finally:
         if "bar" in bar:
             bar["bar"].__exit__(None, None, None)
@@ -534,9 +537,12 @@ def generate(model_dir, prompts, max_tokens, temperature, top_p, top_k, min_p, s
 @click.option("--max-waiting", type=click.IntRange(min=0), default=256, show_default=True,
               help="requests allowed to wait for admission before new ones get 503")
 @click.option("--load-format", type=click.Choice(["safetensors", "dummy"]), default="safetensors", show_default=True)
+@click.option("--dequantize-experts", is_flag=True,
+              help="FP8 / NVFP4 MoE checkpoints: dequantize the experts to bf16 at load (more memory) instead of "
+                   "running them quantized")
 @_plan_options
 def serve(model_dir, host, port, max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_fraction,
-          served_model_name, api_key, max_waiting, load_format, frozen_plans, plans_file) -> None:
+          served_model_name, api_key, max_waiting, load_format, dequantize_experts, frozen_plans, plans_file) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics) until SIGTERM or Ctrl-C (needs a GPU and the `serve` extra)."""
     _plan_settings(frozen_plans, plans_file)
@@ -547,7 +553,7 @@ def serve(model_dir, host, port, max_num_seqs, max_model_len, max_num_batched_to
     run(model_dir, host=host, port=port, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens, memory_fraction=gpu_memory_fraction,
         served_model_name=served_model_name, api_key=api_key, max_waiting=max_waiting, load_format=load_format,
-        log=lambda m: click.echo(m, err=True))
+        quantized_experts=not dequantize_experts, log=lambda m: click.echo(m, err=True))
 
 
 if __name__ == "__main__":

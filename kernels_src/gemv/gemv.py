@@ -217,6 +217,16 @@ def _dequant_words(w_rows32, g_abs, g_ok, n_ok, sf, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
+def e4m3_f16_scaled(b):
+    """e4m3 bytes (any integer type) -> fp16 holding the value times 2^-8, exact (the 7 low bits shifted into an
+    fp16, subnormals included; the NaN codes 0x7F / 0xFF give +-480 * 2^-8): the integer decoding for archs
+    without the hardware's e4m3 conversion (the MoE FP8 expert kernels, kernels_src/moe/fp8.py)."""
+    bi = b.to(tl.int32)
+    bits = ((bi & 0x7F) << 7) | ((bi & 0x80) << 8)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def e4m3_scale(sc):
     """int32 holding e4m3 scale bytes -> their exact fp32 values (the 7 low bits shifted into an fp16 are the
     value times 2^-8, subnormals included)."""

@@ -32,14 +32,10 @@ import triton.language as tl
 
 
 @triton.jit
-def grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, bexp_ptr, npad_ptr, scale_ptr,
-                        P, E, N, K, a_rows, a_row_div, stride_am, stride_we, stride_wn, stride_om, has_scale,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        ACT_SILU: tl.constexpr):
-    """a [a_rows, K] bf16 (row stride stride_am), w [E, R, K] bf16 (strides stride_we, stride_wn, 1),
-    out [P, N] bf16 (row stride stride_om); index arrays as in the module doc. Grid (cdiv(N, BLOCK_N),
-    n_blocks) with n_blocks <= len(sorted_ids) / BLOCK_M."""
-    pid_n = tl.program_id(0)
+def grouped_block_rows(sorted_ptr, bexp_ptr, npad_ptr, P, E, a_rows, a_row_div, BLOCK_M: tl.constexpr):
+    """Program (., pid_b)'s block by the module doc's rule: (e, the block's expert as int64, 0 when the block is
+    not processed; block_ok; f [BLOCK_M] the pair of each row; row_ok; row, the row of a each reads, 0 if not
+    row_ok). The quantized-expert kernels (nvfp4.py, fp8.py) take the same rule from here."""
     pid_b = tl.program_id(1)
     num_padded = tl.load(npad_ptr)
     e = tl.load(bexp_ptr + pid_b)
@@ -50,6 +46,28 @@ def grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, bexp_ptr, npad_ptr, s
     row = f // a_row_div
     row_ok = block_ok & (p < num_padded) & (f >= 0) & (f < P) & (row < a_rows)
     row = tl.where(row_ok, row, 0)
+    return e, block_ok, f, row_ok, row
+
+
+@triton.jit
+def grouped_store(acc, acc_u, out_ptr, f, row_ok, n, n_ok, stride_om, ACT_SILU: tl.constexpr):
+    """silu(acc) * acc_u with ACT_SILU (fp32), else acc, stored as bf16 to out rows f (the valid rows only)."""
+    if ACT_SILU:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+    dst = out_ptr + tl.where(row_ok, f, 0).to(tl.int64)[:, None] * stride_om + n[None, :]
+    tl.store(dst, acc.to(tl.bfloat16), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, bexp_ptr, npad_ptr, scale_ptr,
+                        P, E, N, K, a_rows, a_row_div, stride_am, stride_we, stride_wn, stride_om, has_scale,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        ACT_SILU: tl.constexpr):
+    """a [a_rows, K] bf16 (row stride stride_am), w [E, R, K] bf16 (strides stride_we, stride_wn, 1),
+    out [P, N] bf16 (row stride stride_om); index arrays as in the module doc. Grid (cdiv(N, BLOCK_N),
+    n_blocks) with n_blocks <= len(sorted_ids) / BLOCK_M."""
+    pid_n = tl.program_id(0)
+    e, block_ok, f, row_ok, row = grouped_block_rows(sorted_ptr, bexp_ptr, npad_ptr, P, E, a_rows, a_row_div, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     a_rows_ptr = a_ptr + row.to(tl.int64)[:, None] * stride_am
@@ -75,5 +93,4 @@ def grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, bexp_ptr, npad_ptr, s
     if has_scale != 0:
         s = tl.load(scale_ptr + f, mask=row_ok, other=0.0)
         acc = acc * s[:, None]
-    dst = out_ptr + tl.where(row_ok, f, 0).to(tl.int64)[:, None] * stride_om + n[None, :]
-    tl.store(dst, acc.to(tl.bfloat16), mask=row_ok[:, None] & n_ok[None, :])
+    grouped_store(acc, acc, out_ptr, f, row_ok, n, n_ok, stride_om, False)

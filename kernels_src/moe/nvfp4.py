@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels_src.common import pdl_enter
+from kernels_src.moe.grouped import grouped_block_rows, grouped_store
 from kernels_src.gemv.gemv import e4m3_scale, nvfp4_tile, nvfp4_words_fma
 
 
@@ -149,16 +150,7 @@ def moe_w4a16_grouped_kernel(a_ptr, wq_ptr, ws_ptr, alpha_ptr, out_ptr, sorted_p
     [E, n_alpha] (n_alpha 2 with ACT_SILU, else 1), out [P, N] bf16 (row stride stride_om); the index arrays as in
     grouped.py. Grid (cdiv(N, BLOCK_N), n_blocks) with n_blocks <= len(sorted_ids) / BLOCK_M."""
     pid_n = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    num_padded = tl.load(npad_ptr)
-    e = tl.load(bexp_ptr + pid_b)
-    block_ok = (pid_b * BLOCK_M < num_padded) & (e >= 0) & (e < E)
-    e = tl.where(block_ok, e, 0).to(tl.int64)
-    p = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    f = tl.load(sorted_ptr + p)
-    row = f // a_row_div
-    row_ok = block_ok & (p < num_padded) & (f >= 0) & (f < P) & (row < a_rows)
-    row = tl.where(row_ok, row, 0)
+    e, block_ok, f, row_ok, row = grouped_block_rows(sorted_ptr, bexp_ptr, npad_ptr, P, E, a_rows, a_row_div, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     a_rows_ptr = a_ptr + row.to(tl.int64)[:, None] * stride_am
@@ -185,6 +177,4 @@ def moe_w4a16_grouped_kernel(a_ptr, wq_ptr, ws_ptr, alpha_ptr, out_ptr, sorted_p
     acc = acc * tl.load(alpha_ptr + e * n_alpha, mask=block_ok, other=0.0)
     if ACT_SILU:
         acc_u = acc_u * tl.load(alpha_ptr + e * n_alpha + 1, mask=block_ok, other=0.0)
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
-    dst = out_ptr + tl.where(row_ok, f, 0).to(tl.int64)[:, None] * stride_om + n[None, :]
-    tl.store(dst, acc.to(tl.bfloat16), mask=row_ok[:, None] & n_ok[None, :])
+    grouped_store(acc, acc_u, out_ptr, f, row_ok, n, n_ok, stride_om, ACT_SILU)

@@ -1,6 +1,6 @@
 """AOT specs of the moe family: the router, the grouping by expert and the combine (route.py, align.py,
-combine.py); the grouped GEMMs' specs come from grouped_spec.py, the decode kernels' from decode_spec.py and the
-NVFP4 (W4A16) expert kernels' from nvfp4_spec.py, appended.
+combine.py); the grouped GEMMs' specs come from grouped_spec.py, the decode kernels' from decode_spec.py, the
+NVFP4 (W4A16) and block-FP8 (W8A16) expert kernels' from nvfp4_spec.py and fp8_spec.py, appended.
 
 Bases:
   route.logits.small   BM 16, BE 32, BK 128 (decode: many programs over E tiles and K splits)
@@ -53,7 +53,8 @@ _COMBINE = [Arg("y_ptr", "*bf16", div=16), Arg("ids_ptr", "*i32"), Arg("w_ptr", 
             Arg("stride_y", "i32", div=16), Arg("stride_o", "i32", div=16), Arg("has_w", "i32")]
 
 _PDL_ENTRIES = ("router_logits_kernel", "router_topk_kernel", "moe_decode_gate_up_kernel", "moe_decode_down_kernel",
-                "moe_w4a16_decode_gate_up_kernel", "moe_w4a16_decode_down_kernel")
+                "moe_w4a16_decode_gate_up_kernel", "moe_w4a16_decode_down_kernel", "moe_w8a16_decode_gate_up_kernel",
+                "moe_w8a16_decode_down_kernel")
 TOPK_EB = (32, 256, 512)
 MAX_SPLIT = 16  # the router's K splits at most (the runtime's ops/moe/common.py MAX_SPLIT)
 EB_ALIGN = 512
@@ -77,6 +78,7 @@ SPECS = [
     *_grouped_specs(),
     *_grouped_specs("decode_spec.py"),
     *_grouped_specs("nvfp4_spec.py"),
+    *_grouped_specs("fp8_spec.py"),
 ]
 # the router and the decode kernels run in every decode step: programmatic dependent launch (common.py pdl_enter)
 SPECS = [with_pdl(s) if s.entry in _PDL_ENTRIES else s for s in SPECS]

@@ -340,6 +340,19 @@ class VkcBackend(DeviceSampling, OpProfiler):
         return self._moe_ops().Nvfp4Experts(codes.reshape(experts, R, codes.shape[1]),
                                             sc.reshape(experts, R, sc.shape[1]), alpha_dev)
 
+    def experts_fp8(self, parts: list[RawTensor], scales: list[RawTensor], experts: int):
+        """Upload block-wise FP8 MoE expert weights for the W8A16 expert kernels (ops.moe ``Fp8Experts``): F8_E4M3
+        parts [R_i, K] and their float32 128 x 128 block scales [R_i / 128, cdiv(K, 128)], expert after expert,
+        stacked as stored into [experts, R, K] / [experts, R / 128, cdiv(K, 128)] (every R_i a multiple of 128)."""
+        if any(p.dtype != "F8_E4M3" for p in parts) or any(s.dtype != "F32" for s in scales):
+            raise BackendError(f"experts_fp8 takes F8_E4M3 weights and F32 scales, got "
+                               f"{sorted({p.dtype for p in parts})} / {sorted({s.dtype for s in scales})}")
+        q, sc = self.weight(parts, "u8"), self.weight(scales, "f32")
+        if q.shape[0] % experts or sc.shape[0] % experts:
+            raise BackendError(f"experts_fp8: {q.shape[0]} rows / {sc.shape[0]} scale rows for {experts} experts")
+        return self._moe_ops().Fp8Experts(q.reshape(experts, q.shape[0] // experts, q.shape[1]),
+                                          sc.reshape(experts, sc.shape[0] // experts, sc.shape[1]))
+
     def _nvfp4_ops(self):
         if self._nvfp4 is None:
             self._nvfp4 = _op_module("nvfp4", "the NVFP4 linears an NVFP4 checkpoint needs")

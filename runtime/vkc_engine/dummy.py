@@ -8,12 +8,11 @@ tile, uploaded into the stacked device buffer with no host copy (35B-A3B: 256 x 
 
 FP8 (the model directory's config.json has a block-wise FP8 ``quantization_config``): the projections a released
 ``*-FP8`` checkpoint quantizes -- the attention and GDN projections except ``in_proj_a`` / ``in_proj_b``, the dense
-MLP -- come as F8_E4M3 bytes (a repeated tile of random finite e4m3 values) with float32 ``weight_scale_inv`` of
-their block grid, so the engine runs them on the FP8 GEMM; MoE experts and the shared expert stay bf16 (a real
-checkpoint's FP8 experts are dequantized to bf16 at load anyway, which would only slow a speed run down).
+MLP, the MoE experts and the shared expert -- come as F8_E4M3 bytes (a repeated tile of random finite e4m3 values)
+with float32 ``weight_scale_inv`` of their block grid, so the engine runs them on the FP8 GEMM and the FP8 expert
+kernels.
 
-NVFP4 (an NVFP4 ``quantization_config``, either layout): the same projections and, as NVFP4 releases of MoE models
-quantize them, the MoE experts and the shared expert come as NVFP4 -- random packed codes, e4m3 group scales of
+NVFP4 (an NVFP4 ``quantization_config``, either layout): the same projections come as NVFP4 -- random packed codes, e4m3 group scales of
 0.25 .. 1 and a global multiplier of 0.01 (the global scales "exist" only for them, so everything else loads as
 bf16) -- and run the W4A16 kernels of ops.nvfp4 (MMA layout) and of ops.moe (experts as stored).
 """
@@ -30,8 +29,7 @@ from .loader import FP8_DTYPE, RawTensor, to_bf16_bits
 __all__ = ["DummyCheckpoint"]
 
 _TILE = 1 << 20
-_FP8_SKIP = ("lm_head", "embed_tokens", "in_proj_a", "in_proj_b", ".experts.", "shared_expert", "mlp.gate.")
-_NVFP4_SKIP = ("lm_head", "embed_tokens", "in_proj_a", "in_proj_b", "mlp.gate.")
+_QUANT_SKIP = ("lm_head", "embed_tokens", "in_proj_a", "in_proj_b", "mlp.gate.")
 
 
 class DummyCheckpoint:
@@ -60,7 +58,7 @@ class DummyCheckpoint:
         if self.nvfp4 and name.endswith((".weight_global_scale", ".weight_scale_2", ".input_global_scale",
                                          ".input_scale")):  # the NVFP4 modules (module doc)
             mod = name.rsplit(".", 1)[0]
-            return "proj" in mod.split(".")[-1] and not any(k in mod + "." for k in _NVFP4_SKIP)
+            return "proj" in mod.split(".")[-1] and not any(k in mod + "." for k in _QUANT_SKIP)
         return True
 
     def ignored_summary(self) -> str:
@@ -86,7 +84,7 @@ class DummyCheckpoint:
         if dtypes == (FP8_DTYPE,) and name.endswith(".weight_scale"):  # NVFP4 group scales
             return RawTensor(name, FP8_DTYPE, self._repeat(self._scale_tile, n).reshape(shape), "dummy")
         proj = name.endswith(".weight") and "proj" in name.split(".")[-2] and len(shape) == 2
-        if self.fp8 and proj and FP8_DTYPE in (dtypes or ()) and not any(k in name for k in _FP8_SKIP):
+        if self.fp8 and proj and FP8_DTYPE in (dtypes or ()) and not any(k in name for k in _QUANT_SKIP):
             return RawTensor(name, FP8_DTYPE, self._repeat(self._fp8_tile, n).reshape(shape), "dummy")
         return RawTensor(name, "BF16", self._repeat(self._tile, n).reshape(shape), "dummy")
 

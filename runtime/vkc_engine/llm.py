@@ -66,13 +66,15 @@ class LLM:
     plans of every bf16 linear (``backend.warm_gemm_plans``; the VKC_PLAN_* settings of vkc_runtime.plans decide the
     mode and file): first of all for a bf16 checkpoint, right after the weights for an FP8 one (whose bf16 linears
     follow from its stored dtypes); ``plan_report`` is its report (logged as one line), None on a backend without
-    plans.
+    plans. ``quantized_experts``: an FP8 / NVFP4 MoE checkpoint's experts stay quantized on the device (W8A16 /
+    W4A16 in ops.moe: 2x / 3.5x less memory than bf16); False dequantizes them to bf16 at load (more memory; on
+    the H200 the bf16 expert kernels are faster for long prefill chunks: BENCHMARKS.md, session 17).
     """
 
     def __init__(self, model_dir, *, backend=None, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, block_size: int = 64, memory_fraction: float = 0.85,
                  num_blocks: int | None = None, load_format: str = "safetensors", progress=None, log=None,
-                 enforce_eager: bool = False, strict_graphs: bool = False):
+                 enforce_eager: bool = False, strict_graphs: bool = False, quantized_experts: bool = True):
         t0 = time.perf_counter()
         self.model_dir = Path(model_dir)
         self.cfg = load_config(self.model_dir)
@@ -101,7 +103,8 @@ class LLM:
         if ckpt.ignored_summary():
             self.log(ckpt.ignored_summary())
         self.model = Qwen35Model(self.cfg, ckpt, be, max_tokens=self.max_num_batched_tokens,
-                                 max_seqs=self.max_num_seqs, progress=progress, log=self.log)
+                                 max_seqs=self.max_num_seqs, progress=progress, log=self.log,
+                                 quantized_experts=quantized_experts)
         if self.cfg.quant is not None:
             self._warm_plans(self.model.gemm_shapes)
         be.prepare(self.max_num_batched_tokens, self.max_num_seqs, self.cfg)

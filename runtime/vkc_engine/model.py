@@ -11,6 +11,10 @@ attention ``q_proj | k_proj | v_proj`` (q_proj keeps HF's per-head [query | gate
 qk_norm_rope and the attention gate read); MLP ``gate_proj | up_proj``. MoE: every expert's ``gate | up`` rows
 stacked into ``w1`` [E', 2I, H] and its ``down`` into ``w2`` [E', H, I] (see :class:`_MoE`).
 
+MoE experts of block-wise FP8 checkpoints stored per expert whose every projection (the folded shared expert's
+included) is F8_E4M3 with whole 128-row blocks (I % 128 == 0) stay FP8 as stored (``backend.experts_fp8``: ops.moe's
+W8A16 expert kernels); NVFP4 experts likewise (below). ``quantized_experts=False`` (LLM) dequantizes them instead.
+
 Block-wise FP8 checkpoints (``cfg.quant``; vkc_engine.config): a linear whose stored ``weight`` is F8_E4M3 (with
 its ``weight_scale_inv``) stays FP8 on the device and runs the backend's FP8 GEMM (``backend.weight_fp8``;
 activations quantized per token per 128 columns); a bf16 one (``modules_to_not_convert``) stays bf16. Which is
@@ -22,8 +26,8 @@ an FP8 part that fits neither rule (e.g. a quantized ``in_proj_b`` [48, H]) is d
 joins the bf16 run. If a run would start at a column that is not a multiple of 8, or the projection's width is
 not one (the GEMMs write 16-byte aligned output columns with a row pitch of 8k elements), the whole projection is
 loaded as bf16 (dequantized). Tensors that are not linears of the mixers or
-the dense MLP -- MoE expert weights (vkc has no FP8 grouped GEMM), the router, the shared expert folded into the
-experts, embeddings -- are dequantized to bf16 at load (one log line with the count and the bytes).
+the dense MLP -- MoE experts the FP8 expert kernels cannot take, the router, embeddings -- are dequantized to bf16
+at load (one log line with the count and the bytes).
 
 NVFP4 checkpoints (``cfg.quant.method`` "nvfp4", either layout of vkc_engine.loader.nvfp4_names): a linear whose
 global scale is stored is NVFP4 (the others, the checkpoint's ignore list, are bf16). In a fused projection,
@@ -86,8 +90,10 @@ def _linear(be, x, w, out):
 class _Weights:
     """Reads, checks and uploads tensors; remembers which checkpoint names were used and what was dequantized."""
 
-    def __init__(self, ckpt: Checkpoint, backend, progress=None, total: int = 0, quant=None):
+    def __init__(self, ckpt: Checkpoint, backend, progress=None, total: int = 0, quant=None,
+                 quantized_experts: bool = True):
         self.ckpt, self.be, self.used = ckpt, backend, set()
+        self.quantized_experts = quantized_experts  # False: MoE experts dequantized to bf16 at load
         self.progress, self.total, self.done = progress, total, 0
         self.quant = quant
         self.fp8 = quant is not None and quant.method == "fp8"
@@ -95,6 +101,7 @@ class _Weights:
         self.dtypes = FLOAT_DTYPES + (FP8_DTYPE,) if self.fp8 else FLOAT_DTYPES
         self.fp8_parts = 0
         self.nvfp4_experts = 0  # expert projections kept NVFP4 (experts_nvfp4)
+        self.fp8_experts = 0    # expert projections kept FP8 (experts_fp8)
         self.dequantized = {"other": [0, 0], "linear": [0, 0]}  # kind -> [tensors, bf16 bytes]
         self.bf16_linears: set[tuple[int, int]] = set()  # (N, K) of every bf16 weight a linear runs on
 
@@ -199,6 +206,21 @@ class _Weights:
         self._advance(len(flat))
         return out
 
+    def experts_fp8(self, experts: list[list[str]], shape: tuple[int, int]):
+        """Block-wise FP8 MoE experts kept e4m3 (backend.experts_fp8: ops.moe's W8A16 kernels) when every module of
+        ``experts`` (each expert's gate and up, or its down) is stored F8_E4M3 with 128 x 128 blocks and whole
+        blocks per module (N % 128 == 0); None otherwise (the caller dequantizes)."""
+        N, K = shape
+        if not self.fp8 or tuple(self.quant.block) != (128, 128) or N % 128 or K % 16:
+            return None
+        ts = [self._get(m + ".weight", shape) for mods in experts for m in mods]
+        if any(t.dtype != FP8_DTYPE for t in ts):
+            return None
+        out = self.be.experts_fp8(ts, [self._scales(t) for t in ts], len(experts))
+        self.fp8_experts += len(ts)
+        self._advance(len(ts))
+        return out
+
     def summary(self) -> str:
         """One line on the quantized weights: how many linears run quantized, what was dequantized to bf16 (and its
         bytes)."""
@@ -208,7 +230,9 @@ class _Weights:
         gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"  # noqa: E731
         if self.fp8:
             msg = f"FP8 checkpoint: {self.fp8_parts} linear weights run the FP8 block GEMM"
-            why_other, over = "no FP8 grouped GEMM", bo / 2
+            if self.fp8_experts:
+                msg += f"; {self.fp8_experts} MoE expert weights kept FP8 (W8A16 in the MoE kernels)"
+            why_other, over = "not FP8 in the checkpoint, or experts the FP8 expert kernels cannot take", bo / 2
             why_linear = "N not whole 128-row blocks, or a fused projection the GEMMs cannot split into FP8 and bf16 " \
                          "columns"
         else:
@@ -260,14 +284,19 @@ class _MoE:
         sh = p + "shared_expert."
         sh_gu = [(sh + "gate_proj.weight", (Is, H)), (sh + "up_proj.weight", (Is, H))]
         sh_d = [(sh + "down_proj.weight", (H, Is))]
-        if not fused and self.folded and H % 32 == 0 and I % 32 == 0:  # NVFP4 experts kept 4-bit (W4A16)
+        if not fused and self.folded and w.quantized_experts:  # quantized experts kept quantized (module doc)
             mods = [[f"{p}experts.{e}.{n}_proj" for n in ("gate", "up")] for e in range(E)] + \
                 [[sh + "gate_proj", sh + "up_proj"]]
             down = [[f"{p}experts.{e}.down_proj"] for e in range(E)] + [[sh + "down_proj"]]
-            if w.all_nvfp4([m for ms in mods + down for m in ms]):
+            if H % 32 == 0 and I % 32 == 0 and w.all_nvfp4([m for ms in mods + down for m in ms]):
                 self.w1 = w.experts_nvfp4(mods, (I, H))
                 self.w2 = w.experts_nvfp4(down, (H, I))
                 self.shared = None
+                return
+            w1 = w.experts_fp8(mods, (I, H))
+            w2 = w.experts_fp8(down, (H, I)) if w1 is not None else None
+            if w2 is not None:
+                self.w1, self.w2, self.shared = w1, w2, None
                 return
         if fused:
             gu = [(p + "experts.gate_up_proj", (E, 2 * I, H))]
@@ -379,14 +408,15 @@ class Qwen35Model:
     """Weights + forward. ``max_tokens`` / ``max_seqs`` size the activation buffers (one step's batch)."""
 
     def __init__(self, cfg: ModelConfig, ckpt: Checkpoint, backend, *, max_tokens: int, max_seqs: int,
-                 progress=None, log=None):
+                 progress=None, log=None, quantized_experts: bool = True):
         self.cfg, self.be = cfg, backend
         self.max_tokens, self.max_seqs = int(max_tokens), int(max_seqs)
         H, V = cfg.hidden_size, cfg.vocab_size
         # the expert layout of layer 0 (a dummy checkpoint contains every name: it serves the per-expert one)
         fused = cfg.is_moe and "model.layers.0.mlp.experts.gate_up_proj" in ckpt and \
             "model.layers.0.mlp.experts.0.up_proj.weight" not in ckpt
-        w = _Weights(ckpt, backend, progress, _count_tensors(cfg, fused), quant=cfg.quant)
+        w = _Weights(ckpt, backend, progress, _count_tensors(cfg, fused), quant=cfg.quant,
+                     quantized_experts=quantized_experts)
         self.embed = w.load([("model.embed_tokens.weight", (V, H))], "bf16")
         self.layers = [_Layer(w, cfg, i, fused) for i in range(cfg.num_layers)]
         self.final_norm = w.load([("model.norm.weight", (H,))], "bf16")

@@ -36,14 +36,14 @@ def make_server(llm, *, host: str = "127.0.0.1", port: int = 8000, served_model_
 def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, max_num_seqs: int = 32,
           max_model_len: int | None = None, max_num_batched_tokens: int = 2048, memory_fraction: float = 0.85,
           served_model_name: str | None = None, api_key: str | None = None, load_format: str = "safetensors",
-          max_waiting: int = 256, backend=None, log=None) -> None:
+          max_waiting: int = 256, backend=None, log=None, quantized_experts: bool = True) -> None:
     """Build the LLM on ``model_dir`` and serve it (blocks until shutdown)."""
     from vkc_engine import LLM  # noqa: PLC0415
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     llm = LLM(model_dir, backend=backend, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
               max_num_batched_tokens=max_num_batched_tokens, memory_fraction=memory_fraction,
-              load_format=load_format, log=log)
+              load_format=load_format, log=log, quantized_experts=quantized_experts)
     load_s = time.perf_counter() - t0
     log(f"vkc serve: model loaded in {load_s:.2f} s; listening on http://{host}:{port} (pid {os.getpid()})")
     server = make_server(llm, host=host, port=port, served_model_name=served_model_name, api_key=api_key,

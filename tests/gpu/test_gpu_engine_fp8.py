@@ -2,7 +2,8 @@
 linear_fp8_block for the FP8 linears), on tiny checkpoints with the real head configurations of
 tests/gpu/test_gpu_engine.py quantized as Qwen's *-FP8 releases are (tests/engine_fixtures.py ``fp8=``: every
 projection FP8 with 128 x 128 block scales except lm_head, embeddings, the router, the shared-expert gate and
-in_proj_a; in_proj_b FP8 but dequantized at load; MoE experts FP8 in the file, dequantized to bf16 at load):
+in_proj_a; in_proj_b FP8 but dequantized at load; MoE experts and the shared expert FP8, kept FP8 on the device:
+ops.moe's W8A16 expert kernels):
 
 - teacher-forced logits vs HF transformers fp32 on the dequantized weights (no activation quantization): relative
   errors within FP8_REL_TOL / FP8_FRO_TOL (set from the numpy backend's FP8 emulation vs the same reference on
@@ -87,6 +88,10 @@ def test_fp8_weights_on_the_device(setup):
     assert isinstance(gdn.out, Fp8Weight) and not isinstance(m.lm_head, Fp8Weight)
     if name != "35b-a3b":
         assert isinstance(m.layers[0].mlp.gate_up, Fp8Weight) and isinstance(m.layers[0].mlp.down, Fp8Weight)
+    else:
+        from vkc_runtime.ops.moe import Fp8Experts
+        assert all(isinstance(layer.mlp.w1, Fp8Experts) and isinstance(layer.mlp.w2, Fp8Experts)
+                   for layer in m.layers)
 
 
 @pytest.mark.parametrize("n", [1, 17, 300, 2000])

@@ -13,8 +13,10 @@ Layouts (device arrays, row-major; P = M * k' (token, pick) pairs, flat pair ind
   w1           bf16 [E', 2I, H] (gate rows, then up rows), w2 bf16 [E', H, I]; E' = E + 1 with the shared
                expert stacked as expert E
   y            bf16 [P, H] (the second grouped GEMM's rows per pair), out bf16 [M, H]
-  NVFP4 experts: w1 / w2 as :class:`Nvfp4Experts` (codes, scales, global multipliers; ops/moe/nvfp4_ops.py) run
-               W4A16 in the decode and grouped kernels (kernels_src/moe/nvfp4.py), on both paths of the block
+  quantized experts: w1 / w2 as :class:`Nvfp4Experts` (codes, e4m3 group scales, global multipliers;
+               ops/moe/nvfp4_ops.py) run W4A16, as :class:`Fp8Experts` (e4m3 bytes, 128 x 128 block scales;
+               ops/moe/fp8_ops.py) W8A16, in the decode and grouped kernels (kernels_src/moe/nvfp4.py, fp8.py), on
+               both paths of the block
 
 Ops: :func:`route` (2 launches: split-K fp32 logits, then softmax / top-k / renormalise / shared fold in a
 fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`grouped_gemm` (ops/moe/grouped_ops.py), :func:`combine` (1),
@@ -40,6 +42,7 @@ from .block import (BLOCK_MS, GROUPED_BASES, GROUPED_OPTIONAL_BASES, PATHS, MoeW
 from .decode_ops import DECODE_BASES, DECODE_MAX_M, decode_down, decode_gate_up
 from .common import BASES as ROUTE_BASES, MAX_EXPERTS, MAX_TOPK, align_capacity
 from .route_ops import align, combine, route
+from .fp8_ops import Fp8Experts
 from .nvfp4_ops import Nvfp4Experts
 
 try:  # the grouped GEMMs (ops/moe/grouped_ops.py)
@@ -50,7 +53,7 @@ except ModuleNotFoundError as _e:  # pragma: no cover - a tree without them
 
 __all__ = ["route", "align", "combine", "align_capacity", "moe_workspace", "MoeWorkspace", "sparse_moe_block",
            "grouped_gemm", "choose_block_m", "decode_gate_up", "decode_down", "DECODE_MAX_M", "DECODE_BASES",
-           "choose_path", "PATHS", "Nvfp4Experts",
+           "choose_path", "PATHS", "Nvfp4Experts", "Fp8Experts",
            "block_m_for", "BLOCK_MS", "MAX_EXPERTS", "MAX_TOPK", "OpError", "BASES", "OPTIONAL_BASES"]
 
 # every kernel the family's ops may launch: the routing ones, the decode path's and, where ops/moe/grouped_ops.py

@@ -30,7 +30,7 @@ from ...tensor import TensorRef
 from .._check import BF16, OpError, same_device, stream_of, tensor
 from .common import BASES as _ROUTE_BASES, MAX_TOPK, align_capacity, check_experts, contiguous, hist_chunks, HIST_BINS
 from . import decode_ops as _decode
-from . import nvfp4_ops as _nv
+from . import experts as _xk
 from .decode_ops import DECODE_BASES, decode_down, decode_gate_up
 from .route_ops import align, combine, route, route_scratch_floats
 
@@ -155,7 +155,8 @@ def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=Non
     """The MoE block of Qwen3.5/3.6 MoE for ``x`` bf16 [M, H] -> ``out`` bf16 [M, H]: router ``gate_w`` [E, H],
     experts ``w1`` [E', 2I, H] (gate rows then up rows) and ``w2`` [E', H, I], with the shared expert stacked
     as expert E (E' = E + 1) and ``shared_gate_w`` [1, H] when given (its weight sigmoid(x . shared_gate_w)).
-    ``w1`` / ``w2`` may both be :class:`~vkc_runtime.ops.moe.nvfp4_ops.Nvfp4Experts` (W4A16 on either path).
+    ``w1`` / ``w2`` may both be quantized experts of one kind (ops/moe/experts.py: ``Nvfp4Experts``, W4A16, or
+    ``Fp8Experts``, W8A16; either path).
     ``workspace``: :func:`moe_workspace` for at least M tokens, the same E, top_k, H, I and shared. ``path``:
     None (the M rule, :func:`choose_path`), "decode" or "grouped" (module doc)."""
     op = "moe.sparse_moe_block"
@@ -173,11 +174,13 @@ def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=Non
                       f"tokens; got shared={shared}, top_k={top_k}, M={M}")
     gt = tensor(op, "gate_w", gate_w, BF16, ndim=2, shape=(ws.num_experts, H))
     Ep, kout, I = ws.experts_total, ws.k_out, ws.intermediate
-    if _nv.is_nvfp4(w1) != _nv.is_nvfp4(w2):
-        raise OpError(f"{op}: w1 and w2 must both be bf16 tensors or both Nvfp4Experts")
-    if _nv.is_nvfp4(w1):
-        w1t = _nv.experts_refs(op, "w1", w1, rows=2 * I, K=H, n_alpha=2, E=Ep).codes
-        w2t = _nv.experts_refs(op, "w2", w2, rows=H, K=I, n_alpha=1, E=Ep).codes
+    kind = _xk.kind_of(w1)
+    if kind != _xk.kind_of(w2):
+        raise OpError(f"{op}: w1 and w2 must be of one kind (both bf16 tensors, Nvfp4Experts or Fp8Experts), got "
+                      f"{kind or 'bf16'} and {_xk.kind_of(w2) or 'bf16'}")
+    if kind:
+        w1t = _xk.module(kind).experts_refs(op, "w1", w1, rows=2 * I, K=H, gate_up=True, E=Ep).codes
+        w2t = _xk.module(kind).experts_refs(op, "w2", w2, rows=H, K=I, gate_up=False, E=Ep).codes
     else:
         w1t = tensor(op, "w1", w1, BF16, ndim=3, shape=(Ep, 2 * I, H))
         w2t = tensor(op, "w2", w2, BF16, ndim=3, shape=(Ep, H, I))

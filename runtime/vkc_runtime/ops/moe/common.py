@@ -2,6 +2,8 @@
 and the checks of the routing tensors (:mod:`vkc_runtime.ops.moe` has the layouts)."""
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from .._check import OpError, cdiv, tensor
 
 MAX_EXPERTS = 512   # E' (routed + folded shared) <= the align kernels' EB
@@ -105,3 +107,16 @@ def a16(op: str, **vals: int) -> None:
         if v % 16:
             what = "16-byte aligned" if k.endswith("ptr") else "a multiple of 16"
             raise OpError(f"{op}: {k}={v:#x} must be {what}" if k.endswith("ptr") else f"{op}: {k}={v} must be {what}")
+
+
+class ExpertRefs(NamedTuple):
+    """Validated quantized expert weights (ops/moe/nvfp4_ops.py, ops/moe/fp8_ops.py): ``tensors`` the device refs in
+    the kernels' argument order, ``strides`` (stride_qe, stride_qn, stride_se, stride_sn) as the kernels take them,
+    ``named`` (name, ref) pairs for the overlap checks, and the logical [E', R, K]."""
+    tensors: tuple
+    strides: tuple
+    named: list
+    E: int
+    R: int
+    K: int
+    codes: Any

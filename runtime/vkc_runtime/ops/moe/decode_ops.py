@@ -34,8 +34,9 @@ BLOCK_N 8 x BLOCK_K 256 (4 warps), 8 x 512 (4 warps) or 16 x 512 (8 warps); down
 next K step's weights before reducing the current one. Grids: gate_up (M * k', cdiv(I, BLOCK_N)), down
 (M, cdiv(H, BLOCK_N)): a pure function of the shapes, so graph-stable.
 
-NVFP4 experts: ``w1`` / ``w2`` as :class:`~vkc_runtime.ops.moe.nvfp4_ops.Nvfp4Experts` run the W4A16 kernels
-(kernels_src/moe/nvfp4.py: the same grids and rules, weights decoded from int64 words; tiles in nvfp4_ops.TILES).
+Quantized experts (ops/moe/experts.py): ``w1`` / ``w2`` as :class:`~vkc_runtime.ops.moe.nvfp4_ops.Nvfp4Experts` run
+the W4A16 kernels (kernels_src/moe/nvfp4.py), as :class:`~vkc_runtime.ops.moe.fp8_ops.Fp8Experts` the W8A16 ones
+(kernels_src/moe/fp8.py): the same grids and rules; tiles in each kind's TILES.
 
 Graphs: no workspace, no allocation; the block's :func:`moe_workspace` loads these kernels and holds the h rows
 (its ``h`` buffer). Calls with torch tensors are bound calls (vkc_runtime.bound). Deterministic: no atomics.
@@ -46,7 +47,7 @@ from ...bound import CallCache, Launch, disjoint
 from ...kernels import get_kernel
 from .._check import BF16, OpError, cdiv, fits_i32, grid_y, row_stride, same_device, stream_of, tensor
 from .common import routing
-from . import nvfp4_ops as _nv
+from . import experts as _xk
 
 __all__ = ["decode_gate_up", "decode_down", "DECODE_MAX_M", "TILES", "DECODE_BASES", "load_kernels"]
 
@@ -56,18 +57,18 @@ DECODE_MAX_M = 4
 TILES = {"gate_up": ((8, 256), (8, 512), (16, 512)), "down": ((4, 64, 16), (4, 128, 16), (2, 128, 16))}
 
 
-def _base(kind: str, tile: tuple, nvfp4: bool = False) -> str:
-    """The kernel name (spelled once: the ops call this, DECODE_BASES is built from it); ``nvfp4``: the W4A16
-    kernel of ops/moe/nvfp4_ops.py."""
-    if nvfp4:
-        return _nv.base(kind, tile)
+def _base(kind: str, tile: tuple, weights: str | None = None) -> str:
+    """The kernel name (spelled once: the ops call this, DECODE_BASES is built from it); ``weights``: a quantized
+    kind's kernel (ops/moe/experts.py: "nvfp4", "fp8")."""
+    if weights:
+        return _xk.module(weights).base(kind, tile)
     if kind == "gate_up":
         return f"moe.decode.gate_up.n{tile[0]}.k{tile[1]}"
     return f"moe.decode.down.n{tile[0]}.k{tile[1]}.s{tile[2]}"
 
 
 DECODE_BASES = tuple(_base(kind, t) for kind, tiles in TILES.items() for t in tiles) + \
-    tuple(_base(kind, t, True) for kind in TILES for t in _nv.TILES[kind])
+    tuple(_base(kind, t, w) for w in _xk.KINDS for kind in TILES for t in _xk.module(w).TILES[kind])
 BASES = DECODE_BASES
 
 _gate_up_calls = CallCache()
@@ -80,8 +81,8 @@ def load_kernels(*, device: int | None = None) -> None:
         get_kernel(b, device=device).load()
 
 
-def _pick_tile(op: str, kind: str, forced, nvfp4: bool = False):
-    tiles = _nv.TILES[kind] if nvfp4 else TILES[kind]
+def _pick_tile(op: str, kind: str, forced, weights: str | None = None):
+    tiles = _xk.module(weights).TILES[kind] if weights else TILES[kind]
     if forced is None:
         return tiles[0]
     if forced not in tiles:
@@ -136,15 +137,14 @@ def decode_gate_up(x, w1, topk_ids, *, out, stream=None, _tile: tuple | None = N
     ``out``. ``_tile`` forces a compiled (BLOCK_N, BLOCK_K) tile (benchmarks)."""
     op = "moe.decode_gate_up"
     s = stream_of(stream)
-    nv = _nv.is_nvfp4(w1)
-    key = (op, _tile, nv)
-    wts_in = tuple(w1) if nv else (w1,)
-    if _gate_up_calls.run(key, (x, *wts_in, topk_ids, out), (), s):
+    kind = _xk.kind_of(w1)
+    key = (op, _tile, kind)
+    if _gate_up_calls.run(key, (x, *_xk.flat(w1), topk_ids, out), (), s):
         return out
     xt = tensor(op, "x", x, BF16, ndim=2)
     M, H = xt.shape
-    if nv:
-        q = _nv.experts_refs(op, "w1", w1, rows=None, K=H, n_alpha=2)
+    if kind:
+        q = _xk.module(kind).experts_refs(op, "w1", w1, rows=None, K=H, gate_up=True)
         wt, Ep, R = q.codes, q.E, q.R
     else:
         wt = tensor(op, "w1", w1, BF16, ndim=3, shape=(None, None, H))
@@ -164,19 +164,17 @@ def decode_gate_up(x, w1, topk_ids, *, out, stream=None, _tile: tuple | None = N
         raise OpError(f"{op}: H={H} and I={I} must be positive multiples of 16")
     sx = _rows(op, "x", xt, (M, H))
     sh = _rows(op, "out", ot, (P, I))
-    if nv:
-        wrefs = (q.codes, q.scales, q.alpha)
-        wstr = (q.stride_qe, q.stride_qn, q.stride_se, q.stride_sn)
-        _no_overlap(op, ot, [("x", xt), ("w1.codes", q.codes), ("w1.scales", q.scales), ("w1.alpha", q.alpha),
-                             ("topk_ids", it)])
+    if kind:
+        wrefs, wstr = q.tensors, q.strides
+        _no_overlap(op, ot, [("x", xt), *q.named, ("topk_ids", it)])
     else:
         wrefs, wstr = (wt,), _weights(op, "w1", wt, R, H)
         _no_overlap(op, ot, [("x", xt), ("w1", wt), ("topk_ids", it)])
     fits_i32(op, P=P, E=Ep, R=R, H=H, stride_x=sx, stride_we=wstr[0], stride_wn=wstr[1], stride_h=sh)
     if P == 0:
         return out
-    tile = _pick_tile(op, "gate_up", _tile, nv)
-    kern = get_kernel(_base("gate_up", tile, nv), device=None if dev < 0 else dev)
+    tile = _pick_tile(op, "gate_up", _tile, kind)
+    kern = get_kernel(_base("gate_up", tile, kind), device=None if dev < 0 else dev)
     grid = (P, grid_y(op, cdiv(I, tile[0])), 1)
     args = (xt, *wrefs, it, ot, P, Ep, I, H, k, sx, *wstr, sh)
     slots = (xt, *wrefs, it, ot)
@@ -190,10 +188,9 @@ def decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None, _tile: tuple
     ``out``. ``_tile`` forces a compiled (BLOCK_N, BLOCK_K, SB) tile (benchmarks)."""
     op = "moe.decode_down"
     s = stream_of(stream)
-    nv = _nv.is_nvfp4(w2)
-    key = (op, _tile, nv)
-    wts_in = tuple(w2) if nv else (w2,)
-    if _down_calls.run(key, (h, *wts_in, topk_ids, topk_weights, out), (), s):
+    kind = _xk.kind_of(w2)
+    key = (op, _tile, kind)
+    if _down_calls.run(key, (h, *_xk.flat(w2), topk_ids, topk_weights, out), (), s):
         return out
     it, wts, M, k = routing(op, topk_ids, topk_weights)
     if wts is None:
@@ -201,8 +198,8 @@ def decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None, _tile: tuple
     P = M * k
     ht = tensor(op, "h", h, BF16, ndim=2, shape=(P, None))
     I = ht.shape[1]
-    if nv:
-        q = _nv.experts_refs(op, "w2", w2, rows=None, K=I, n_alpha=1)
+    if kind:
+        q = _xk.module(kind).experts_refs(op, "w2", w2, rows=None, K=I, gate_up=False)
         wt, Ep, H = q.codes, q.E, q.R
     else:
         wt = tensor(op, "w2", w2, BF16, ndim=3, shape=(None, None, I))
@@ -215,18 +212,16 @@ def decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None, _tile: tuple
         raise OpError(f"{op}: I={I} must be a positive multiple of 16 and H={H} positive")
     sh = _rows(op, "h", ht, (P, I))
     so = _rows(op, "out", ot, (M, H))
-    if nv:
-        wrefs = (q.codes, q.scales, q.alpha)
-        wstr = (q.stride_qe, q.stride_qn, q.stride_se, q.stride_sn)
-        wnamed = [("w2.codes", q.codes), ("w2.scales", q.scales), ("w2.alpha", q.alpha)]
+    if kind:
+        wrefs, wstr, wnamed = q.tensors, q.strides, q.named
     else:
         wrefs, wstr, wnamed = (wt,), _weights(op, "w2", wt, H, I), [("w2", wt)]
     _no_overlap(op, ot, [("h", ht), *wnamed, ("topk_ids", it), ("topk_weights", wts)])
     fits_i32(op, P=P, E=Ep, I=I, H=H, stride_h=sh, stride_we=wstr[0], stride_wn=wstr[1], stride_o=so)
     if M == 0:
         return out
-    tile = _pick_tile(op, "down", _tile, nv)
-    kern = get_kernel(_base("down", tile, nv), device=None if dev < 0 else dev)
+    tile = _pick_tile(op, "down", _tile, kind)
+    kern = get_kernel(_base("down", tile, kind), device=None if dev < 0 else dev)
     grid = (M, grid_y(op, cdiv(H, tile[0])), 1)
     args = (ht, *wrefs, it, wts, ot, Ep, H, I, k, sh, *wstr, so)
     slots = (ht, *wrefs, it, wts, ot)

@@ -37,9 +37,11 @@ Dispatch (a pure function of host ints, so graph-stable):
 ``_tile=`` forces a tile of the block_m (benchmarks). The constants are first choices made without a device
 to time them; benchmarks/bench_moe_grouped.py times forced alternatives next to the rule's pick.
 
-NVFP4 experts: ``w`` as :class:`~vkc_runtime.ops.moe.nvfp4_ops.Nvfp4Experts` (alpha [E', 2] with silu_mul, else
-[E', 1]) runs the W4A16 kernel (kernels_src/moe/nvfp4.py: each K step's weight tile decoded to exact bf16 in
-registers, then the tensor cores), one tile per block_m and act (nvfp4_ops.TILES), no row_scale.
+Quantized experts (ops/moe/experts.py): ``w`` as :class:`~vkc_runtime.ops.moe.nvfp4_ops.Nvfp4Experts` (alpha
+[E', 2] with silu_mul, else [E', 1]) runs the W4A16 kernel (kernels_src/moe/nvfp4.py), as
+:class:`~vkc_runtime.ops.moe.fp8_ops.Fp8Experts` the W8A16 one (kernels_src/moe/fp8.py): each K step's weight tile
+decoded to exact bf16 in registers, then the tensor cores; one tile per block_m and act (the kind's TILES), no
+row_scale.
 
 Graphs: the op launches one kernel and needs no workspace; :func:`load_kernels` loads every grouped kernel
 (call it before a capture: a module load inside a capture would fail it). Calls with torch tensors are bound
@@ -51,7 +53,7 @@ from .._check import BF16, OpError, cdiv, fits_i32, grid_y, row_stride, same_dev
 from .._check import sm_count as _sm_count
 from ...bound import CallCache, Launch, disjoint
 from ...kernels import get_kernel
-from . import nvfp4_ops as _nv
+from . import experts as _xk
 
 __all__ = ["grouped_gemm", "choose_block_m", "max_blocks", "plan", "load_kernels", "BLOCK_MS", "ACTS",
            "GROUPED_BASES", "SMALL_ROWS_PER_EXPERT", "LARGE_ROWS_PER_EXPERT", "WIDE_MIN_WAVES", "MAX_EXPERTS"]
@@ -78,8 +80,8 @@ def _base(block_m: int, bn: int, bk: int, act: str | None) -> str:
 
 GROUPED_BASES = tuple(_base(bm, bn, bk, act) for bm, per in TILES.items() for act, tiles in per.items()
                       for bn, bk in tiles) + \
-    tuple(_nv.base("grouped", t, bm, act) for bm, per in _nv.TILES["grouped"].items() for act, tiles in per.items()
-          for t in tiles)
+    tuple(_xk.module(w).base("grouped", t, bm, act) for w in _xk.KINDS
+          for bm, per in _xk.module(w).TILES["grouped"].items() for act, tiles in per.items() for t in tiles)
 BASES = GROUPED_BASES
 
 
@@ -162,9 +164,9 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
     ``out``. ``_tile`` forces a (BLOCK_N, BLOCK_K) tile of ``block_m`` (benchmarks)."""
     op = "grouped_gemm"
     s = stream_of(stream)
-    nv = _nv.is_nvfp4(w)
-    key = (op, act, block_m, row_scale is None, _tile, nv)
-    tensors = (a, *(tuple(w) if nv else (w,)), sorted_ids, block_expert, num_padded, out) + \
+    kind = _xk.kind_of(w)
+    key = (op, act, block_m, row_scale is None, _tile, kind)
+    tensors = (a, *_xk.flat(w), sorted_ids, block_expert, num_padded, out) + \
         (() if row_scale is None else (row_scale,))
     if type(a_row_div) is int and _calls.run(key, tensors, (a_row_div,), s):
         return out
@@ -176,12 +178,12 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
         raise OpError(f"{op}: a_row_div must be a positive int, got {a_row_div!r}")
     if out is None:
         raise OpError(f"{op}: out= is required (rows never selected are left as they are)")
-    if nv and row_scale is not None:
-        raise OpError(f"{op}: row_scale is not supported with NVFP4 experts")
+    if kind and row_scale is not None:
+        raise OpError(f"{op}: row_scale is not supported with quantized ({kind}) experts")
     at = tensor(op, "a", a, BF16, ndim=2)
     a_rows, K = at.shape
-    if nv:
-        q = _nv.experts_refs(op, "w", w, rows=None, K=K, n_alpha=2 if act == "silu_mul" else 1)
+    if kind:
+        q = _xk.module(kind).experts_refs(op, "w", w, rows=None, K=K, gate_up=act == "silu_mul")
         wt, E, R, Kw = q.codes, q.E, q.R, q.K
     else:
         wt = tensor(op, "w", w, BF16, ndim=3)
@@ -210,7 +212,7 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
     if bt.shape[0] < cap // block_m:
         raise OpError(f"{op}: block_expert has {bt.shape[0]} entries, sorted_ids needs {cap // block_m}")
     nt = _index(op, "num_padded", num_padded, "int32", 1)
-    refs = [at, *((q.codes, q.scales, q.alpha) if nv else (wt,)), ot, st, bt, nt]
+    refs = [at, *(q.tensors if kind else (wt,)), ot, st, bt, nt]
     rt = None
     if row_scale is not None:
         rt = _index(op, "row_scale", row_scale, "float32", P)
@@ -220,9 +222,9 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
         raise OpError(f"{op}: out has P={P} rows, a has {a_rows}: need cdiv(P, a_row_div={a_row_div}) <= {a_rows}")
     sa = row_stride(at) if a_rows > 1 else K
     so = row_stride(ot) if P > 1 else N
-    if nv:
-        swe, swn = q.stride_qe, q.stride_qn
-        wnamed = [("w.codes", q.codes), ("w.scales", q.scales), ("w.alpha", q.alpha)]
+    if kind:
+        swe, swn = q.strides[:2]
+        wnamed = q.named
     else:
         swe = int(wt.strides[0]) if E > 1 else R * K
         swn = int(wt.strides[1]) if R > 1 else K
@@ -241,21 +243,21 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
     nb = max_blocks(P, E, block_m, cap)
     if P == 0 or N == 0 or nb == 0:
         return out
-    tiles = _nv.TILES["grouped"][block_m][act] if nv else TILES[block_m][act]
+    tiles = _xk.module(kind).TILES["grouped"][block_m][act] if kind else TILES[block_m][act]
     if _tile is not None:
         if _tile not in tiles:
             raise OpError(f"{op}: _tile {_tile!r} is not a compiled tile of block_m={block_m} act={act!r}: {tiles}")
         bn, bk = _tile
-    elif nv:
+    elif kind:
         bn, bk = tiles[0]
     else:
         bn, bk = plan(block_m, act, nb, N, _sm_count(dev))
     grid = (cdiv(N, bn), grid_y(op, nb), 1)
-    if nv:
-        k = get_kernel(_nv.base("grouped", (bn, bk), block_m, act))
-        args = (at, q.codes, q.scales, q.alpha, ot, st, bt, nt, P, E, N, K, a_rows, a_row_div, sa, swe, swn,
-                q.stride_se, q.stride_sn, so, 2 if act == "silu_mul" else 1)
-        slots = (at, q.codes, q.scales, q.alpha, st, bt, nt, ot)
+    if kind:
+        k = get_kernel(_xk.module(kind).base("grouped", (bn, bk), block_m, act))
+        args = (at, *q.tensors, ot, st, bt, nt, P, E, N, K, a_rows, a_row_div, sa, *q.strides, so) + \
+            ((2 if act == "silu_mul" else 1,) if kind == "nvfp4" else ())
+        slots = (at, *q.tensors, st, bt, nt, ot)
     else:
         k = get_kernel(_base(block_m, bn, bk, act))
         args = (at, wt, ot, st, bt, nt, rt if rt is not None else st, P, E, N, K, a_rows, a_row_div, sa, swe, swn,

@@ -17,16 +17,18 @@ E' rows. Scale bytes are values, never addresses: any byte is safe (a NaN code g
 dequantized weight would).
 
 Tiles (``TILES``, the rule's pick first; ``_tile=`` forces another, as for the bf16 kernels): gate_up
-(BLOCK_N, BLOCK_K), down (BLOCK_N, BLOCK_K, SB), grouped (block_m -> act -> (BLOCK_N, BLOCK_K)). The picks are
-the H200 measurement's (benchmarks/bench_moe.py, BENCHMARKS.md).
+(BLOCK_N, BLOCK_K), down (BLOCK_N, BLOCK_K, SB), grouped (block_m -> act -> (BLOCK_N, BLOCK_K)). The decode picks
+are the H200's fastest at M = 1 on the 35B-A3B shape (benchmarks/bench_moe.py nvfp4, session 17: gate_up n8.k256
+10.95 us vs 12.72 / 17.94; down n4.k64 11.18 us vs 11.48 / 11.83).
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 from .._check import OpError, same_device, tensor
+from .common import ExpertRefs, contiguous
 
-__all__ = ["Nvfp4Experts", "ExpertRefs", "experts_refs", "is_nvfp4", "TILES", "NVFP4_BASES", "base"]
+__all__ = ["Nvfp4Experts", "experts_refs", "TILES", "NVFP4_BASES", "base"]
 
 
 class Nvfp4Experts(NamedTuple):
@@ -37,24 +39,10 @@ class Nvfp4Experts(NamedTuple):
     alpha: Any
 
 
-class ExpertRefs(NamedTuple):
-    """Validated device refs of :class:`Nvfp4Experts` and the kernels' byte strides."""
-    codes: Any
-    scales: Any
-    alpha: Any
-    E: int
-    R: int
-    K: int
-    stride_qe: int
-    stride_qn: int
-    stride_se: int
-    stride_sn: int
-
-
 # kernel -> its tiles, the rule's pick first (kernels_src/moe/nvfp4_spec.py compiles the same)
 TILES = {
-    "gate_up": ((8, 512), (4, 512), (8, 256)),
-    "down": ((4, 128, 16), (4, 64, 16), (2, 128, 16)),
+    "gate_up": ((8, 256), (8, 512), (4, 512)),
+    "down": ((4, 64, 16), (4, 128, 16), (2, 128, 16)),
     "grouped": {16: {None: ((64, 64),), "silu_mul": ((64, 64),)},
                 64: {None: ((128, 64),), "silu_mul": ((64, 64),)},
                 128: {None: ((128, 64),), "silu_mul": ((64, 64),)}},
@@ -75,25 +63,13 @@ NVFP4_BASES = tuple([base(k, t) for k in ("gate_up", "down") for t in TILES[k]] 
                      for t in ts])
 
 
-def is_nvfp4(w) -> bool:
-    return isinstance(w, Nvfp4Experts)
-
-
-def _contiguous(op: str, name: str, t) -> None:
-    want, acc = [], 1
-    for d in reversed(t.shape):
-        want.insert(0, acc)
-        acc *= d
-    if any(n > 1 and s != w for n, s, w in zip(t.shape, t.strides, want)):
-        raise OpError(f"{op}: {name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.strides)})")
-
-
-def experts_refs(op: str, name: str, w: Nvfp4Experts, *, rows: int | None, K: int | None, n_alpha: int,
+def experts_refs(op: str, name: str, w: Nvfp4Experts, *, rows: int | None, K: int | None, gate_up: bool,
                  E: int | None = None) -> ExpertRefs:
-    """Check NVFP4 experts ``w`` (module doc) for ``rows`` rows of ``K`` each (None: any) and ``n_alpha`` alpha
-    columns; the refs and byte strides the kernels take."""
+    """Check NVFP4 experts ``w`` (module doc) for ``rows`` rows of ``K`` each (None: any), gate_up weights (two
+    alpha columns) or down weights (one); the refs and byte strides the kernels take."""
     if not isinstance(w, Nvfp4Experts):
         raise OpError(f"{op}: {name} must be Nvfp4Experts, got {type(w).__name__}")
+    n_alpha = 2 if gate_up else 1
     q = tensor(op, f"{name}.codes", w.codes, "uint8", ndim=3)
     Ep, R, Kh = q.shape
     Kw = 2 * Kh
@@ -106,13 +82,13 @@ def experts_refs(op: str, name: str, w: Nvfp4Experts, *, rows: int | None, K: in
                       f"{Ep} x {R} x {Kw}")
     s = tensor(op, f"{name}.scales", w.scales, "uint8", ndim=3, shape=(Ep, R, Kw // 16))
     a = tensor(op, f"{name}.alpha", w.alpha, "float32")
-    ok_shape = a.shape == (Ep, n_alpha) or (n_alpha == 1 and a.shape == (Ep,))
-    if not ok_shape:
+    if not (a.shape == (Ep, n_alpha) or (n_alpha == 1 and a.shape == (Ep,))):
         raise OpError(f"{op}: {name}.alpha must be float32 [{Ep}, {n_alpha}]"
                       + (f" or [{Ep}]" if n_alpha == 1 else "") + f", got {tuple(a.shape)}")
     for n, t in (("codes", q), ("scales", s), ("alpha", a)):
-        _contiguous(op, f"{name}.{n}", t)
+        contiguous(op, f"{name}.{n}", t)
         if t.ptr % 16:
             raise OpError(f"{op}: {name}.{n} must be 16-byte aligned")
     same_device(op, q, s, a)
-    return ExpertRefs(q, s, a, Ep, R, Kw, R * Kh, Kh, R * (Kw // 16), Kw // 16)
+    return ExpertRefs((q, s, a), (R * Kh, Kh, R * (Kw // 16), Kw // 16),
+                      [(f"{name}.codes", q), (f"{name}.scales", s), (f"{name}.alpha", a)], Ep, R, Kw, q)

@@ -1,14 +1,17 @@
-"""GPU (H200) checks of NVFP4 experts (W4A16: ops/moe/nvfp4_ops.py, kernels_src/moe/nvfp4.py) on Qwen3.6-35B-A3B's
-shapes (E = 256 routed + the shared expert as expert 256, k = 8, H = 2048, I = 512):
+"""GPU (H200) checks of quantized experts kept quantized on the device -- NVFP4 (W4A16: ops/moe/nvfp4_ops.py,
+kernels_src/moe/nvfp4.py) and block-wise FP8 (W8A16: ops/moe/fp8_ops.py, kernels_src/moe/fp8.py) -- on
+Qwen3.6-35B-A3B's shapes (E = 256 routed + the shared expert as expert 256, k = 8, H = 2048, I = 512), each test
+once per kind:
 
-- sparse_moe_block with Nvfp4Experts at M in {1, 3, 16, 100, 2048} (decode path at M <= DECODE_MAX_M, grouped
-  above) vs the float64 block of the dequantized weights (a different multiplier per expert and per gate / up),
-  and vs the same block on the bf16 dequantized weights (exact in bf16: alpha a power of two); two runs into a
-  poisoned workspace bitwise equal;
+- sparse_moe_block at M in {1, 3, 16, 100, 2048} (decode path at M <= DECODE_MAX_M, grouped above) vs the float64
+  block of the dequantized weights, and vs the same block on the bf16 dequantized weights (exact: power-of-two
+  multipliers); two runs into a poisoned workspace bitwise equal; the other path on the same inputs at M <= 16;
 - capture + replay == eager (torch's and vkc's capture APIs) at M = 1, 4 and 256;
-- each decode kernel with every compiled tile and the grouped kernel at each block_m, on views inside sentinel
-  arenas: adversarial ids give zero h rows / no contribution (their h rows and weights NaN), no byte around any
-  tensor written; compute-sanitizer runs these under tools/gpu/run.sh memcheck."""
+- each decode kernel with every compiled tile and the grouped kernel at each block_m and act, on views inside
+  sentinel arenas: adversarial ids give zero h rows / no contribution (their h rows and weights NaN), rows of
+  dropped pairs keep their bytes, no byte around any tensor written.
+Random weights: NVFP4 any code byte, e4m3 group scales 2^-3 .. 2^0 with random signs and some zero / subnormal, a
+multiplier per expert and per gate / up half; FP8 finite e4m3 bytes, a scale per 128 x 128 block."""
 from __future__ import annotations
 
 import pytest
@@ -20,6 +23,7 @@ from tests.gpu.test_gpu_moe import (E, H, I, K, _capture_equal_eager, _poison_ws
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
+KINDS = ("nvfp4", "fp8")
 TABLE = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
@@ -30,26 +34,35 @@ def moe():
     return moe
 
 
-def nvfp4_experts(moe, seed, Ep, R, K_, n_alpha, pow2=False):
-    """Random codes, e4m3 scales (2^-3 .. 2^0, random signs, some zero / subnormal), alpha per expert and
-    module (powers of two with ``pow2``): (Nvfp4Experts, float64 weights [Ep, R, K_])."""
+def experts(moe, kind, seed, Ep, R, K_, gate_up, pow2=False):
+    """Random experts of ``kind`` [Ep, R, K_] (module doc): (the op's weight object, float64 weights)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
+    if kind == "fp8":
+        q = torch.randint(0, 256, (Ep, R, K_), dtype=torch.uint8, device="cuda", generator=g)
+        q[(q & 0x7F) == 0x7F] = 0x3C
+        shape = (Ep, -(-R // 128), -(-K_ // 128))
+        sc = (2.0 ** -torch.randint(6, 10, shape, device="cuda", generator=g).float() if pow2 else
+              torch.rand(shape, device="cuda", generator=g) * 0.01 + 0.002)
+        full = sc.double().repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :R, :K_]
+        return moe.Fp8Experts(q, sc), q.view(torch.float8_e4m3fn).double() * full
+    n_alpha = 2 if gate_up else 1
     codes = torch.randint(0, 256, (Ep, R, K_ // 2), dtype=torch.uint8, device="cuda", generator=g)
     sc = torch.randint(0x20, 0x39, (Ep, R, K_ // 16), dtype=torch.int32, device="cuda", generator=g)
     sc |= torch.randint(0, 2, sc.shape, device="cuda", generator=g, dtype=torch.int32) << 7
     sc[..., 3] = 0
     sc[..., 5] = 3
     sc = sc.to(torch.uint8)
-    if pow2:
-        alpha = 2.0 ** -torch.randint(5, 9, (Ep, n_alpha), device="cuda", generator=g).float()
-    else:
-        alpha = torch.rand(Ep, n_alpha, device="cuda", generator=g) * 0.05 + 0.02
+    alpha = (2.0 ** -torch.randint(5, 9, (Ep, n_alpha), device="cuda", generator=g).float() if pow2 else
+             torch.rand(Ep, n_alpha, device="cuda", generator=g) * 0.05 + 0.02)
     t = torch.tensor(TABLE, dtype=torch.float64, device="cuda")
     vals = torch.stack([t[(codes & 15).long()], t[(codes >> 4).long()]], -1).reshape(Ep, R, K_)
     sf = sc.view(torch.float8_e4m3fn).double().repeat_interleave(16, dim=-1)
-    half = R // n_alpha
-    a = alpha.double().repeat_interleave(half, dim=1)[:, :, None]
+    a = alpha.double().repeat_interleave(R // n_alpha, dim=1)[:, :, None]
     return moe.Nvfp4Experts(codes, sc, alpha), vals * sf * a
+
+
+def in_arena(ar, w):
+    return type(w)(*(ar.put(t) for t in w))
 
 
 def ref_block64(x, gw, W1, W2, k, sg):
@@ -64,11 +77,12 @@ def ref_block64(x, gw, W1, W2, k, sg):
     return out
 
 
-@pytest.fixture(scope="module")
-def weights(moe):
-    q1, W1 = nvfp4_experts(moe, 11, E + 1, 2 * I, H, 2, pow2=True)
-    q2, W2 = nvfp4_experts(moe, 12, E + 1, H, I, 1, pow2=True)
-    return q1, W1, q2, W2
+@pytest.fixture(scope="module", params=KINDS)
+def weights(moe, request):
+    kind = request.param
+    w1, W1 = experts(moe, kind, 11, E + 1, 2 * I, H, True, pow2=True)
+    w2, W2 = experts(moe, kind, 12, E + 1, H, I, False, pow2=True)
+    return kind, w1, W1, w2, W2
 
 
 def run(moe, x, gw, w1, w2, sg, ws, path=None):
@@ -79,44 +93,43 @@ def run(moe, x, gw, w1, w2, sg, ws, path=None):
 
 
 @pytest.mark.parametrize("M", (1, 3, 16, 100, 2048))
-def test_block_nvfp4_vs_float64_and_bf16(moe, weights, M):
-    q1, W1, q2, W2 = weights
+def test_block_vs_float64_and_bf16(moe, weights, M):
+    kind, w1, W1, w2, W2 = weights
     x, gw, sg = router_inputs(M, 700 + M)
     ws = moe.moe_workspace(M, E, K, H, I, shared=True)
     _poison_ws(ws)
-    out = run(moe, x, gw, q1, q2, sg, ws)
+    out = run(moe, x, gw, w1, w2, sg, ws)
     ref = ref_block64(x, gw, W1, W2, K, sg)
     _, _, p = ref_route(x, gw, K, True, sg)
-    ok = ~near_ties(p, K)
-    close_rows(out, ref, ok, f"nvfp4 block M={M} ({moe.choose_path(M)})")
+    close_rows(out, ref, ~near_ties(p, K), f"{kind} block M={M} ({moe.choose_path(M)})")
     _poison_ws(ws)
-    again = run(moe, x, gw, q1, q2, sg, ws)
+    again = run(moe, x, gw, w1, w2, sg, ws)
     assert torch.equal(out.view(torch.uint16), again.view(torch.uint16)), "not deterministic / poisoned workspace"
-    bf = run(moe, x, gw, W1.to(torch.bfloat16), W2.to(torch.bfloat16), sg, ws)  # exact: alpha powers of two
+    bf = run(moe, x, gw, W1.to(torch.bfloat16), W2.to(torch.bfloat16), sg, ws)
     rel = ((out.double() - bf.double()).norm() / bf.double().norm()).item()
-    print(f"M={M}: NVFP4 vs bf16 dequantized relative error {rel:.3e}")
+    print(f"{kind} M={M}: vs the bf16 dequantized block relative error {rel:.3e}")
     assert rel < 1e-2
-    if M <= 16:  # the other path on the same inputs
+    if M <= 16:
         other = "grouped" if moe.choose_path(M) == "decode" else "decode"
-        o2 = run(moe, x, gw, q1, q2, sg, ws, path=other)
-        close_rows(o2, out.double(), torch.ones(M, dtype=torch.bool, device="cuda"), f"nvfp4 {other} M={M}")
+        o2 = run(moe, x, gw, w1, w2, sg, ws, path=other)
+        close_rows(o2, out.double(), torch.ones(M, dtype=torch.bool, device="cuda"), f"{kind} {other} M={M}")
 
 
 @pytest.mark.parametrize("M", (1, 4, 256))
-def test_block_nvfp4_graph_replay_equals_eager(moe, weights, M):
-    q1, W1, q2, W2 = weights
+def test_block_graph_replay_equals_eager(moe, weights, M):
+    kind, w1, W1, w2, W2 = weights
     x, gw, sg = router_inputs(M, 800 + M)
     ws = moe.moe_workspace(M, E, K, H, I, shared=True)
     out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
 
     def call(s):
-        moe.sparse_moe_block(x, gw, q1, q2, K, renormalize=True, shared_gate_w=sg, workspace=ws, out=out, stream=s)
+        moe.sparse_moe_block(x, gw, w1, w2, K, renormalize=True, shared_gate_w=sg, workspace=ws, out=out, stream=s)
 
     call(torch.cuda.current_stream().cuda_stream)
     (eager,) = _capture_equal_eager(call, lambda: _poison_ws(ws), [out])
     ref = ref_block64(x, gw, W1, W2, K, sg)
     _, _, p = ref_route(x, gw, K, True, sg)
-    close_rows(eager, ref, ~near_ties(p, K), f"captured nvfp4 block M={M}")
+    close_rows(eager, ref, ~near_ties(p, K), f"captured {kind} block M={M}")
 
 
 def _ids(g, M, k, Ep):
@@ -127,27 +140,24 @@ def _ids(g, M, k, Ep):
     return ids.to(torch.int32)
 
 
-def _arena_experts(ar, q):
-    return type(q)(ar.put(q.codes), ar.put(q.scales), ar.put(q.alpha))
-
-
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("tile", [0, 1, 2])
-def test_decode_kernels_bad_ids_and_guard_bytes(moe, tile):
+def test_decode_kernels_bad_ids_and_guard_bytes(moe, kind, tile):
     """The real H and I with E' = 17 experts in sentinel arenas, M = 4, k' = 9, four adversarial ids."""
-    from vkc_runtime.ops.moe import decode_ops as D, nvfp4_ops as N
+    from vkc_runtime.ops.moe import decode_ops as D, experts as X
     M, k, Ep = 4, K + 1, 17
     g = torch.Generator(device="cuda").manual_seed(950 + tile)
     ar = B.Arena(950 + tile, "cuda")
     ids = _ids(g, M, k, Ep)
     bad = ~((ids >= 0) & (ids < Ep))
     flat_bad = bad.view(-1)
-    q1, W1 = nvfp4_experts(moe, 960 + tile, Ep, 2 * I, H, 2)
-    q2, W2 = nvfp4_experts(moe, 970 + tile, Ep, H, I, 1)
-    q1, q2 = _arena_experts(ar, q1), _arena_experts(ar, q2)
+    w1, W1 = experts(moe, kind, 960 + tile, Ep, 2 * I, H, True)
+    w2, W2 = experts(moe, kind, 970 + tile, Ep, H, I, False)
+    w1, w2 = in_arena(ar, w1), in_arena(ar, w2)
     x = ar.put(torch.randn(M, H, generator=g, device="cuda").to(torch.bfloat16))
     it = ar.put(ids)
     h = ar.poison((M * k, I), torch.bfloat16)
-    D.decode_gate_up(x, q1, it, out=h, _tile=N.TILES["gate_up"][tile])
+    D.decode_gate_up(x, w1, it, out=h, _tile=X.module(kind).TILES["gate_up"][tile])
     torch.cuda.synchronize()
     ar.check()
     assert torch.equal(h[flat_bad].float(), torch.zeros_like(h[flat_bad].float())), "a bad id's h row is not 0"
@@ -165,7 +175,7 @@ def test_decode_kernels_bad_ids_and_guard_bytes(moe, tile):
     wts = torch.rand(M, k, generator=g, device="cuda") + 0.1
     wts[bad] = float("nan")
     out = ar.poison((M, H), torch.bfloat16)
-    D.decode_down(hn, q2, it, ar.put(wts), out=out, _tile=N.TILES["down"][tile])
+    D.decode_down(hn, w2, it, ar.put(wts), out=out, _tile=X.module(kind).TILES["down"][tile])
     torch.cuda.synchronize()
     ar.check()
     ref = torch.zeros(M, H, dtype=torch.float64, device="cuda")
@@ -179,19 +189,20 @@ def test_decode_kernels_bad_ids_and_guard_bytes(moe, tile):
     assert err < 1e-2, err
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("block_m", [16, 64, 128])
 @pytest.mark.parametrize("act", [None, "silu_mul"])
-def test_grouped_nvfp4_kernel(moe, block_m, act):
-    """One grouped W4A16 GEMM over a device align of router-like ids with bad entries, in sentinel arenas:
-    selected rows vs float64, rows of dropped pairs keep their poisoned bytes."""
+def test_grouped_kernel(moe, kind, block_m, act):
+    """One grouped GEMM over a device align of router-like ids with bad entries, in sentinel arenas: selected rows
+    vs float64, rows of dropped pairs keep their poisoned bytes."""
     from vkc_runtime.ops.moe import grouped_ops as G
     M, k, Ep = 64, K + 1, 17
     g = torch.Generator(device="cuda").manual_seed(990 + block_m)
     ar = B.Arena(990 + block_m, "cuda")
     ids = _ids(g, M, k, Ep)
     R, K_ = (2 * I, H) if act else (H, I)
-    q, W = nvfp4_experts(moe, 991 + block_m, Ep, R, K_, 2 if act else 1)
-    q = _arena_experts(ar, q)
+    w, W = experts(moe, kind, 991 + block_m, Ep, R, K_, act is not None)
+    w = in_arena(ar, w)
     P = M * k
     div = k if act else 1
     a = ar.put(torch.randn(-(-P // div), K_, generator=g, device="cuda").to(torch.bfloat16))
@@ -200,24 +211,21 @@ def test_grouped_nvfp4_kernel(moe, block_m, act):
     bt = ar.poison((cap // block_m,), torch.int32)
     nt = ar.poison((1,), torch.int32)
     ws = moe.moe_workspace(M, Ep - 1, k - 1, H, I, shared=True)
-    it = ar.put(ids)
-    moe.align(it, Ep, block_m, sorted_ids=st, block_expert=bt, num_padded=nt, workspace=ws)
+    moe.align(ar.put(ids), Ep, block_m, sorted_ids=st, block_expert=bt, num_padded=nt, workspace=ws)
     N_ = R // 2 if act else R
     out = ar.poison((P, N_), torch.bfloat16)
     before = out.clone()
-    G.grouped_gemm(a, q, st, bt, nt, a_row_div=div, out=out, block_m=block_m, act=act)
+    G.grouped_gemm(a, w, st, bt, nt, a_row_div=div, out=out, block_m=block_m, act=act)
     torch.cuda.synchronize()
     ar.check()
     flat = ids.view(-1).tolist()
-    ad = a.double()
     sel = [f for f in range(P) if 0 <= flat[f] < Ep]
-    for f in range(P):
-        if f not in sel:
-            assert torch.equal(out[f].view(torch.uint8), before[f].view(torch.uint8)), f"row {f} written"
+    dropped = [f for f in range(P) if f not in sel]
+    assert torch.equal(out[dropped].view(torch.uint8), before[dropped].view(torch.uint8)), "a dropped row written"
+    ad = a.double()
     ref = torch.stack([W[flat[f]] @ ad[f // div] for f in sel])
     if act:
         ref = torch.nn.functional.silu(ref[:, :N_]) * ref[:, N_:]
-    got = out[sel].double()
-    err = ((got - ref).norm() / ref.norm()).item()
-    print(f"grouped nvfp4 block_m={block_m} act={act}: rel err {err:.3e}")
+    err = ((out[sel].double() - ref).norm() / ref.norm()).item()
+    print(f"grouped {kind} block_m={block_m} act={act}: rel err {err:.3e}")
     assert err < 1e-2, err
