@@ -20,10 +20,9 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from tests import bounds_cases as B, refs_moe as R  # noqa: E402
 from tests.kernel_testing import interpreter_active, specs  # noqa: E402
 from tests.test_bounds_interp import Cai, InterpKernel  # noqa: E402
-from tests.test_moe_decode_interp import rel, routing  # noqa: E402
+from tests.test_moe_decode_interp import ref_h, rel, routing  # noqa: E402
 from tests.test_moe_grouped_interp import align_np  # noqa: E402
 from tests.test_moe_interp import bf16, np64, workspace  # noqa: E402
-from tests.test_moe_nvfp4_interp import ref_h  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter (TRITON_INTERPRET=1)")
 

@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from tests import bounds_cases as B, refs_moe as R, refs_nvfp4 as F  # noqa: E402
 from tests.kernel_testing import interpreter_active, specs  # noqa: E402
 from tests.test_bounds_interp import Cai, InterpKernel  # noqa: E402
-from tests.test_moe_decode_interp import rel, routing  # noqa: E402
+from tests.test_moe_decode_interp import ref_h, rel, routing  # noqa: E402
 from tests.test_moe_grouped_interp import align_np  # noqa: E402
 from tests.test_moe_interp import bf16, np64, workspace  # noqa: E402
 
@@ -90,18 +90,6 @@ def put_experts(moe, ar, parts):
     codes, sc, alpha = parts
     return moe.Nvfp4Experts(Cai(ar.put(torch.from_numpy(codes))), Cai(ar.put(torch.from_numpy(sc))),
                             Cai(ar.put(torch.from_numpy(alpha))))
-
-
-def ref_h(X, W1, ids, I):
-    M, k = ids.shape
-    out = np.zeros((M * k, I))
-    for m in range(M):
-        for j in range(k):
-            e = ids[m, j]
-            if 0 <= e < W1.shape[0]:
-                gu = W1[e] @ X[m]
-                out[m * k + j] = R.silu(gu[:I]) * gu[I:]
-    return out
 
 
 @pytest.mark.parametrize("tile", [(8, 512), (4, 512), (8, 256)])

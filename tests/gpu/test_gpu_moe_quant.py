@@ -19,6 +19,7 @@ import pytest
 from tests import bounds_cases as B
 from tests.gpu.test_gpu_moe import (E, H, I, K, _capture_equal_eager, _poison_ws, close_rows, near_ties, ref_route,
                                     router_inputs)
+from tests.gpu.test_gpu_moe_decode import _ids
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -130,14 +131,6 @@ def test_block_graph_replay_equals_eager(moe, weights, M):
     ref = ref_block64(x, gw, W1, W2, K, sg)
     _, _, p = ref_route(x, gw, K, True, sg)
     close_rows(eager, ref, ~near_ties(p, K), f"captured {kind} block M={M}")
-
-
-def _ids(g, M, k, Ep):
-    ids = torch.rand(M, Ep - 1, generator=g, device="cuda").argsort(1)[:, :k - 1]
-    ids = torch.cat([ids, torch.full((M, 1), Ep - 1, device="cuda", dtype=torch.long)], 1)
-    for i, v in enumerate([-1, Ep, 2**31 - 1, -2**31]):
-        ids[i % M, (3 * i) % k] = v
-    return ids.to(torch.int32)
 
 
 @pytest.mark.parametrize("kind", KINDS)
