@@ -137,30 +137,13 @@ def moe_ckpt(tmp_path_factory):
 
 
 def test_fp8_experts_through_the_real_moe_validation(fp8_launches, fake_vkc, moe_ckpt, monkeypatch):  # noqa: F811
-    """Per-expert FP8 experts stay FP8 (backend.experts_fp8 -> ops.moe.Fp8Experts) and every MoE block of every
-    step -- eager prefill chunks on the grouped path, captured and replayed decode steps on the decode path --
-    passes the real host validation of ops.moe.sparse_moe_block and launches only the W8A16 expert kernels, on
-    the backend's stream, with no allocation inside a capture."""
+    """Per-expert FP8 experts stay FP8 (backend.experts_fp8 -> ops.moe.Fp8Experts) and run the W8A16 expert kernels
+    (tests/test_engine_nvfp4_fake.py quantized_moe_engine)."""
+    from tests.test_engine_nvfp4_fake import quantized_moe_engine
     from vkc_runtime.ops import moe
-    r = _Rec(declared=declared_bases(moe))
-    patch_ops(monkeypatch, moe, "get_kernel", r)
-    patch_ops(monkeypatch, moe, "has_kernel", r.has)
-    patch_ops(monkeypatch, moe, "_sm_count", lambda dev: 132)
-    _record_streams(r, fp8_launches)
-    be = Fp8StreamBackend(monkeypatch)
-    llm = LLM(moe_ckpt, backend=be, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
-              block_size=64)
+    llm = quantized_moe_engine(fp8_launches, moe_ckpt, monkeypatch, "w8a16")
     E, H, I = llm.cfg.num_experts, llm.cfg.hidden_size, llm.cfg.moe_intermediate_size
     mlp = llm.model.layers[0].mlp
     assert isinstance(mlp.w1, moe.Fp8Experts) and isinstance(mlp.w2, moe.Fp8Experts)
     assert mlp.w1.q.shape == (E + 1, 2 * I, H) and mlp.w1.scale.shape == (E + 1, 2 * I // 128, -(-H // 128))
     assert mlp.w2.scale.shape == (E + 1, -(-H // 128), -(-I // 128))
-    n0 = len(fp8_launches)
-    outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    assert all(len(o.token_ids) == 3 for o in outs) and be.replays > 0
-    bases = [b for b, _ in fp8_launches[n0:] if b.startswith("moe.")]
-    assert any(b.startswith("moe.w8a16.decode.") for b in bases) and any(b.startswith("moe.w8a16.grouped.")
-                                                                        for b in bases)
-    assert not [b for b in bases if b.startswith(("moe.decode.", "moe.grouped."))]
-    assert not [(b, s) for b, s in fp8_launches if s != STREAM]
-    assert not be.allocs_in_capture, be.allocs_in_capture[:5]

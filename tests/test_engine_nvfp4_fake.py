@@ -119,11 +119,11 @@ def moe_ckpt(tmp_path_factory):
     return d
 
 
-def test_nvfp4_experts_through_the_real_moe_validation(launches, fake_vkc, moe_ckpt, monkeypatch):  # noqa: F811
-    """NVFP4 experts stay 4-bit (backend.experts_nvfp4 -> ops.moe.Nvfp4Experts) and every MoE block of every step
-    -- eager prefill chunks on the grouped path, captured and replayed decode steps on the decode path -- passes
-    the real host validation of ops.moe.sparse_moe_block and launches only the W4A16 expert kernels, on the
-    backend's stream, with no allocation inside a capture."""
+def quantized_moe_engine(launches, ckpt, monkeypatch, prefix: str):
+    """An LLM on a MoE checkpoint whose experts stay quantized, every MoE block of every step -- eager prefill chunks
+    on the grouped path, captured and replayed decode steps on the decode path -- through the real host validation
+    of ops.moe.sparse_moe_block (kernels recorded against the sm_90a manifest): only the ``moe.<prefix>.*`` expert
+    kernels launch, on the backend's stream, with no allocation inside a capture. Returns the LLM."""
     from vkc_runtime.ops import moe
     r = _Rec(declared=declared_bases(moe))
     patch_ops(monkeypatch, moe, "get_kernel", r)
@@ -131,19 +131,27 @@ def test_nvfp4_experts_through_the_real_moe_validation(launches, fake_vkc, moe_c
     patch_ops(monkeypatch, moe, "_sm_count", lambda dev: 132)
     _record_streams(r, launches)
     be = Fp8StreamBackend(monkeypatch)
-    llm = LLM(moe_ckpt, backend=be, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
+    llm = LLM(ckpt, backend=be, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
               block_size=64)
+    n0 = len(launches)
+    outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert all(len(o.token_ids) == 3 for o in outs) and be.replays > 0
+    bases = [b for b, _ in launches[n0:] if b.startswith("moe.")]
+    assert any(b.startswith(f"moe.{prefix}.decode.") for b in bases)
+    assert any(b.startswith(f"moe.{prefix}.grouped.") for b in bases)
+    assert not [b for b in bases if b.startswith(("moe.decode.", "moe.grouped."))]
+    assert not [(b, s) for b, s in launches if s != STREAM]
+    assert not be.allocs_in_capture, be.allocs_in_capture[:5]
+    return llm
+
+
+def test_nvfp4_experts_through_the_real_moe_validation(launches, fake_vkc, moe_ckpt, monkeypatch):  # noqa: F811
+    """NVFP4 experts stay 4-bit (backend.experts_nvfp4 -> ops.moe.Nvfp4Experts) and run the W4A16 expert kernels
+    (quantized_moe_engine)."""
+    from vkc_runtime.ops import moe
+    llm = quantized_moe_engine(launches, moe_ckpt, monkeypatch, "w4a16")
     E, H, I = llm.cfg.num_experts, llm.cfg.hidden_size, llm.cfg.moe_intermediate_size
     mlp = llm.model.layers[0].mlp
     assert isinstance(mlp.w1, moe.Nvfp4Experts) and isinstance(mlp.w2, moe.Nvfp4Experts)
     assert mlp.w1.codes.shape == (E + 1, 2 * I, H // 2) and mlp.w1.alpha.shape == (E + 1, 2)
     assert mlp.w2.scales.shape == (E + 1, H, I // 16) and mlp.w2.alpha.shape == (E + 1, 1)
-    n0 = len(launches)
-    outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    assert all(len(o.token_ids) == 3 for o in outs) and be.replays > 0
-    bases = [b for b, _ in launches[n0:] if b.startswith("moe.")]
-    assert any(b.startswith("moe.w4a16.decode.") for b in bases) and any(b.startswith("moe.w4a16.grouped.")
-                                                                        for b in bases)
-    assert not [b for b in bases if b.startswith(("moe.decode.", "moe.grouped."))]
-    assert not [(b, s) for b, s in launches if s != STREAM]
-    assert not be.allocs_in_capture, be.allocs_in_capture[:5]
