@@ -93,7 +93,7 @@ def put_experts(moe, ar, parts):
 
 
 @pytest.mark.parametrize("tile", [(8, 512), (4, 512), (8, 256)])
-@pytest.mark.parametrize("M,k,Ep,H,I,n_bad", [(1, 3, 6, 64, 32, 1), (3, 4, 7, 544, 48, 3)])
+@pytest.mark.parametrize("M,k,Ep,H,I,n_bad", [(1, 3, 6, 64, 32, 1), (2, 3, 7, 544, 48, 2)])
 def test_gate_up_nvfp4_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
     """H = 544 > BLOCK_K (a partial last step, the prefetched next step partial then empty); x rows strided; bad
     ids give zero rows; either alpha column used for both halves would be far off (checked)."""
