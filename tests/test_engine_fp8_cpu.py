@@ -150,6 +150,20 @@ def test_moe_fp8_experts_kept_fp8(moe):
     _act_quant_matches(d, model, 5)
 
 
+def test_moe_fp8_experts_not_whole_blocks_are_dequantized(tmp_path):
+    """moe_intermediate_size 64 (the gate / up halves not whole 128-row blocks): the FP8 expert kernels cannot take
+    the experts, so they are dequantized to bf16 at load -- checked before anything is uploaded (no FP8 expert
+    weight counted) -- and the logits still match HF's."""
+    from tests.engine_numpy_backend import Fp8NumpyExperts
+    moe = dict(MOE_SMALL, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+    model, _ = make_checkpoint(tmp_path, heads=HEADS_35B, layer_types=LAYERS3, moe=moe, expert_layout="per_expert",
+                               seed=34, fp8={})
+    llm, logs = _weights_exact(tmp_path, model, 11, 6)
+    assert not isinstance(llm.model.layers[0].mlp.w1, Fp8NumpyExperts)
+    assert not any("MoE expert weights kept FP8" in x for x in logs)
+    assert any("tensors outside the quantized linears (MoE experts" in x for x in logs), logs
+
+
 def test_e4m3_rounding_and_table_match_ml_dtypes():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     from tests.engine_numpy_backend import round_e4m3

@@ -206,19 +206,22 @@ class _Weights:
         self._advance(len(flat))
         return out
 
-    def experts_fp8(self, experts: list[list[str]], shape: tuple[int, int]):
-        """Block-wise FP8 MoE experts kept e4m3 (backend.experts_fp8: ops.moe's W8A16 kernels) when every module of
-        ``experts`` (each expert's gate and up, or its down) is stored F8_E4M3 with 128 x 128 blocks and whole
-        blocks per module (N % 128 == 0); None otherwise (the caller dequantizes)."""
+    def fp8_expert_parts(self, experts: list[list[str]], shape: tuple[int, int]):
+        """The F8_E4M3 weights of ``experts`` (each expert's gate and up, or its down; every one [N, K] = ``shape``)
+        when all of them are stored so with 128 x 128 blocks and whole blocks per module (N % 128 == 0): what
+        :meth:`experts_fp8` uploads; None otherwise (the caller dequantizes). Reads headers and map views only."""
         N, K = shape
         if not self.fp8 or tuple(self.quant.block) != (128, 128) or N % 128 or K % 16:
             return None
         ts = [self._get(m + ".weight", shape) for mods in experts for m in mods]
-        if any(t.dtype != FP8_DTYPE for t in ts):
-            return None
-        out = self.be.experts_fp8(ts, [self._scales(t) for t in ts], len(experts))
-        self.fp8_experts += len(ts)
-        self._advance(len(ts))
+        return ts if all(t.dtype == FP8_DTYPE for t in ts) else None
+
+    def experts_fp8(self, parts: list, experts: int):
+        """Block-wise FP8 MoE experts kept e4m3 (backend.experts_fp8: ops.moe's W8A16 kernels) from
+        :meth:`fp8_expert_parts`'s weights, with their block scales."""
+        out = self.be.experts_fp8(parts, [self._scales(t) for t in parts], experts)
+        self.fp8_experts += len(parts)
+        self._advance(len(parts))
         return out
 
     def summary(self) -> str:
@@ -293,10 +296,10 @@ class _MoE:
                 self.w2 = w.experts_nvfp4(down, (H, I))
                 self.shared = None
                 return
-            w1 = w.experts_fp8(mods, (I, H))
-            w2 = w.experts_fp8(down, (H, I)) if w1 is not None else None
-            if w2 is not None:
-                self.w1, self.w2, self.shared = w1, w2, None
+            g = w.fp8_expert_parts(mods, (I, H))
+            d = w.fp8_expert_parts(down, (H, I)) if g else None
+            if g and d:  # both checked before either uploads
+                self.w1, self.w2, self.shared = w.experts_fp8(g, len(mods)), w.experts_fp8(d, len(down)), None
                 return
         if fused:
             gu = [(p + "experts.gate_up_proj", (E, 2 * I, H))]
