@@ -54,6 +54,7 @@ import numpy as np
 from .loader import RawTensor, to_bf16_bits, to_float32
 from .device_sampling import DeviceSampling
 from .profiling import FAMILIES, OpProfiler
+from .weights import BackendError, Fp8Weight, Nvfp4Weight, QuantizedUploads
 
 __all__ = ["VkcBackend", "BackendError", "Fp8Weight", "Nvfp4Weight", "GEMV_MAX_M", "FP8_GEMV", "FP8_GEMV_MAX_M",
            "FAMILIES"]
@@ -86,55 +87,12 @@ def _op_module(name: str, what: str):
         raise BackendError(f"vkc_runtime.ops.{name} ({what}) is not available: {e}") from None
 
 
-class BackendError(RuntimeError):
-    """The backend cannot run this model or configuration (the message says which op or size)."""
-
-
-class Fp8Weight:
-    """A block-wise FP8 linear weight on the device: ``q`` [N, K] uint8 (float8_e4m3fn bytes), ``scale``
-    [cdiv(N, 128), cdiv(K, 128)] float32 multipliers (the checkpoint's ``weight_scale_inv``)."""
-
-    def __init__(self, q, scale):
-        self.q, self.scale = q, scale
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)
-
-
-def _check_nvfp4_parts(op: str, packed: list[RawTensor], scales: list[RawTensor]) -> None:
-    """U8 codes and F8_E4M3 scales, no e4m3 NaN scale code (named with its tensor)."""
-    if any(p.dtype != "U8" for p in packed) or any(s.dtype != "F8_E4M3" for s in scales):
-        raise BackendError(f"{op} takes U8 codes and F8_E4M3 scales, got {sorted({p.dtype for p in packed})} / "
-                           f"{sorted({s.dtype for s in scales})}")
-    for t in scales:
-        if np.any((np.asarray(t.data).view(np.uint8) & 0x7F) == 0x7F):
-            raise BackendError(f"{t.name} ({t.file}) holds e4m3 NaN scale codes (0x7F / 0xFF): not a usable "
-                               "NVFP4 checkpoint")
-
-
-class Nvfp4Weight:
-    """An NVFP4 linear weight on the device, packed into the MMA layout of ``vkc_runtime.ops.nvfp4`` (``mma``: an
-    ``MmaWeights`` of int32 words and scales, its [N, K] and the global multiplier)."""
-
-    def __init__(self, mma):
-        self.mma = mma
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.mma.n, self.mma.k
-
-    @property
-    def alpha(self) -> float:
-        return self.mma.global_scale
-
-
 def _fp8(cfg) -> bool:
     q = getattr(cfg, "quant", None)
     return q is not None and q.method == "fp8"
 
 
-class VkcBackend(DeviceSampling, OpProfiler):
+class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
     """vkc_runtime's kernels on one CUDA device, on the backend's own stream. Op calls, in the order the model
     uses them (the names the lead wires at merge live only in this class):
 
@@ -298,60 +256,6 @@ class VkcBackend(DeviceSampling, OpProfiler):
                 self.synchronize()
             off += host.nbytes
         return out if shape is None else out.reshape(*shape)
-
-    def weight_fp8(self, parts: list[RawTensor], scales: list[RawTensor]) -> Fp8Weight:
-        """Upload an FP8 linear: F8_E4M3 parts [N_i, K] stacked along dim 0 (their bytes copied from the file
-        mapping) and their float32 block scales [N_i / 128, cdiv(K, 128)] stacked alike (every N_i a multiple of
-        128, so the stack is the fused weight's block grid)."""
-        if any(p.dtype != "F8_E4M3" for p in parts) or any(s.dtype != "F32" for s in scales):
-            raise BackendError(f"weight_fp8 takes F8_E4M3 weights and F32 scales, got "
-                               f"{[p.dtype for p in parts]} / {[s.dtype for s in scales]}")
-        return Fp8Weight(self.weight(parts, "u8"), self.weight(scales, "f32"))
-
-    def weight_nvfp4(self, packed: list[RawTensor], scales: list[RawTensor], alpha: float) -> Nvfp4Weight:
-        """Upload an NVFP4 linear: U8 packed parts [N_i, K/2] and F8_E4M3 scale parts [N_i, K/16] stacked along dim
-        0 into a temporary device copy, packed on the device (``ops.nvfp4.pack``) into the MMA layout, one global
-        multiplier for all of them. e4m3 NaN scale codes are refused, naming the tensor."""
-        _check_nvfp4_parts("weight_nvfp4", packed, scales)
-        n4 = self._nvfp4_ops()
-        lin_p, lin_s = self.weight(packed, "u8"), self.weight(scales, "u8")
-        N, K = lin_p.shape[0], 2 * lin_p.shape[1]
-        wshape, sshape = n4.mma_shapes(N, K)
-        words, sc = self.empty(wshape, "i32"), self.empty(sshape, "i32")
-        n4.pack(lin_p, lin_s, words, sc, stream=self._s)
-        self.synchronize()  # the linear copies are freed when this returns
-        w = Nvfp4Weight(n4.MmaWeights(words, sc, N, K, float(alpha)))
-        self._nvfp4_elems = max(self._nvfp4_elems, N * K)
-        return w
-
-    def experts_nvfp4(self, packed: list[RawTensor], scales: list[RawTensor], alpha, experts: int):
-        """Upload NVFP4 MoE expert weights for the W4A16 expert kernels (ops.moe ``Nvfp4Experts``): U8 code parts
-        [R_i, K/2] and F8_E4M3 scale parts [R_i, K/16], expert after expert (each expert's parts consecutive),
-        stacked as they are stored (HF's linear layout: no repacking) into [experts, R, K/2] / [experts, R, K/16];
-        ``alpha`` float32 [experts, A], each expert's global multiplier per projection. NaN scale codes are
-        refused, naming the tensor."""
-        _check_nvfp4_parts("experts_nvfp4", packed, scales)
-        codes, sc = self.weight(packed, "u8"), self.weight(scales, "u8")
-        a = np.ascontiguousarray(alpha, dtype=np.float32)
-        if a.ndim != 2 or a.shape[0] != experts or codes.shape[0] % experts:
-            raise BackendError(f"experts_nvfp4: {codes.shape[0]} rows and alpha {a.shape} for {experts} experts")
-        R = codes.shape[0] // experts
-        alpha_dev = self.weight([RawTensor("alpha", "F32", a, "")], "f32")
-        return self._moe_ops().Nvfp4Experts(codes.reshape(experts, R, codes.shape[1]),
-                                            sc.reshape(experts, R, sc.shape[1]), alpha_dev)
-
-    def experts_fp8(self, parts: list[RawTensor], scales: list[RawTensor], experts: int):
-        """Upload block-wise FP8 MoE expert weights for the W8A16 expert kernels (ops.moe ``Fp8Experts``): F8_E4M3
-        parts [R_i, K] and their float32 128 x 128 block scales [R_i / 128, cdiv(K, 128)], expert after expert,
-        stacked as stored into [experts, R, K] / [experts, R / 128, cdiv(K, 128)] (every R_i a multiple of 128)."""
-        if any(p.dtype != "F8_E4M3" for p in parts) or any(s.dtype != "F32" for s in scales):
-            raise BackendError(f"experts_fp8 takes F8_E4M3 weights and F32 scales, got "
-                               f"{sorted({p.dtype for p in parts})} / {sorted({s.dtype for s in scales})}")
-        q, sc = self.weight(parts, "u8"), self.weight(scales, "f32")
-        if q.shape[0] % experts or sc.shape[0] % experts:
-            raise BackendError(f"experts_fp8: {q.shape[0]} rows / {sc.shape[0]} scale rows for {experts} experts")
-        return self._moe_ops().Fp8Experts(q.reshape(experts, q.shape[0] // experts, q.shape[1]),
-                                          sc.reshape(experts, sc.shape[0] // experts, sc.shape[1]))
 
     def _nvfp4_ops(self):
         if self._nvfp4 is None:
