@@ -18,51 +18,24 @@ pytest.importorskip("triton")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from tests import bounds_cases as B, refs_moe as R  # noqa: E402
-from tests.kernel_testing import interpreter_active, specs  # noqa: E402
-from tests.test_bounds_interp import Cai, InterpKernel  # noqa: E402
+from tests.kernel_testing import interpreter_active  # noqa: E402
+from tests.test_bounds_interp import Cai  # noqa: E402
 from tests.test_moe_decode_interp import ref_h, rel, routing  # noqa: E402
 from tests.test_moe_grouped_interp import align_np  # noqa: E402
+from tests.test_moe_nvfp4_interp import moe_env  # noqa: E402
 from tests.test_moe_interp import bf16, np64, workspace  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter (TRITON_INTERPRET=1)")
-
-SPECS = specs("moe")
-
 
 def _seed():
     return int(np.random.SeedSequence().entropy % 2**31)
 
 
-class Registry:
-    def __init__(self, native):
-        self.launched, self.native = [], native
-
-    def __call__(self, base, device=None):
-        fam, name = base.split(".", 1)
-        assert fam == "moe", base
-        self.launched.append(base)
-        k = InterpKernel(base, SPECS[name])
-        if "NATIVE" in k.constexprs:
-            k.constexprs["NATIVE"] = self.native
-        return k
-
-    def has(self, base, device=None):
-        return base.split(".", 1)[1] in SPECS
-
-
 @pytest.fixture(params=[False, True], ids=["int", "native"])
 def M_(request, monkeypatch):
-    from tests.ops_fakes import patch_ops
-    from vkc_runtime.ops import moe
-    from vkc_runtime.ops.moe import grouped_ops
-    reg = Registry(request.param)
-    patch_ops(monkeypatch, moe, "get_kernel", reg)
-    monkeypatch.setattr(grouped_ops, "_sm_count", lambda dev: 132)
-    grouped_ops._calls.clear()
-    B.ACTIVE.clear()
-    ar = B.Arena(0, "cpu")
-    yield moe, reg, ar
-    ar.check()
+    env = moe_env(monkeypatch, {"NATIVE": request.param})
+    yield env
+    env[2].check()
     B.ACTIVE.clear()
 
 

@@ -26,15 +26,21 @@ pytestmark = pytest.mark.skipif(not interpreter_active(), reason="Triton's inter
 
 
 class Registry:
-    def __init__(self):
+    """get_kernel for the moe ops: the spec's kernel in the interpreter; ``constexprs`` replace the spec's values
+    where a kernel has them (the quantized-expert kernels' decoder choices, tests/test_moe_nvfp4_interp.py)."""
+
+    def __init__(self, constexprs: dict | None = None):
         self.specs = specs("moe")
         self.launched = []
+        self.constexprs = dict(constexprs or {})
 
     def __call__(self, base, device=None):
         fam, name = base.split(".", 1)
         assert fam == "moe", base
         self.launched.append(base)
-        return InterpKernel(base, self.specs[name])
+        k = InterpKernel(base, self.specs[name])
+        k.constexprs.update({c: v for c, v in self.constexprs.items() if c in k.constexprs})
+        return k
 
     def has(self, base, device=None):
         return base.split(".", 1)[1] in self.specs

@@ -18,53 +18,38 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from tests import bounds_cases as B, refs_moe as R, refs_nvfp4 as F  # noqa: E402
-from tests.kernel_testing import interpreter_active, specs  # noqa: E402
-from tests.test_bounds_interp import Cai, InterpKernel  # noqa: E402
+from tests.kernel_testing import interpreter_active  # noqa: E402
+from tests.test_bounds_interp import Cai  # noqa: E402
 from tests.test_moe_decode_interp import ref_h, rel, routing  # noqa: E402
 from tests.test_moe_grouped_interp import align_np  # noqa: E402
-from tests.test_moe_interp import bf16, np64, workspace  # noqa: E402
+from tests.test_moe_interp import Registry, bf16, np64, workspace  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter (TRITON_INTERPRET=1)")
 
-SPECS = specs("moe")
+
+def moe_env(monkeypatch, constexprs: dict):
+    """(ops.moe, its kernel registry, a sentinel arena): the moe ops' kernels in the interpreter with ``constexprs``
+    replacing the specs' (the decoder choices), the grouped GEMMs' SM count pinned to the H200's."""
+    from tests.ops_fakes import patch_ops
+    from vkc_runtime.ops import moe
+    from vkc_runtime.ops.moe import grouped_ops
+    reg = Registry(constexprs)
+    patch_ops(monkeypatch, moe, "get_kernel", reg)
+    monkeypatch.setattr(grouped_ops, "_sm_count", lambda dev: 132)
+    grouped_ops._calls.clear()
+    B.ACTIVE.clear()
+    return moe, reg, B.Arena(0, "cpu")
 
 
 def _seed():
     return int(np.random.SeedSequence().entropy % 2**31)
 
 
-class Registry:
-    """get_kernel for the moe ops: the spec's kernel in the interpreter, the W4A16 ones with PRMT=False."""
-
-    def __init__(self):
-        self.launched = []
-
-    def __call__(self, base, device=None):
-        fam, name = base.split(".", 1)
-        assert fam == "moe", base
-        self.launched.append(base)
-        k = InterpKernel(base, SPECS[name])
-        if "PRMT" in k.constexprs:
-            k.constexprs["PRMT"] = False
-        return k
-
-    def has(self, base, device=None):
-        return base.split(".", 1)[1] in SPECS
-
-
 @pytest.fixture()
 def M_(monkeypatch):
-    from tests.ops_fakes import patch_ops
-    from vkc_runtime.ops import moe
-    from vkc_runtime.ops.moe import grouped_ops
-    reg = Registry()
-    patch_ops(monkeypatch, moe, "get_kernel", reg)
-    monkeypatch.setattr(grouped_ops, "_sm_count", lambda dev: 132)
-    grouped_ops._calls.clear()
-    B.ACTIVE.clear()
-    ar = B.Arena(0, "cpu")
-    yield moe, reg, ar
-    ar.check()
+    env = moe_env(monkeypatch, {"PRMT": False})
+    yield env
+    env[2].check()
     B.ACTIVE.clear()
 
 
