@@ -5,6 +5,8 @@ and the HBM floor (the fp32 logits read once at the nominal 4.8 TB/s).
 Peers: greedy = torch.argmax(logits, -1); top-p = softmax(logits / T), a descending sort, cumsum, the tokens past
 top_p zeroed, then torch.multinomial (``torch_multinomial``) and the exponential-race draw vLLM uses
 (``probs / Exp(1)`` argmax, ``torch_exponential``). vkc-only rows: plain temperature sampling and top-k = 50.
+vkc runs with the row-statistics workspace (the parallel pass 1, what the engine passes); ``vkc_serial_graph_us``
+is the same op without it (one program per row for every pass), same inputs.
 Logits: torch.randn * 3 (a moderately peaked softmax; the top-p set has a few thousand tokens), fp32, rotated
 over enough sets to exceed the 60 MB L2. Usage: python benchmarks/bench_sample.py OUT.json
 """
@@ -56,10 +58,17 @@ def bench_case(B, mode, copy_tbs):
            "floor_us": nbytes / (BC.HBM_NOMINAL_TBS * 1e12) * 1e6,
            "floor_copy_us": BC.floor_ms(nbytes, copy_tbs) * 1e3}
 
+    # a torch buffer (what sample_workspace allocates), so that eager calls are bound calls like the others
+    ws = torch.empty(B * -(-V // S.SPAN) * 4, dtype=torch.float32, device="cuda")
+
     def f(i, stream=None):
+        S.sample(xs[i], fpd, ipd, out=tok, workspace=ws, stream=stream)
+
+    def f_serial(i, stream=None):
         S.sample(xs[i], fpd, ipd, out=tok, stream=stream)
     row["vkc_graph_us"] = graph_ms(f, vkc=True, n_sets=n_sets, inner=GRAPH_INNER) * 1e3
     row["vkc_eager_us"] = events_ms(f, n_sets=n_sets, **EAGER) * 1e3
+    row["vkc_serial_graph_us"] = graph_ms(f_serial, vkc=True, n_sets=n_sets, inner=GRAPH_INNER) * 1e3
     row["vkc_pct_floor"] = BC.pct(row["floor_us"], row["vkc_graph_us"])
     row["vkc_tbs"] = nbytes / (row["vkc_graph_us"] * 1e-6) / 1e12
     peers = {"greedy": {"torch_argmax": lambda x: torch.argmax(x, dim=-1)},
@@ -101,14 +110,15 @@ def main(out_path: str) -> None:
                   peer="torch.argmax; softmax + sort + cumsum top-p + torch.multinomial / exponential race")
     res = BC.result("sample", method=meth, limits=BC.hbm_limits(copy_tbs), rows=rows, comparisons=cmp)
     BC.write(out_path, res)
-    print(f"{'mode':<12}{'B':>4}{'floor us':>10}{'vkc us':>9}{'%floor':>8}{'eager':>8}  peers (graph us, x vkc)")
+    print(f"{'mode':<12}{'B':>4}{'floor us':>10}{'vkc us':>9}{'%floor':>8}{'eager':>8}{'serial':>8}  peers (graph us, "
+          "x vkc)")
     for r in rows:
         peers = "  ".join(f"{p}={r[p + '_graph_us']:.1f} ({r[p + '_speedup']:.2f}x)"
                           for p in ("torch_argmax", "torch_multinomial", "torch_exponential")
                           if p + "_graph_us" in r)
         errs = "  ".join(f"{k}: {v[:60]}" for k, v in r.items() if k.endswith("_error"))
         print(f"{r['mode']:<12}{r['B']:>4}{r['floor_us']:>10.2f}{r['vkc_graph_us']:>9.1f}{r['vkc_pct_floor']:>8.1f}"
-              f"{r['vkc_eager_us']:>8.1f}  {peers} {errs}")
+              f"{r['vkc_eager_us']:>8.1f}{r['vkc_serial_graph_us']:>8.1f}  {peers} {errs}")
 
 
 if __name__ == "__main__":

@@ -40,3 +40,26 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def _prefetch_l2_lines(ptrs, mask):
+    """``prefetch.global.L2::evict_last`` of each address where ``mask`` (sm_80+). Triton's interpreter runs no
+    inline PTX: tests/interp_fixes.py replaces this name there by a checked load of the same addresses."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.b32 $0, 0; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def l2_prefetch(base, n_bytes, LINES: tl.constexpr):
+    """Ask L2 to fetch the byte range [base, base + n_bytes) (``base`` a byte pointer) and keep it (evict_last):
+    one instruction per 128-byte line, fire and forget -- no register receives the data and nothing waits for it
+    (e.g. a kernel's weights before its grid-dependency wait, kernels_src/gdn_decode). Every address formed is
+    inside the range (line l is base + 128 l with 128 l < n_bytes); n_bytes <= 0 touches nothing. A prefetch
+    changes no value."""
+    lines = (n_bytes + 127) // 128
+    r = tl.arange(0, LINES)
+    for l in range(0, lines, LINES):
+        li = l + r
+        _prefetch_l2_lines(base + li.to(tl.int64) * 128, li < lines)

@@ -350,8 +350,12 @@ class NumpyBackend:
             out[s:e] = self._gdn_seq(qkv[s:e], a[s:e], b[s:e], A_log, dt_bias, Hk, Hv, state, int(slots[i]))
         return out
 
-    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out):
+    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out, ba=None):
         self._log("gdn_decode")
+        if ba is not None:  # b and a from the block's input (recurrent_decode's ba=): what linear would write
+            x, w = ba
+            ab = (x.astype(np.float64) @ w.astype(np.float64).T).astype(np.float32)
+            b, a = ab[:, :Hv], ab[:, Hv:]
         for i in range(qkv.shape[0]):
             out[i:i + 1] = self._gdn_seq(qkv[i:i + 1], a[i:i + 1], b[i:i + 1], A_log, dt_bias, Hk, Hv, state,
                                          int(slots[i]))

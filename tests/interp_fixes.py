@@ -1,6 +1,6 @@
 """Four Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session, and
-one gap filled (kernel code is unchanged; only `triton.runtime.interpreter` and, for 5, two names of
-kernels_src/common.py are touched, and only under TRITON_INTERPRET=1):
+two gaps filled (kernel code is unchanged; only `triton.runtime.interpreter` and, for 5 and 6, three names
+of kernels_src/common.py are touched, and only under TRITON_INTERPRET=1):
 
 1. bf16 tensors are kept as raw uint16 bits and `tl.dot` multiplies those bits as integers. Widen bf16
    operands to fp32 (exact) first: bf16 products with fp32 accumulation, as the tensor cores compute.
@@ -13,10 +13,20 @@ kernels_src/common.py are touched, and only under TRITON_INTERPRET=1):
    compiled kernel): kernels_src/common.py's two names (pdl_enter, the PDL kernels' only use) become no-ops,
    which is exact -- the interpreter runs each launch to its end before the next starts, so the wait is
    always already satisfied.
+6. No inline PTX either: kernels_src/common.py's L2 prefetch (`_prefetch_l2_lines`, the one asm statement that
+   changes no value) becomes a masked load of the same addresses, its result unused -- so the bounds checker of
+   the CPU tests sees every address a prefetch forms.
 """
 from __future__ import annotations
 
 import numpy as np
+
+
+def _prefetch_as_load(ptrs, mask):
+    """Item 6: the interpreter's stand-in of kernels_src.common._prefetch_l2_lines (called inside an interpreted
+    kernel, where tl.load runs on the interpreter's builder)."""
+    import triton.language as tl
+    tl.load(ptrs, mask=mask)
 
 
 def apply() -> None:
@@ -78,6 +88,7 @@ def apply() -> None:
 
     kc.gdc_wait = gdc_noop
     kc.gdc_launch_dependents = gdc_noop
+    kc._prefetch_l2_lines = _prefetch_as_load
     I.InterpreterBuilder.create_masked_load = create_masked_load
     I.InterpreterBuilder.create_masked_store = create_masked_store
     I.InterpreterBuilder.create_dot = create_dot

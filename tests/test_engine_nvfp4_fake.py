@@ -44,7 +44,7 @@ def launches(fake_vkc, monkeypatch):  # noqa: F811
     return seen
 
 
-def test_nvfp4_linears_through_the_real_validation(launches, ckpt, monkeypatch):
+def test_nvfp4_linears_through_the_real_validation(launches, fake_vkc, ckpt, monkeypatch):  # noqa: F811
     be = Fp8StreamBackend(monkeypatch)
     llm = LLM(ckpt, backend=be, max_num_seqs=5, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
               block_size=64)
@@ -64,6 +64,10 @@ def test_nvfp4_linears_through_the_real_validation(launches, ckpt, monkeypatch):
     cfg = llm.cfg
     assert {n for _, n, _ in be.gemm.calls} <= {cfg.vocab_size, 2 * cfg.gdn_v_heads}  # lm_head, in_proj_b | a
     assert GEMV_MAX_M == 16
+    # in_proj_b | a are bf16 beside the NVFP4 qkv | z: every decode step computes them in the recurrent step
+    gd = {c[0] for c in fake_vkc["gdn_decode"].calls}
+    assert gd and all(b.endswith(".ba") for b in gd), gd
+    assert llm.model.layers[0].mixer.ba is not None
 
 
 def test_weight_nvfp4_packs_into_the_mma_layout(launches, fake_vkc):  # noqa: F811

@@ -157,7 +157,7 @@ def test_every_op_call_passes_the_real_validation(fake_vkc, ckpt):
     assert {n.split(".")[1] for n in names["conv"]} == {"prefill", "update"}
     assert {n.split(".")[1] for n in names["gdn"]} == {"chunk_index", "prep", "kkt_wy", "delta_h", "chunk_o"}
     assert names["gdn_decode"]
-    assert {n.split(".")[1] for n in names["sample"]} == {"row"}  # the device sampler, every step
+    assert {n.split(".")[1] for n in names["sample"]} == {"row", "stats"}  # the device sampler, every step
     assert {n.split(".")[1] for n in names["norm"]} == {"rmsnorm", "add_rmsnorm", "gated_rmsnorm"}
     assert {n.split(".")[1] for n in names["embedding"]} == {"embedding"}
     assert {n.split(".")[1] for n in names["rope"]} == {"qk_norm_rope"}

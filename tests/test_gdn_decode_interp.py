@@ -42,12 +42,13 @@ def kmod():
 
 
 
-def step(kmod, spec, qkv, a, b, A_log, dt_bias, state, slots, o, hk, hv, eps=EPS):
+def step(kmod, spec, qkv, a, b, A_log, dt_bias, state, slots, o, hk, hv, eps=EPS, H=0):
+    """One launch; the .ba specs take x for ``a`` and w_ba for ``b`` with H their columns."""
     B = qkv.shape[0]
     s = spec.constexprs
     grid = (B * hv * (s["V"] // s["BLOCK_V"]),)
     args = (qkv, a, b, A_log, dt_bias, state, slots, o, qkv.stride(0), a.stride(0), b.stride(0), state.stride(0),
-            o.stride(0), hk, hv, state.shape[0], KD ** -0.5, eps)
+            o.stride(0), hk, hv, state.shape[0], KD ** -0.5, eps, H)
     assert len(args) == len(spec.args)
     getattr(kmod, spec.entry)[grid](*args, **s, num_warps=spec.num_warps, num_stages=spec.num_stages)
 
@@ -128,6 +129,41 @@ def test_decode_chain_grouped_heads(specs, kmod):
         assert np.max(np.abs(np64(state) - st_ref)) < 1e-5 * np.max(np.abs(st_ref)), f"step {it} state"
 
 
+@pytest.mark.parametrize("name", ["recurrent.k128_v128.bv32.ba", "recurrent.k128_v128.bv16.ba"])
+def test_decode_step_computes_b_and_a(specs, kmod, name):
+    """BA: b = bf16(x . w_ba[h]), a = bf16(x . w_ba[Hv + h]) in the step. H = 1040 (a chunk of 1024 and a tail of
+    16); x and w_ba rows padded with NaN past H (a read past H shows); the reference rounds the float64 dots to
+    bf16 before the float64 step (a swapped b / a or a wrong row shows in the gate and decay)."""
+    hk, hv, B, nslots, H = 2, 4, 3, 4, 1040
+    qkv, _, _, A_log, dt_bias, state = inputs(5, B, hk, hv, nslots)
+    g = torch.Generator().manual_seed(6)
+    xf = torch.full((B, H + 16), float("nan")).to(torch.bfloat16)
+    xf[:, :H] = (torch.randn(B, H, generator=g)).to(torch.bfloat16)
+    wf = torch.full((2 * hv, H + 32), float("nan")).to(torch.bfloat16)
+    wf[:, :H] = (torch.randn(2 * hv, H, generator=g) * 0.06).to(torch.bfloat16)
+    x, w = xf[:, :H], wf[:, :H]
+    dots = np64(x) @ np64(w).T
+    bf = torch.from_numpy(dots).to(torch.bfloat16)
+    b_ref, a_ref = bf[:, :hv], bf[:, hv:]
+    assert (np64(a_ref) != np64(b_ref)).any() and np.abs(dots).max() > 1.0
+    state0 = state.clone()
+    slot_l = [2, 0, -1]
+    o = torch.full((B, hv, VD), float("nan"), dtype=torch.bfloat16)
+    step(kmod, specs[name], qkv, x, w, A_log, dt_bias, state, torch.tensor(slot_l, dtype=torch.int32), o, hk, hv,
+         H=H)
+    o_ref, st_ref = R.gdn_decode(np64(qkv), np64(a_ref), np64(b_ref), np64(A_log), np64(dt_bias), np64(state0),
+                                 slot_l, hk, hv, eps=EPS)
+    on = np64(o)
+    assert np.isfinite(on).all()
+    rows_close(on, o_ref, 1e-2, "o")
+    assert np.all(on[2] == 0)
+    for sl in (2, 0):
+        err = np.max(np.abs(np64(state)[sl] - st_ref[sl])) / np.max(np.abs(st_ref[sl]))
+        assert err < 1e-4, f"slot {sl}: state error {err:.2e}"
+    for sl in (1, 3):
+        assert torch.equal(state[sl], state0[sl])
+
+
 # ------------------------------------------------------------------ op validation (no GPU: fake device pointers)
 
 def _ref(shape, dtype, ptr=0x10000, strides=None):
@@ -166,6 +202,22 @@ def test_recurrent_decode_validation(over, needle):
     with pytest.raises(gdn_decode.OpError if hasattr(gdn_decode, "OpError") else ValueError, match=needle):
         gdn_decode.recurrent_decode(kw["qkv"], kw["a"], kw["b"], kw["A_log"], kw["dt_bias"], kw["state"],
                                     kw["slot_idx"], 2, 4, out=kw["out"])
+
+
+def test_recurrent_decode_ba_validation():
+    from vkc_runtime.ops import gdn_decode
+    from vkc_runtime.ops._check import OpError
+    kw = _decode_args()
+    rest = [kw[k] for k in ("A_log", "dt_bias", "state", "slot_idx")]
+    x, w = _ref((2, 256), "bfloat16", ptr=0x900000), _ref((8, 256), "bfloat16", ptr=0xA00000)
+    with pytest.raises(OpError, match="pass a=None, b=None"):
+        gdn_decode.recurrent_decode(kw["qkv"], kw["a"], kw["b"], *rest, 2, 4, out=kw["out"], ba=(x, w))
+    with pytest.raises(OpError, match="w_ba has shape"):
+        gdn_decode.recurrent_decode(kw["qkv"], None, None, *rest, 2, 4, out=kw["out"],
+                                    ba=(x, _ref((6, 256), "bfloat16", ptr=0xA00000)))
+    with pytest.raises(OpError, match="ba.x has shape"):
+        gdn_decode.recurrent_decode(kw["qkv"], None, None, *rest, 2, 4, out=kw["out"],
+                                    ba=(_ref((3, 256), "bfloat16", ptr=0x900000), w))
 
 
 def test_recurrent_decode_heads_validation():

@@ -81,7 +81,7 @@ def test_naming_functions_produce_only_declared_names():
         names |= {C._base(k, v) for k in ("prefill", "update")}
     rows = set(N.BASES) | set(RO.BASES) | set(AC.BASES) | set(EM.BASES)
     assert names <= rows | set(C.BASES) and rows <= names
-    assert {GD._base(t) for t in GD._SPECS} == set(GD.BASES)
+    assert {GD._base(t, ba) for t in GD._SPECS for ba in (False, True)} == set(GD.BASES)
     assert [G._base(k) for k in G._KERNELS] == list(G.BASES)
     attn = {A.cache_write_base(a) for a in (True, False)}
     for d in A.HEAD_DIMS:

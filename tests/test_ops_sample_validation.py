@@ -35,15 +35,33 @@ def test_picks_dtype_and_alignment(rec):
                                          "sample.row.f32.any", "sample.row.f32.a16", "sample.row.f32.any"]
     assert all(c[1] == (4, 1, 1) for c in rec.calls)
     a = rec.calls[0][2]
-    assert a[8:] == (248320, 248320, 0, 0, 0, 0, 0)  # stride, V, stride_c, num_slots, n_top, stride_top, want_lp
-    assert rec.calls[4][2][10:12] == (248320, 9)
+    # stride, V, stride_c, num_slots, n_top, stride_top, want_lp, n_slices (0: no workspace, the serial pass 1)
+    assert a[9:] == (248320, 248320, 0, 0, 0, 0, 0, 0)
+    assert rec.calls[4][2][11:13] == (248320, 9)
+
+
+def test_workspace_runs_the_row_statistics_first(rec):
+    B, V = 4, 248320
+    n = -(-V // S.SPAN)
+    assert n == 31
+    ws = Dev((B * n * 4,), F32)  # what sample_workspace(B, V) allocates
+    lg, fp, ip = args(B, V, BF16)
+    S.sample(lg, fp, ip, out=Dev((B,), I32), workspace=ws)
+    (b1, g1, a1), (b2, g2, a2) = rec.calls
+    assert (b1, g1) == ("sample.stats.bf16.a16", (B, n, 1)) and (b2, g2) == ("sample.row.bf16.a16", (B, 1, 1))
+    assert a1[4] == a2[8] == ws.__cuda_array_interface__["data"][0] and a1[5:] == (V, V, 0, 0, S.SPAN)
+    assert a2[-1] == n
+    rec.calls.clear()
+    with pytest.raises(OpError, match="workspace must be"):  # too small for B rows
+        S.sample(*args(B + 1, V), out=Dev((B + 1,), I32), workspace=ws)
+    assert rec.calls == [] and S.sample_workspace(2, S.SPAN * S.SMAX + 1) is None
 
 
 def test_optional_outputs(rec):
     lg, fp, ip = args(3, 512)
     S.sample(lg, fp, ip, out=Dev((3,), I32), logprobs=Dev((3,), F32), top_logprobs=Dev((3, 20), F32),
              top_ids=Dev((3, 20), I32))
-    assert rec.calls[0][2][-3:] == (20, 20, 1)
+    assert rec.calls[0][2][-4:] == (20, 20, 1, 0)  # n_top, stride_top, want_lp, n_slices
 
 
 @pytest.mark.parametrize("bad, msg", [

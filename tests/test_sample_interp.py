@@ -1,6 +1,8 @@
 """CPU tests of kernels_src/sample (the row sampler and the token-count kernels) through Triton's interpreter
 (tests/conftest.py sets TRITON_INTERPRET=1), against the float64 numpy references of refs_sample.py.
 
+Every sampler test runs twice: the row kernel's own pass 1, and the row statistics in parallel slices first
+(sample_stats_kernel, partials merged by the row kernel; ties across slices).
 Checks: greedy == numpy argmax with ties to the lowest index (ties across blocks, bf16 and a16 variants);
 penalties (repetition over prompt + output tokens, presence, frequency; invalid slots read nothing) through the
 greedy tokens and the top-n log-probabilities; top-k / top-p / min-p support sets over many seeds, with each
@@ -27,9 +29,12 @@ DEV = device()
 NF, NI = 8, 4
 
 
-@pytest.fixture(scope="module")
-def K():
-    return SimpleNamespace(mod=importlib.import_module("kernels_src.sample.sample"), specs=specs("sample"))
+@pytest.fixture(scope="module", params=[None, 96], ids=["serial", "slices"])
+def K(request):
+    """The kernels; ``span``: None runs the row kernel's own pass 1, else the row statistics first, one program
+    per ``span`` logits (several slices even for the tests' short rows, ties across them)."""
+    return SimpleNamespace(mod=importlib.import_module("kernels_src.sample.sample"), specs=specs("sample"),
+                           span=request.param)
 
 
 def params(B, **kw):
@@ -53,8 +58,14 @@ def run(K, logits, fp, ip, counts=None, n_top=0, variant="any", dtype="f32", **o
     else:
         ct = torch.from_numpy(counts).to(DEV)
         S, sc = ct.shape[0], ct.stride(0)
-    launch_spec(K.specs[f"row.{dtype}.{variant}"], (B,), lt, ft, it, ct, tok, lp, tv, ti, lt.stride(0), V, sc, S,
-                n_top, tv.stride(0), 1, **override)
+    ns = 0 if K.span is None else -(-V // K.span)
+    part = torch.full((max(B * ns * 4, 1),), float("nan"), dtype=torch.float32, device=DEV)  # poisoned
+    if ns:
+        launch_spec(K.specs[f"stats.{dtype}.{variant}"], (B, ns), lt, ft, it, ct, part, lt.stride(0), V, sc, S,
+                    K.span, **{k: v for k, v in override.items() if k == "BLOCK"})
+        assert not torch.isnan(part.view(-1, 4)[:, :3]).any(), "a partial was not written"  # (m, Z, argmax, -)
+    launch_spec(K.specs[f"row.{dtype}.{variant}"], (B,), lt, ft, it, ct, tok, lp, tv, ti, part, lt.stride(0), V, sc,
+                S, n_top, tv.stride(0), 1, ns, **override)
     assert torch.isnan(tv[:, n_top:]).all() and (ti[:, n_top:] == -7).all(), "wrote past n_top"
     return tok.cpu().numpy(), lp.cpu().numpy(), tv[:, :n_top].cpu().numpy(), ti[:, :n_top].cpu().numpy()
 

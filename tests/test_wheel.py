@@ -32,7 +32,8 @@ def test_wheel_holds_one_arch(wheel):
     assert {f"vkc_runtime/plans/defaults/{a}.json" for a in ("sm_80", "sm_90a", "sm_121a")} <= set(names)
     cute = sorted(n for n in names if n.startswith("vkc_runtime/artifacts/vendored/sm_90a/gemm/") and n.endswith(".so"))
     assert cute == [f"vkc_runtime/artifacts/vendored/sm_90a/gemm/gemm.{h}.so" for h in ("aarch64", "x86_64")], cute
-    assert wheel.stat().st_size < 2 * 1024 * 1024, wheel.stat().st_size
+    # one arch's artifacts compress to ~2 MiB (2.0 MiB at 190 sm_90a kernels); a second arch would add as much
+    assert wheel.stat().st_size < 3 * 1024 * 1024, wheel.stat().st_size
 
 
 def test_fresh_venv_import_and_doctor(wheel, tmp_path):

@@ -16,6 +16,12 @@ stride_state; slot_idx int32 [B]; o [B, Hv, V] bf16 (row stride stride_o, heads 
 A slot outside [0, num_slots) (e.g. -1 for a padded batch entry): the state is neither read nor written
 and o[b] = 0.
 
+BA (the ``.ba`` specs): a_ptr / b_ptr are the block's input x [B, H] (row stride stride_a) and the b | a rows of the
+in-projection w_ba [2 Hv, H] (row stride stride_b) instead: b = bf16(x[b] . w_ba[h]), a = bf16(x[b] . w_ba[Hv + h])
+with fp32 sums over H in BLOCK_H chunks, rounded once to bf16 as the in-projection's GEMV output would be. Before
+the grid-dependency wait (weights only) the first v-block program of each (b, h) asks L2 for the two weight rows.
+x is read after the wait like every activation; columns past H are masked.
+
 Grid (B * Hv * (V // BLOCK_V),) on axis 0 only (so B * Hv is never limited by the 65535 of axes y/z):
 program p -> (b, h, v-block) with the v-block fastest, so neighbouring programs stream neighbouring
 state bytes. Each program owns a [K, BLOCK_V] column slab of one head's state: it is read once and
@@ -24,7 +30,7 @@ written once (the kernel is HBM-bound on these bytes); splitting V gives B * Hv 
 import triton
 import triton.language as tl
 
-from kernels_src.common import pdl_enter
+from kernels_src.common import l2_prefetch, pdl_enter
 
 
 @triton.jit
@@ -35,9 +41,22 @@ def _softplus_f32(x):
 
 
 @triton.jit
+def _dot_bf16(x_row, w_row, H, BLOCK_H: tl.constexpr):
+    """bf16(x . w) over H (fp32 sums in BLOCK_H chunks), as fp32."""
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        c = h0 + tl.arange(0, BLOCK_H)
+        m = c < H
+        acc += tl.load(x_row + c, mask=m, other=0.0).to(tl.float32) * tl.load(w_row + c, mask=m, other=0.0).to(
+            tl.float32)
+    return tl.sum(acc, axis=0).to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
 def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slot_ptr, o_ptr,
-                      stride_qkv, stride_a, stride_b, stride_state, stride_o, Hk, Hv, num_slots, scale, eps,
-                      K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+                      stride_qkv, stride_a, stride_b, stride_state, stride_o, Hk, Hv, num_slots, scale, eps, H,
+                      K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr, BA: tl.constexpr,
+                      BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     NV: tl.constexpr = V // BLOCK_V
     pid = tl.program_id(0)
     iv = pid % NV
@@ -47,6 +66,10 @@ def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, 
     kh = h // (Hv // Hk)
     cv = iv * BLOCK_V + tl.arange(0, BLOCK_V)
     o_row = o_ptr + bi * stride_o + h * V
+    if BA:
+        if iv == 0:  # the b / a weight rows (weights: allowed before the wait)
+            l2_prefetch((b_ptr + h * stride_b).to(tl.pointer_type(tl.uint8)), 2 * H, 32)
+            l2_prefetch((b_ptr + (Hv + h) * stride_b).to(tl.pointer_type(tl.uint8)), 2 * H, 32)
     pdl_enter(PDL)
     slot = tl.load(slot_ptr + bi)
     if (slot >= 0) & (slot < num_slots):
@@ -57,8 +80,13 @@ def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, 
         v = tl.load(row + 2 * Hk * K + h * V + cv).to(tl.float32)
         q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
         k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
-        a = tl.load(a_ptr + bi * stride_a + h).to(tl.float32)
-        bb = tl.load(b_ptr + bi * stride_b + h).to(tl.float32)
+        if BA:
+            x_row = a_ptr + bi * stride_a
+            bb = _dot_bf16(x_row, b_ptr + h * stride_b, H, BLOCK_H)
+            a = _dot_bf16(x_row, b_ptr + (Hv + h) * stride_b, H, BLOCK_H)
+        else:
+            a = tl.load(a_ptr + bi * stride_a + h).to(tl.float32)
+            bb = tl.load(b_ptr + bi * stride_b + h).to(tl.float32)
         g = -tl.exp(tl.load(A_log_ptr + h)) * _softplus_f32(a + tl.load(dt_bias_ptr + h))
         decay = tl.exp(g)
         beta = 1.0 / (1.0 + tl.exp(-bb))

@@ -7,6 +7,8 @@ bytes per program next to the 2 * K * BLOCK_V * 4 state bytes).
 Grid: (B * Hv * (V // BLOCK_V),), axis 0 only.
   recurrent.k128_v128.bv32   4 warps, [128, 32] fp32 state slab per program (32 values per thread)
   recurrent.k128_v128.bv16   2 warps, [128, 16] slab: twice the CTAs for small batches (B * Hv < 512)
+  *.ba                       the same, b and a computed from x and the b | a weight rows (BA; BLOCK_H 1024 columns
+                             a chunk: two chunks at H = 2048, five at 5120); H is 0 (unused) for the others
 """
 from vkc.spec import Arg, KernelSpec, with_pdl
 
@@ -16,13 +18,13 @@ _ARGS = [
     Arg("slot_ptr", "*i32"), Arg("o_ptr", "*bf16"),
     Arg("stride_qkv", "i32"), Arg("stride_a", "i32"), Arg("stride_b", "i32"), Arg("stride_state", "i32", div=16),
     Arg("stride_o", "i32"), Arg("Hk", "i32"), Arg("Hv", "i32"), Arg("num_slots", "i32"),
-    Arg("scale", "fp32"), Arg("eps", "fp32"),
+    Arg("scale", "fp32"), Arg("eps", "fp32"), Arg("H", "i32"),
 ]
 
 SPECS = [
-    KernelSpec(name="recurrent.k128_v128.bv32", source="decode.py", entry="gdn_decode_kernel", args=_ARGS,
-               constexprs={"K": 128, "V": 128, "BLOCK_V": 32}, num_warps=4, num_stages=1),
-    KernelSpec(name="recurrent.k128_v128.bv16", source="decode.py", entry="gdn_decode_kernel", args=_ARGS,
-               constexprs={"K": 128, "V": 128, "BLOCK_V": 16}, num_warps=2, num_stages=1),
+    KernelSpec(name=f"recurrent.k128_v128.bv{bv}" + (".ba" if ba else ""), source="decode.py",
+               entry="gdn_decode_kernel", args=_ARGS,
+               constexprs={"K": 128, "V": 128, "BLOCK_V": bv, "BA": ba, "BLOCK_H": 1024}, num_warps=w, num_stages=1)
+    for ba in (False, True) for bv, w in ((32, 4), (16, 2))
 ]
 SPECS = [with_pdl(s) for s in SPECS]  # decode steps: programmatic dependent launch (common.py pdl_enter)

@@ -36,14 +36,25 @@ Top-n log-probabilities (n_top in 0..20, NTOP slots): the n largest l (ties: low
 log_softmax(l) = l - m - log Z of them (of the processed logits before the filters; greedy rows unscaled),
 ids -1 and values -inf past the row's finite entries; the sampled token's log-probability likewise.
 
-Bounds: every load of the logits row is masked to [0, V); a slot outside [0, num_slots) reads no counts; the
-token written is clamped to [0, V - 1]; NaN logits give an unspecified token inside that range.
+Row statistics in parallel (``sample_stats_kernel``, grid (B, n_slices)): program (row, j) computes pass 1's m,
+Z and lowest argmax over slice [j * span, min((j + 1) * span, V)) of the processed logits and writes them to
+``part[row, j]`` (fp32 m, fp32 Z relative to that m, the argmax's bits); the row program then merges the
+n_slices partials in slice order (m = max m_j, Z = sum Z_j exp(m_j - m), the lowest argmax among the slices
+reaching m: the same values as its own pass 1, Z up to fp32 summation order) instead of reading the row once
+more on one SM -- a greedy row is then one parallel pass and a merge. n_slices 0 (no partials) or a row asking
+for top-n log-probabilities runs the serial pass 1 as before.
+
+Bounds: every load of the logits row is masked to [0, V) (a slice's to its end); a slot outside [0, num_slots)
+reads no counts; the partials are read at [row, 0 .. n_slices) only, the host checks their buffer holds
+B * n_slices * 4 floats and n_slices <= SMAX; the token written is clamped to [0, V - 1]; NaN logits give an
+unspecified token inside that range.
 
 counts_kernel: counts[slot, token] += 1 (outputs) or |= PROMPT_BIT (prompt) for each of n (token, slot)
 pairs; pairs with a slot outside [0, num_slots) or a token outside [0, V) are skipped. reset_kernel zeroes
 the rows of n slots (slots outside [0, num_slots) skipped).
 
 Grids:
+  sample_stats_kernel  (B, n_slices)
   sample_kernel  (B,)
   counts_kernel  (cdiv(n, BLOCK),)
   reset_kernel   (n, cdiv(V, BLOCK))
@@ -88,34 +99,78 @@ def _processed(lrow, crow, offs, V, has_pen, rep, pres, freq, scale_div):
 
 
 @triton.jit
-def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_ptr, topi_ptr,
-                  stride_l, V, stride_c, num_slots, n_top, stride_top, want_lp,
-                  NF: tl.constexpr, NI: tl.constexpr, BLOCK: tl.constexpr, NTOP: tl.constexpr,
-                  MAX_ROUNDS: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
-    row = tl.program_id(0)
+def _row_params(fp_ptr, ip_ptr, counts_ptr, row, stride_c, num_slots, NF: tl.constexpr, NI: tl.constexpr):
+    """A row's parameters: (temp, top_p, min_p, rep, pres, freq, top_k, seed, step, has_pen, count row, greedy,
+    the temperature divisor)."""
     fp = fp_ptr + row * NF
     ip = ip_ptr + row * NI
     temp = tl.load(fp + 0)
-    top_p = tl.load(fp + 1)
-    min_p = tl.load(fp + 2)
     rep = tl.load(fp + 3)
     pres = tl.load(fp + 4)
     freq = tl.load(fp + 5)
-    top_k = tl.load(ip + 0)
-    seed = tl.load(ip + 1)
-    step = tl.load(ip + 2)
     slot = tl.load(ip + 3)
-
     rep = tl.where(rep > 0, rep, 1.0)
     has_pen = (slot >= 0) & (slot < num_slots) & ((rep != 1.0) | (pres != 0.0) | (freq != 0.0))
     crow = counts_ptr + tl.where(has_pen, slot, 0).to(tl.int64) * stride_c
-    lrow = logits_ptr + row.to(tl.int64) * stride_l
     greedy = ~(temp > 0.0)
     scale_div = tl.where(greedy, 1.0, temp)
+    return (temp, tl.load(fp + 1), tl.load(fp + 2), rep, pres, freq, tl.load(ip + 0), tl.load(ip + 1),
+            tl.load(ip + 2), has_pen, crow, greedy, scale_div)
+
+
+@triton.jit
+def _stats_block(m, z, am, x, offs, end):
+    """Pass 1's update of (max, sum of exp(l - max), lowest argmax) by one block of processed logits."""
+    bm = tl.max(x, 0)
+    bi = tl.min(tl.where((x == bm) & (offs < end), offs, BIG), 0)
+    am = tl.where(bm > m, bi, am)
+    m_new = tl.maximum(m, bm)
+    ms = tl.where(m_new == float("-inf"), 0.0, m_new)
+    z = z * tl.exp(m - ms) + tl.sum(tl.exp(x - ms), 0)
+    return m_new, z, am, bm
+
+
+@triton.jit
+def sample_stats_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, part_ptr, stride_l, V, stride_c, num_slots, span,
+                        NF: tl.constexpr, NI: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Pass 1 of slice j of a row (module doc, "Row statistics in parallel"): part[row, j] = (m, Z, argmax)."""
+    pdl_enter(PDL)
+    row = tl.program_id(0)
+    j = tl.program_id(1)
+    (temp, top_p, min_p, rep, pres, freq, top_k, seed, step, has_pen, crow, greedy,
+     scale_div) = _row_params(fp_ptr, ip_ptr, counts_ptr, row, stride_c, num_slots, NF, NI)
+    lrow = logits_ptr + row.to(tl.int64) * stride_l
+    ar = tl.arange(0, BLOCK)
+    lo = j * span
+    hi = tl.minimum(lo + span, V)
+    m = float("-inf")
+    z = 0.0
+    am = 0
+    xn, cn = _raw(lrow, crow, lo + ar, hi, has_pen)
+    for start in range(lo, hi, BLOCK):
+        offs = start + ar
+        x = _apply(xn, cn, offs, hi, has_pen, rep, pres, freq, scale_div)
+        xn, cn = _raw(lrow, crow, offs + BLOCK, hi, has_pen)  # prefetch (masked off past the slice)
+        m, z, am, bm = _stats_block(m, z, am, x, offs, hi)
+    base = part_ptr + (row.to(tl.int64) * tl.num_programs(1) + j) * 4
+    tl.store(base, m)
+    tl.store(base + 1, z)
+    tl.store(base + 2, am.to(tl.int32).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_ptr, topi_ptr, part_ptr,
+                  stride_l, V, stride_c, num_slots, n_top, stride_top, want_lp, n_slices,
+                  NF: tl.constexpr, NI: tl.constexpr, BLOCK: tl.constexpr, NTOP: tl.constexpr,
+                  MAX_ROUNDS: tl.constexpr, SMAX: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    row = tl.program_id(0)
+    (temp, top_p, min_p, rep, pres, freq, top_k, seed, step, has_pen, crow, greedy,
+     scale_div) = _row_params(fp_ptr, ip_ptr, counts_ptr, row, stride_c, num_slots, NF, NI)
+    lrow = logits_ptr + row.to(tl.int64) * stride_l
     ar = tl.arange(0, BLOCK)
 
-    # pass 1: max, lowest argmax, online sum of exp(l - m), top-n list
+    # pass 1: max, lowest argmax, online sum of exp(l - m), top-n list -- or the merge of the slices' partials
     m = float("-inf")
     z = 0.0
     am = 0
@@ -124,30 +179,37 @@ def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_
     tv = tl.full((NTOP,), float("-inf"), tl.float32)
     ti = -1 - slots_t  # distinct placeholder ids (the highest is replaced first)
     worst = tl.min(tl.where(active, tv, float("inf")), 0)
-    xn, cn = _raw(lrow, crow, ar, V, has_pen)
-    for start in range(0, V, BLOCK):
-        offs = start + ar
-        x = _apply(xn, cn, offs, V, has_pen, rep, pres, freq, scale_div)
-        xn, cn = _raw(lrow, crow, offs + BLOCK, V, has_pen)  # prefetch (masked off past V)
-        bm = tl.max(x, 0)
-        bi = tl.min(tl.where((x == bm) & (offs < V), offs, BIG), 0)
-        am = tl.where(bm > m, bi, am)
-        m_new = tl.maximum(m, bm)
-        ms = tl.where(m_new == float("-inf"), 0.0, m_new)
-        z = z * tl.exp(m - ms) + tl.sum(tl.exp(x - ms), 0)
-        m = m_new
-        if (n_top > 0) & (bm > worst):
-            xs = x
-            for _t in range(0, n_top):
-                bmx = tl.max(xs, 0)
-                if bmx > worst:
-                    bix = tl.min(tl.where(xs == bmx, offs, BIG), 0)
-                    key = tl.where(active & (tv == worst), ti, -BIG)
-                    sel = active & (ti == tl.max(key, 0)) & (tv == worst)
-                    tv = tl.where(sel, bmx, tv)
-                    ti = tl.where(sel, bix, ti)
-                    xs = tl.where(offs == bix, float("-inf"), xs)
-                    worst = tl.min(tl.where(active, tv, float("inf")), 0)
+    if (n_slices > 0) & (n_top == 0):
+        js = tl.arange(0, SMAX)
+        jm = js < n_slices
+        pb = part_ptr + (row.to(tl.int64) * n_slices + js) * 4
+        mj = tl.load(pb, mask=jm, other=float("-inf"))
+        zj = tl.load(pb + 1, mask=jm, other=0.0)
+        aj = tl.load(pb + 2, mask=jm, other=0.0).to(tl.int32, bitcast=True)
+        m = tl.max(mj, 0)
+        ms = tl.where(m == float("-inf"), 0.0, m)
+        z = tl.sum(tl.where(mj > float("-inf"), zj * tl.exp(mj - ms), 0.0), 0)
+        am = tl.min(tl.where(jm & (mj == m), aj, BIG), 0)
+        am = tl.where(am == BIG, 0, am)
+    else:
+        xn, cn = _raw(lrow, crow, ar, V, has_pen)
+        for start in range(0, V, BLOCK):
+            offs = start + ar
+            x = _apply(xn, cn, offs, V, has_pen, rep, pres, freq, scale_div)
+            xn, cn = _raw(lrow, crow, offs + BLOCK, V, has_pen)  # prefetch (masked off past V)
+            m, z, am, bm = _stats_block(m, z, am, x, offs, V)
+            if (n_top > 0) & (bm > worst):
+                xs = x
+                for _t in range(0, n_top):
+                    bmx = tl.max(xs, 0)
+                    if bmx > worst:
+                        bix = tl.min(tl.where(xs == bmx, offs, BIG), 0)
+                        key = tl.where(active & (tv == worst), ti, -BIG)
+                        sel = active & (ti == tl.max(key, 0)) & (tv == worst)
+                        tv = tl.where(sel, bmx, tv)
+                        ti = tl.where(sel, bix, ti)
+                        xs = tl.where(offs == bix, float("-inf"), xs)
+                        worst = tl.min(tl.where(active, tv, float("inf")), 0)
     am = tl.minimum(am, V - 1)
     ms = tl.where(m == float("-inf"), 0.0, m)
     log_z = ms + tl.log(z)

@@ -446,9 +446,9 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
         return self._gdn.chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, Hk, Hv, state=state,
                                                 slot_idx=slots, out=out, workspace=self._gdn_ws, stream=self._s)
 
-    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out):
+    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out, ba=None):
         return self._gdn_dec.recurrent_decode(qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out=out,
-                                              stream=self._s)
+                                              stream=self._s, ba=ba)
 
     def moe_block(self, x, gate_w, w1, w2, top_k, shared_gate_w, out, shared=None):
         if shared is not None:

@@ -16,7 +16,8 @@ __all__ = ["DeviceSampling"]
 class DeviceSampling:
     """sample / init_counts of a backend (module docstring)."""
 
-    _samp = None    # (capacity, float params, int params, tokens, logprobs, top values, top ids) buffers
+    _samp = None    # (capacity, float params, int params, tokens, logprobs, top values, top ids, row-statistics
+    #                  workspace) buffers
     _counts = None  # the penalty counts buffer (init_counts allocates it on first use)
 
     def sample(self, logits, params: list, generators: list, *, slots=None):
@@ -34,8 +35,9 @@ class DeviceSampling:
             I64 = lambda n: self._mem.DeviceArray.empty((n,), "int64", device=self.device)  # noqa: E731
             self._samp = (cap, self.empty((cap * sp.NF,), "f32"), I64(cap * sp.NI), self.empty((cap,), "i32"),
                           self.empty((cap,), "f32"), self.empty((cap * sp.MAX_TOP_LOGPROBS,), "f32"),
-                          self.empty((cap * sp.MAX_TOP_LOGPROBS,), "i32"))
-        _, fbuf, ibuf, obuf, lbuf, tvbuf, tibuf = self._samp
+                          self.empty((cap * sp.MAX_TOP_LOGPROBS,), "i32"),
+                          sp.sample_workspace(cap, logits.shape[1], device=self.device))
+        _, fbuf, ibuf, obuf, lbuf, tvbuf, tibuf, ws = self._samp
         slots = [-1] * B if slots is None else [int(s) for s in slots]
         pen = [s >= 0 and p.has_penalties for p, s in zip(params, slots)]
         seeds = [0 if p.greedy else int(g.integers(0, 1 << 62)) for p, g in zip(params, generators)]
@@ -52,7 +54,8 @@ class DeviceSampling:
         tv = self.rows(tvbuf, B * n_top).reshape(B, n_top) if n_top else None
         ti = self.rows(tibuf, B * n_top).reshape(B, n_top) if n_top else None
         counts = self._counts if any(pen) else None
-        sp.sample(logits, fv, iv, counts=counts, out=ov, logprobs=lp, top_logprobs=tv, top_ids=ti, stream=self._s)
+        sp.sample(logits, fv, iv, counts=counts, out=ov, logprobs=lp, top_logprobs=tv, top_ids=ti, workspace=ws,
+                  stream=self._s)
         if counts is not None:
             sp.add_output_tokens(counts, ov, iv, stream=self._s)
         res = SampleResult(self.to_host(ov).astype(np.int32))

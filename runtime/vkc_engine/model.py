@@ -9,7 +9,9 @@ RMSNorm and the LM head on the rows that need logits.
 Fusions at load (rows stacked, one GEMM each): GDN ``in_proj_qkv | in_proj_z | in_proj_b | in_proj_a``;
 attention ``q_proj | k_proj | v_proj`` (q_proj keeps HF's per-head [query | gate] rows, which is what
 qk_norm_rope and the attention gate read); MLP ``gate_proj | up_proj``. MoE: every expert's ``gate | up`` rows
-stacked into ``w1`` [E', 2I, H] and its ``down`` into ``w2`` [E', H, I] (see :class:`_MoE`).
+stacked into ``w1`` [E', 2I, H] and its ``down`` into ``w2`` [E', H, I] (see :class:`_MoE`). When ``in_proj_b |
+in_proj_a`` end up a bf16 run of their own after a quantized one (NVFP4 / FP8 checkpoints keep them bf16), a decode
+step does not run them as a GEMV: the recurrent step computes b and a from the block's input (ops.gdn_decode's ba=).
 
 MoE experts of block-wise FP8 checkpoints stored per expert whose every projection (the folded shared expert's
 included) is F8_E4M3 with whole 128-row blocks (I % 128 == 0) stay FP8 as stored (``backend.experts_fp8``: ops.moe's
@@ -71,11 +73,11 @@ class Step:
 
 
 class _Segments:
-    """A fused projection loaded as several weights (FP8 and bf16 runs): ``(weight, first column, width)`` each,
-    every one writing its columns of the output."""
+    """A fused projection loaded as several weights (FP8 / NVFP4 and bf16 runs): ``(weight, first column, width)``
+    each, every one writing its columns of the output; ``kinds`` the runs' kinds ("bf16", "fp8", ("nvfp4", alpha))."""
 
-    def __init__(self, segs):
-        self.segs = segs
+    def __init__(self, segs, kinds):
+        self.segs, self.kinds = segs, kinds
 
 
 def _linear(be, x, w, out):
@@ -186,7 +188,7 @@ class _Weights:
                 self.bf16_linears.add((sum(t.shape[0] for t in ts), ts[0].shape[1]))
             segs.append((w, c0, sum(t.shape[0] for t in ts)))
         self._advance(len(parts))
-        return segs[0][0] if len(segs) == 1 else _Segments(segs)
+        return segs[0][0] if len(segs) == 1 else _Segments(segs, [r[0] for r in runs])
 
     def all_nvfp4(self, modules) -> bool:
         """Whether every module (a linear's name without ``.weight``) is stored as NVFP4."""
@@ -363,10 +365,18 @@ class _GatedDeltaNet:
         self.dt_bias = w.load([(p + "dt_bias", (Hv,))], "f32")
         self.norm = w.load([(p + "norm.weight", (Dh,))], "bf16")
         self.out = w.linear([(p + "out_proj.weight", (H, Vd))])
+        # b | a as a bf16 run of their own after a quantized one (NVFP4 / FP8 checkpoints keep in_proj_b / a bf16):
+        # a decode step computes them inside the recurrent step (recurrent_decode's ba=) instead of a GEMV launch
+        ip = self.in_proj
+        self.ba = None
+        if isinstance(ip, _Segments) and ip.kinds[-1] == "bf16" and tuple(ip.segs[-1][1:]) == (C + Vd, 2 * Hv):
+            self.ba = ip.segs[-1][0]
+            self.in_proj_decode = _Segments(ip.segs[:-1], ip.kinds[:-1])
 
     def forward(self, be, bufs, cache, s: Step, x):
         T, C, Vd, Hv = s.T, self.C, self.Vd, self.Hv
-        proj = _linear(be, x, self.in_proj, be.rows(bufs["gdn_proj"], T))
+        fuse_ba = s.decode and self.ba is not None
+        proj = _linear(be, x, self.in_proj_decode if fuse_ba else self.in_proj, be.rows(bufs["gdn_proj"], T))
         mixed = be.cols(proj, 0, C)
         z = be.cols(proj, C, Vd)
         b = be.cols(proj, C + Vd, Hv)
@@ -376,7 +386,11 @@ class _GatedDeltaNet:
         core = be.rows(bufs["core"], T)
         if s.decode:
             y = be.conv_decode(mixed, self.conv, conv_state, s.gdn_slots, cout)
-            o = be.gdn_decode(y, a, b, self.A_log, self.dt_bias, state, s.gdn_slots, self.Hk, Hv, core)
+            if fuse_ba:  # b and a computed in the step (their columns of proj are not written)
+                o = be.gdn_decode(y, None, None, self.A_log, self.dt_bias, state, s.gdn_slots, self.Hk, Hv, core,
+                                  ba=(x, self.ba))
+            else:
+                o = be.gdn_decode(y, a, b, self.A_log, self.dt_bias, state, s.gdn_slots, self.Hk, Hv, core)
         else:
             y = be.conv_prefill(mixed, self.conv, s.cu_seqlens, conv_state, s.gdn_slots, cout)
             o = be.gdn_prefill(y, a, b, self.A_log, self.dt_bias, s.cu_seqlens, self.Hk, Hv, state, s.gdn_slots,

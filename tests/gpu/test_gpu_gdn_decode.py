@@ -147,6 +147,59 @@ def test_decode_strided_inputs_and_graph(ops):
     assert torch.equal(o1, o2) and torch.equal(st_eager, st_graph)
 
 
+@pytest.mark.parametrize("hk,hv,H", [(16, 32, 2048), (16, 48, 5120)])
+@pytest.mark.parametrize("B", [1, 7, 64])
+def test_decode_computing_b_and_a(ops, B, hk, hv, H):
+    """ba=(x, w_ba) (the .ba kernels): the step with b = bf16(x . w_ba[h]) and a = bf16(x . w_ba[Hv + h]) vs the
+    float64 step on those bf16 values (35B-A3B's and 27B's hidden sizes); x rows and w_ba rows strided; vs the
+    unfused step on b / a from torch's bf16 matmul of the same rows (equal up to the dots' fp32 summation order);
+    graph replay == eager."""
+    import vkc_runtime
+    _, G = ops
+    qkv, _, _, A_log, dt_bias, state, slots = make_decode(40 + B, B, hk, hv, B + 3, neg_every=3 if B > 1 else 0)
+    g = gen(41 + B)
+    x = rnd(g, B, H + 64)[:, :H]
+    w = rnd(g, 2 * hv, H + 32, scale=0.05)[:, :H]
+    dots = x.double() @ w.double().T
+    bf = dots.to(torch.bfloat16)
+    b_ref, a_ref = bf[:, :hv], bf[:, hv:]
+    # a dot within fp32 summation noise of a bf16 rounding boundary may round the other way in the kernel (one bf16
+    # ulp of b or a: ~1e-3 of the head's state); those (row, head) pairs are excepted from the strict check, counted
+    noise = 1e-5 * (x.double().abs() @ w.double().abs().T)  # > the fp32 sums' error (~sqrt(H) 2^-24 sum |x w|)
+    amb = ((dots + noise).to(torch.bfloat16) != bf) | ((dots - noise).to(torch.bfloat16) != bf)
+    amb = amb[:, :hv] | amb[:, hv:]
+    o_ref, st_ref = decode_ref_torch(qkv, a_ref, b_ref, A_log, dt_bias, state, slots, hk, hv)
+    st, st_graph, st_plain = state.clone(), state.clone(), state.clone()
+    o = torch.full((B, hv, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+    G.recurrent_decode(qkv, None, None, A_log, dt_bias, st, slots, hk, hv, out=o, ba=(x, w))
+    torch.cuda.synchronize()
+    assert rel_err(np64(o), np64(o_ref)) < 1e-2
+    ok = slots >= 0
+    assert torch.all(o[~ok] == 0)
+    idx = slots[ok].long()
+    strict = ~amb[ok]
+    err = ((st[idx].double() - st_ref[idx])[strict].abs().max() / st_ref[idx].abs().max()).item()
+    print(f"B={B} H={H}: {int(amb[ok].sum())} of {int(ok.sum()) * hv} heads at a rounding boundary, state error "
+          f"{err:.2e}")
+    assert err < 1e-5, f"state error {err:.2e}"
+    untouched = ~torch.isin(torch.arange(st.shape[0], device="cuda"), idx)
+    assert torch.equal(st[untouched], state[untouched])
+    mm = x @ w.T  # torch's bf16 GEMM: what the unfused engine path feeds the step
+    o_plain = torch.empty_like(o)
+    G.recurrent_decode(qkv, mm[:, hv:], mm[:, :hv], A_log, dt_bias, st_plain, slots, hk, hv, out=o_plain)
+    assert rel_err(np64(o), np64(o_plain)) < 1e-2
+    o2 = torch.full_like(o, float("nan"))
+    s = torch.cuda.Stream()
+    graph = vkc_runtime.Graph()
+    torch.cuda.synchronize()
+    with graph.capture(s.cuda_stream):
+        G.recurrent_decode(qkv, None, None, A_log, dt_bias, st_graph, slots, hk, hv, out=o2, stream=s.cuda_stream,
+                           ba=(x, w))
+    graph.replay(s.cuda_stream)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o2) and torch.equal(st, st_graph)
+
+
 def test_decode_bound_calls_match_validated_calls(ops, monkeypatch):
     """Three decode steps, each on its own tensors (one layout), state updated in place: with bound calls the
     first step validates and the other two replay through _native.BoundCall; outputs and states byte-identical

@@ -53,13 +53,17 @@ def processed(logits, fp, ip, counts=None):
     return x / torch.where(t > 0, t, torch.ones_like(t))[:, None]
 
 
-def call(S, logits, fp, ip, counts=None, n_top=0, lp=True):
+def call(S, logits, fp, ip, counts=None, n_top=0, lp=True, par=False):
+    """``par``: with a (poisoned) row-statistics workspace (the parallel pass 1)."""
     B = logits.shape[0]
     out = torch.full((B,), -7, dtype=torch.int32, device="cuda")
     lpo = torch.full((B,), float("nan"), device="cuda") if lp else None
     tv = torch.full((B, n_top), float("nan"), device="cuda") if n_top else None
     ti = torch.full((B, n_top), -7, dtype=torch.int32, device="cuda") if n_top else None
-    S.sample(logits, fp, ip, counts=counts, out=out, logprobs=lpo, top_logprobs=tv, top_ids=ti)
+    ws = None
+    if par:
+        ws = torch.full((B * -(-logits.shape[1] // S.SPAN) * 4,), float("nan"), device="cuda")
+    S.sample(logits, fp, ip, counts=counts, out=out, logprobs=lpo, top_logprobs=tv, top_ids=ti, workspace=ws)
     torch.cuda.synchronize()
     return out, lpo, tv, ti
 
@@ -82,15 +86,16 @@ def check_members(pl, tok, fp, ip, vslack=1e-4, mslack=1e-5):
     assert (tok >= 0).all() and (tok < pl.shape[1]).all()
 
 
+@pytest.mark.parametrize("par", [False, True], ids=["serial", "slices"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B", [1, 7, 64])
-def test_greedy_argmax(S, B, dtype):
+def test_greedy_argmax(S, B, dtype, par):
     x = (torch.randn(B, V, generator=gen(B), device="cuda") * 3).to(dtype)
-    x[0, [1000, 200000, V - 1]] = 40.0  # a tie across the row: the lowest index
+    x[0, [1000, 200000, V - 1]] = 40.0  # a tie across the row (and its slices): the lowest index
     if B > 1:
         x[1, [V - 2, V - 1]] = 41.0
     fp, ip = dev_params(S, B, temperature=0.0, top_p=0.5, top_k=3, seed=1)
-    tok, lp, _, _ = call(S, x, fp, ip)
+    tok, lp, _, _ = call(S, x, fp, ip, par=par)
     ref = torch.argmax(x.double(), dim=1)
     assert torch.equal(tok.long(), ref)
     assert tok[0].item() == 1000 and (B == 1 or tok[1].item() == V - 2)
@@ -139,9 +144,10 @@ FILTERS = [  # per-row (temperature, top_k, top_p, min_p), cycled over the batch
 ]
 
 
+@pytest.mark.parametrize("par", [False, True], ids=["serial", "slices"])
 @pytest.mark.parametrize("B", [1, 7, 64])
 @pytest.mark.parametrize("scale", [1.0, 4.0])  # flat (large sets) and peaked logits
-def test_sampled_tokens_inside_the_allowed_set(S, B, scale):
+def test_sampled_tokens_inside_the_allowed_set(S, B, scale, par):
     g = gen(7 * B + int(scale))
     x = torch.randn(B, V, generator=g, device="cuda") * scale
     f = [FILTERS[(b + int(scale)) % len(FILTERS)] for b in range(B)]
@@ -150,13 +156,35 @@ def test_sampled_tokens_inside_the_allowed_set(S, B, scale):
     for step in range(6):
         fp, ip = dev_params(S, B, temperature=cols[0], top_k=cols[1], top_p=cols[2], min_p=cols[3],
                             seed=np.arange(B) + 17, step=step)
-        tok, lp, _, _ = call(S, x, fp, ip)
+        tok, lp, _, _ = call(S, x, fp, ip, par=par)
         pl = processed(x, fp, ip)
         check_members(pl, tok, fp, ip)
         ls = torch.log_softmax(pl, 1).gather(1, tok.long()[:, None])[:, 0]
         assert (lp.double() - ls).abs().max().item() < 1e-4
         seen.add(tuple(tok.tolist()))
     assert len(seen) > 1  # the steps draw differently
+
+
+def test_row_statistics_in_parallel_give_the_same_tokens(S):
+    """B = 64 mixed rows (greedy, every filter, penalties on some), bf16 logits: the same tokens with and without
+    the workspace at every step, log-probabilities equal up to the normalizer's summation order; a row asking for
+    top-n log-probabilities (its own pass 1) beside them."""
+    B, nslots = 64, 70
+    g = gen(21)
+    x = (torch.randn(B, V, generator=g, device="cuda") * 2).to(torch.bfloat16)
+    counts = counts_for(S, nslots, g)
+    f = [FILTERS[b % len(FILTERS)] for b in range(B)]
+    cols = list(zip(*f))
+    for step in range(4):
+        fp, ip = dev_params(S, B, temperature=[0.0 if b % 5 == 0 else t for b, t in enumerate(cols[0])],
+                            top_k=cols[1], top_p=cols[2], min_p=cols[3], seed=np.arange(B) * 3 + 7, step=step,
+                            repetition_penalty=1.3, presence_penalty=0.4, slot=[b if b % 3 else -1 for b in range(B)])
+        t0, l0, _, _ = call(S, x, fp, ip, counts=counts)
+        t1, l1, _, _ = call(S, x, fp, ip, counts=counts, par=True)
+        assert torch.equal(t0, t1), f"step {step}: rows {torch.nonzero(t0 != t1).flatten().tolist()[:8]}"
+        assert (l0 - l1).abs().max().item() < 1e-5
+        t2, l2, tv, ti = call(S, x, fp, ip, counts=counts, n_top=5, par=True)
+        assert torch.equal(t0, t2) and torch.isfinite(tv).all()
 
 
 def test_distribution_chi_square(S):
@@ -219,11 +247,15 @@ def test_graph_replay_equals_eager(S, api):
     counts_g = counts_for(S, nslots, g)
     counts_e = counts_g.clone()
     outs = [torch.empty(B, dtype=torch.int32, device="cuda"), torch.empty(B, device="cuda"),
-            torch.empty(B, 20, device="cuda"), torch.empty(B, 20, dtype=torch.int32, device="cuda")]
+            torch.empty(B, 20, device="cuda"), torch.empty(B, 20, dtype=torch.int32, device="cuda"),
+            torch.empty(B, dtype=torch.int32, device="cuda")]
+
+    wsd = S.sample_workspace(B, V)  # the parallel row statistics (rows without top-n; these all ask for 20)
 
     def step(stream, counts, o):
         S.sample(x, fpd, ipd, counts=counts, out=o[0], logprobs=o[1], top_logprobs=o[2], top_ids=o[3],
-                 stream=stream)
+                 workspace=wsd, stream=stream)
+        S.sample(x, fpd, ipd, counts=counts, out=o[4], workspace=wsd, stream=stream)
         S.add_output_tokens(counts, o[0], ipd, stream=stream)
 
     def params(i):
@@ -273,6 +305,7 @@ def test_graph_replay_equals_eager(S, api):
         assert torch.equal(counts_g, counts_e), i
         assert not torch.equal(counts_e, before)  # the count update ran
         check_members(processed(x, fpd, ipd, before), outs[0], fpd, ipd)
+        assert torch.equal(outs[4], outs[0])  # the parallel row statistics (no top-n) draw the same tokens
 
 
 def test_count_ops_and_skipped_indices(S):

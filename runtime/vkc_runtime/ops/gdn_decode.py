@@ -11,6 +11,12 @@ free); A_log, dt_bias [Hv] fp32; state [slots, Hv, 128, 128] fp32 (each slot con
 contiguous). A slot outside [0, slots) (e.g. -1 for padding): no state read or written, out[b] = 0. Slot values are
 device data and are not checked on the host (no sync); the kernel skips out-of-range ones. Valid slots must be
 distinct within one call. Grid (B * Hv * 128 / BLOCK_V,) on axis 0 only (no 65535 limit).
+
+``ba=(x, w_ba)`` (a and b None): the step computes b and a itself from the block's input, b[h] = bf16(x . w_ba[h]),
+a[h] = bf16(x . w_ba[Hv + h]) (fp32 sums, one bf16 rounding: what the in-projection GEMV writes), for checkpoints
+whose in_proj_b / in_proj_a are not of the rest of the in-projection's kind (an NVFP4 or FP8 model keeps them
+bf16): one launch fewer per layer and step (the ``.ba`` kernels). x bf16 [B, H] (last dim contiguous, row stride
+free), w_ba bf16 [2 Hv, H] (b rows then a rows, last dim contiguous, row stride free).
 """
 from __future__ import annotations
 
@@ -26,24 +32,28 @@ BF16 = "bfloat16"
 _SPECS = ("bv32", "bv16")
 
 
-def _base(tile: str) -> str:
+def _base(tile: str, ba: bool = False) -> str:
     """The kernel name (spelled once: the op calls this, BASES is built from it)."""
-    return f"gdn_decode.recurrent.k128_v128.{tile}"
+    return f"gdn_decode.recurrent.k128_v128.{tile}" + (".ba" if ba else "")
 
 
-BASES = tuple(_base(t) for t in _SPECS)
+BASES = tuple(_base(t, ba) for ba in (False, True) for t in _SPECS)
 # below this many (sequence, head) pairs the BLOCK_V = 16 spec (twice the CTAs) runs
 SMALL_BATCH_HEADS = 512
 _calls = CallCache()  # bound calls (vkc_runtime.bound): a call with out= and torch tensors of a recent layout
 
 
 def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: int, num_v_heads: int, *, out=None,
-                     stream=None, _tile: str | None = None):
-    """One GDN decode step; returns out [B, Hv, 128] bf16. ``state`` is updated in place."""
+                     stream=None, ba=None, _tile: str | None = None):
+    """One GDN decode step; returns out [B, Hv, 128] bf16. ``state`` is updated in place. ``ba``: (x, w_ba) to
+    compute b and a in the step (module doc; a and b None)."""
     op = "recurrent_decode"
     s = stream_of(stream)
-    key = (num_k_heads, num_v_heads, _tile)
-    if out is not None and _calls.run(key, (qkv, a, b, A_log, dt_bias, state, slot_idx, out), (), s):
+    fused = ba is not None
+    key = (num_k_heads, num_v_heads, _tile, fused)
+    ins = (qkv, *ba, A_log, dt_bias, state, slot_idx, out) if fused else \
+        (qkv, a, b, A_log, dt_bias, state, slot_idx, out)
+    if out is not None and _calls.run(key, ins, (), s):
         return out
     Hk, Hv = int(num_k_heads), int(num_v_heads)
     D = HEAD_DIM
@@ -53,8 +63,17 @@ def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: in
     B, Cq = qt.shape
     if Cq != 2 * Hk * D + Hv * D:
         raise OpError(f"{op}: qkv has {Cq} channels, expected 2*Hk*128 + Hv*128 = {2 * Hk * D + Hv * D}")
-    at = tensor(op, "a", a, BF16, ndim=2, shape=(B, Hv))
-    bt = tensor(op, "b", b, BF16, ndim=2, shape=(B, Hv))
+    if fused:
+        if a is not None or b is not None or not isinstance(ba, tuple) or len(ba) != 2:
+            raise OpError(f"{op}: ba=(x, w_ba) computes a and b: pass a=None, b=None")
+        at = tensor(op, "ba.x", ba[0], BF16, ndim=2, shape=(B, None))
+        Hx = at.shape[1]
+        bt = tensor(op, "ba.w_ba", ba[1], BF16, ndim=2, shape=(2 * Hv, Hx))
+        if Hx == 0:
+            raise OpError(f"{op}: ba.x has no columns")
+    else:
+        at = tensor(op, "a", a, BF16, ndim=2, shape=(B, Hv))
+        bt = tensor(op, "b", b, BF16, ndim=2, shape=(B, Hv))
     lt = tensor(op, "A_log", A_log, "float32", ndim=1, shape=(Hv,))
     dt = tensor(op, "dt_bias", dt_bias, "float32", ndim=1, shape=(Hv,))
     st = tensor(op, "state", state, "float32", ndim=4, shape=(None, Hv, D, D))
@@ -84,11 +103,13 @@ def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: in
     tile = _tile or ("bv16" if B * Hv < SMALL_BATCH_HEADS else "bv32")
     if tile not in _SPECS:
         raise OpError(f"{op}: unknown tile {tile!r}")
-    k = get_kernel(_base(tile))
+    k = get_kernel(_base(tile, fused))
     nprog = B * Hv * (k.constexprs["V"] // k.constexprs["BLOCK_V"])
     if nprog >= 2**31:
         raise OpError(f"{op}: B * Hv = {B * Hv} is too large for one launch")
+    # the fused kernel takes x / w_ba where the plain one takes a / b, and the hidden size last
     launch = Launch(k, (nprog, 1, 1),
-                    (qt, at, bt, lt, dt, st, it, ot, sq, sa, sb, ss, so, Hk, Hv, S, float(D ** -0.5), 1e-6))
+                    (qt, at, bt, lt, dt, st, it, ot, sq, sa, sb, ss, so, Hk, Hv, S, float(D ** -0.5), 1e-6,
+                     at.shape[1] if fused else 0))
     _calls.launch(key, None if out is None else (qt, at, bt, lt, dt, st, it, ot), (), [launch], s)
     return res

@@ -35,12 +35,19 @@ first; id -1 / -inf where the row has fewer finite logits).
 Cost (one program per row, each pass reads the row's logits once, plus its counts row when it has penalties):
 greedy 1 pass; plain temperature 1 pass + a scan that stops at the drawn token (~1.5 passes); with filters each
 draw adds a scan and a check pass (a top-p row needs about 1/top_p draws; flat distributions with a small top-k
-need more, at most 32 before the argmax fallback). At small B a pass is bound by one SM's latency, not HBM: the
-graph-vs-graph figures against torch are in BENCHMARKS.md once measured (benchmarks/bench_sample.py).
+need more, at most 32 before the argmax fallback). At small B a pass is bound by one SM's latency, not HBM (the
+first pass is not, with a workspace: below); graph-vs-graph figures against torch in BENCHMARKS.md
+(benchmarks/bench_sample.py).
 
-Logits: float32 or bfloat16 [B, V], row stride free, contiguous rows. No workspace: the ops allocate only
-outputs that are not passed (pass ``out=`` and the optional outputs inside a graph capture). With ``out=`` and
-torch tensors, a call with the layout of a recent one is a bound call (vkc_runtime.bound).
+Row statistics in parallel (``workspace=``, :func:`sample_workspace`): pass 1 (max, normalizer, argmax) of each
+row runs first as B x cdiv(V, SPAN) programs of one slice each (``sample.stats.*``), and the row program merges
+their partials instead of reading the row once more on one SM: a greedy row costs one parallel pass and a merge
+instead of V / BLOCK dependent steps (Qwen3.6's V = 248320: 31 slices). Rows asking for top-n log-probabilities
+still run their own pass 1. The same tokens as without the workspace (the normalizer up to fp32 summation order).
+
+Logits: float32 or bfloat16 [B, V], row stride free, contiguous rows. The ops allocate only outputs that are not
+passed (pass ``out=``, the optional outputs and the workspace inside a graph capture). With ``out=`` and torch
+tensors, a call with the layout of a recent one is a bound call (vkc_runtime.bound).
 """
 from __future__ import annotations
 
@@ -51,8 +58,8 @@ from ..bound import CallCache, Launch, run_launches
 from ..kernels import get_kernel
 from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_of, tensor
 
-__all__ = ["sample", "host_params", "counts_buffer", "reset_counts", "add_prompt_tokens", "add_output_tokens",
-           "NF", "NI", "F_TEMPERATURE", "F_TOP_P", "F_MIN_P", "F_REPETITION", "F_PRESENCE", "F_FREQUENCY",
+__all__ = ["sample", "sample_workspace", "host_params", "counts_buffer", "reset_counts", "add_prompt_tokens",
+           "add_output_tokens", "SPAN", "SMAX", "NF", "NI", "F_TEMPERATURE", "F_TOP_P", "F_MIN_P", "F_REPETITION", "F_PRESENCE", "F_FREQUENCY",
            "I_TOP_K", "I_SEED", "I_STEP", "I_SLOT", "PROMPT_BIT", "MAX_TOP_LOGPROBS", "BASES"]
 
 NF, NI = 8, 4
@@ -62,18 +69,22 @@ PROMPT_BIT = 1 << 30
 MAX_TOP_LOGPROBS = 20
 _DTYPES = {"float32": "f32", "bfloat16": "bf16"}
 _VARIANTS = ("a16", "any")
+SPAN = 8192  # logits per row-statistics program (kernels_src/sample/spec.py: span, a multiple of 16)
+SMAX = 64    # partials per row at most (the row kernel's SMAX): V <= SMAX * SPAN takes the parallel pass
 
 
-def _row_base(dtype: str, variant: str) -> str:
-    """The sampler kernel's name (spelled once: the ops call this, BASES is built from it)."""
-    return f"sample.row.{_DTYPES[dtype]}.{variant}"
+def _row_base(dtype: str, variant: str, kind: str = "row") -> str:
+    """The sampler kernels' names (spelled once: the ops call this, BASES is built from it): the row kernel, or
+    ``kind`` "stats" (the row-statistics kernel)."""
+    return f"sample.{kind}.{_DTYPES[dtype]}.{variant}"
 
 
 def _base(kind: str) -> str:
     return f"sample.{kind}"
 
 
-BASES = (*(_row_base(d, v) for d in _DTYPES for v in _VARIANTS), _base("counts"), _base("reset"))
+BASES = (*(_row_base(d, v, k) for k in ("row", "stats") for d in _DTYPES for v in _VARIANTS), _base("counts"),
+         _base("reset"))
 _calls = CallCache()
 
 
@@ -101,6 +112,15 @@ def host_params(B: int, *, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repet
     for c, v in ((I_TOP_K, top_k), (I_SEED, seed), (I_STEP, step), (I_SLOT, slot)):
         ip[:, c] = col(v, np.int64)
     return fp, ip
+
+
+def sample_workspace(max_batch: int, V: int, *, device: int | None = None):
+    """The row-statistics partials for up to ``max_batch`` rows of V logits (module doc; allocate once, before any
+    capture), or None when V needs more than SMAX slices (the serial pass then)."""
+    n = _cdiv(V, SPAN)
+    if max_batch < 1 or V < 1 or n > SMAX:
+        return None
+    return memory.DeviceArray.empty((max_batch * n * 4,), "float32", device=device)
 
 
 def counts_buffer(max_slots: int, V: int, *, device: int | None = None, stream=None):
@@ -131,16 +151,16 @@ def _vec(op, name, obj, dtype, n):
 
 
 def sample(logits, fparams, iparams, *, counts=None, out=None, logprobs=None, top_logprobs=None, top_ids=None,
-           stream=None):
+           workspace=None, stream=None):
     """One token per row of ``logits`` [B, V] (float32 or bfloat16) with the rows' ``fparams`` / ``iparams``
     (module docstring) -> ``out`` int32 [B]. ``counts``: the penalty buffer (None: no penalties for any row).
     ``logprobs`` float32 [B]: the sampled tokens' log-probabilities; ``top_logprobs`` float32 [B, n] with
     ``top_ids`` int32 [B, n] (n <= 20): the top-n log-probabilities. Optional outputs are written only when
-    passed."""
+    passed. ``workspace``: :func:`sample_workspace` for at least B rows of V (the parallel row statistics)."""
     op = "sample"
     s = stream_of(stream)
-    key = (op, counts is None, logprobs is None, top_logprobs is None)
-    opt = tuple(t for t in (counts, logprobs, top_logprobs, top_ids) if t is not None)
+    key = (op, counts is None, logprobs is None, top_logprobs is None, workspace is None)
+    opt = tuple(t for t in (counts, logprobs, top_logprobs, top_ids, workspace) if t is not None)
     if out is not None and _calls.run(key, (logits, fparams, iparams, out, *opt), (), s):
         return out
     lt = _logits(op, logits)
@@ -175,16 +195,30 @@ def sample(logits, fparams, iparams, *, counts=None, out=None, logprobs=None, to
         ts += [tv, ti]
     else:
         tv, ti, n, st = ot, ot, 0, 0
+    ns = 0
+    if workspace is not None:
+        ns = _cdiv(V, SPAN)
+        wt = tensor(op, "workspace", workspace, "float32", ndim=1)
+        if ns > SMAX or wt.shape[0] < B * ns * 4 or (wt.shape[0] > 1 and wt.strides[0] != 1):
+            raise OpError(f"{op}: workspace must be a contiguous float32 buffer of >= B * cdiv(V, {SPAN}) * 4 = "
+                          f"{B * ns * 4} elements with cdiv(V, {SPAN}) <= {SMAX} (sample_workspace), got "
+                          f"{wt.shape[0]} for V = {V}")
+        ts.append(wt)
+    else:
+        wt = ft  # never read (n_slices = 0)
     same_device(op, *ts)
     if B == 0:
         return res
     sl = row_stride(lt)
     fits_i32(op, B=B, V=V, stride_logits=sl, stride_counts=sc, num_slots=S, stride_top=st)
     v = "a16" if aligned((lt.ptr, ct.ptr), (sl, V, sc)) else "any"
-    k = get_kernel(_row_base(lt.dtype, v))
-    _calls.launch(key, None if out is None else tuple(ts), (),
-                  [Launch(k, (B, 1, 1), (lt, ft, it, ct, ot, pt, tv, ti, sl, V, sc, S, n, st,
-                                         int(logprobs is not None)))], s)
+    launches = []
+    if ns:
+        launches.append(Launch(get_kernel(_row_base(lt.dtype, v, "stats")), (B, ns, 1),
+                               (lt, ft, it, ct, wt, sl, V, sc, S, SPAN)))
+    launches.append(Launch(get_kernel(_row_base(lt.dtype, v)), (B, 1, 1),
+                           (lt, ft, it, ct, ot, pt, tv, ti, wt, sl, V, sc, S, n, st, int(logprobs is not None), ns)))
+    _calls.launch(key, None if out is None else tuple(ts), (), launches, s)
     return res
 
 
