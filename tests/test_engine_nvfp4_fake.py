@@ -64,9 +64,15 @@ def test_nvfp4_linears_through_the_real_validation(launches, fake_vkc, ckpt, mon
     cfg = llm.cfg
     assert {n for _, n, _ in be.gemm.calls} <= {cfg.vocab_size, 2 * cfg.gdn_v_heads}  # lm_head, in_proj_b | a
     assert GEMV_MAX_M == 16
-    # in_proj_b | a are bf16 beside the NVFP4 qkv | z: every decode step computes them in the recurrent step
-    gd = {c[0] for c in fake_vkc["gdn_decode"].calls}
-    assert gd and all(b.endswith(".ba") for b in gd), gd
+    # in_proj_b | a are bf16 beside the NVFP4 qkv | z: decode steps of <= BA_IN_STEP_MAX_ROWS rows compute them in
+    # the recurrent step, larger ones (the capture of bucket 5) run the GEMV and the plain step
+    from vkc_engine.model import BA_IN_STEP_MAX_ROWS
+    assert llm.graphs.buckets == (1, 2, 4, 5) and BA_IN_STEP_MAX_ROWS == 4
+    rows = {c[0]: set() for c in fake_vkc["gdn_decode"].calls}
+    for c in fake_vkc["gdn_decode"].calls:
+        rows[c[0]].add(c[1][0] // (cfg.gdn_v_heads * 8))  # grid (B * Hv * 128 / BLOCK_V): B at BLOCK_V 16
+    assert {b.endswith(".ba") for b in rows} == {True, False}, rows
+    assert all(max(r) <= 4 for b, r in rows.items() if b.endswith(".ba")), rows
     assert llm.model.layers[0].mixer.ba is not None
 
 

@@ -11,7 +11,8 @@ attention ``q_proj | k_proj | v_proj`` (q_proj keeps HF's per-head [query | gate
 qk_norm_rope and the attention gate read); MLP ``gate_proj | up_proj``. MoE: every expert's ``gate | up`` rows
 stacked into ``w1`` [E', 2I, H] and its ``down`` into ``w2`` [E', H, I] (see :class:`_MoE`). When ``in_proj_b |
 in_proj_a`` end up a bf16 run of their own after a quantized one (NVFP4 / FP8 checkpoints keep them bf16), a decode
-step does not run them as a GEMV: the recurrent step computes b and a from the block's input (ops.gdn_decode's ba=).
+step of at most BA_IN_STEP_MAX_ROWS rows does not run them as a GEMV: the recurrent step computes b and a from the
+block's input (ops.gdn_decode's ba=).
 
 MoE experts of block-wise FP8 checkpoints stored per expert whose every projection (the folded shared expert's
 included) is F8_E4M3 with whole 128-row blocks (I % 128 == 0) stay FP8 as stored (``backend.experts_fp8``: ops.moe's
@@ -52,7 +53,13 @@ from .config import ModelConfig
 from .loader import (FLOAT_DTYPES, FP8_DTYPE, Checkpoint, CheckpointError, Nvfp4Tensor, RawTensor, dequantize_fp8,
                      dequantize_nvfp4, fp8_block_scales, is_nvfp4, nvfp4_tensor, to_bf16_bits)
 
-__all__ = ["Step", "Qwen35Model"]
+__all__ = ["Step", "Qwen35Model", "BA_IN_STEP_MAX_ROWS"]
+
+# Decode steps of at most this many rows compute a GDN layer's b | a inside the recurrent step (the ``ba`` of
+# _GatedDeltaNet); larger ones run the GEMV. Each (row, head, value block) program of the step repeats the two
+# dots, so the fused cost grows with the rows: H200 (BENCHMARKS.md, session 18) 35B-A3B NVFP4 9.1 us a layer
+# fused vs ~11.4 unfused at 4 rows, 27B NVFP4 39 us fused at 16 rows (the step 11.8 -> 12.2 ms).
+BA_IN_STEP_MAX_ROWS = 4
 
 
 @dataclass
@@ -375,7 +382,7 @@ class _GatedDeltaNet:
 
     def forward(self, be, bufs, cache, s: Step, x):
         T, C, Vd, Hv = s.T, self.C, self.Vd, self.Hv
-        fuse_ba = s.decode and self.ba is not None
+        fuse_ba = s.decode and self.ba is not None and T <= BA_IN_STEP_MAX_ROWS
         proj = _linear(be, x, self.in_proj_decode if fuse_ba else self.in_proj, be.rows(bufs["gdn_proj"], T))
         mixed = be.cols(proj, 0, C)
         z = be.cols(proj, C, Vd)
