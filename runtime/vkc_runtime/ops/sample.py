@@ -59,7 +59,8 @@ from ..kernels import get_kernel
 from ._check import OpError, aligned, fits_i32, row_stride, same_device, stream_of, tensor
 
 __all__ = ["sample", "sample_workspace", "host_params", "counts_buffer", "reset_counts", "add_prompt_tokens",
-           "add_output_tokens", "SPAN", "SMAX", "NF", "NI", "F_TEMPERATURE", "F_TOP_P", "F_MIN_P", "F_REPETITION", "F_PRESENCE", "F_FREQUENCY",
+           "add_output_tokens", "SPAN", "SMAX", "NF", "NI", "F_TEMPERATURE", "F_TOP_P", "F_MIN_P", "F_REPETITION",
+           "F_PRESENCE", "F_FREQUENCY",
            "I_TOP_K", "I_SEED", "I_STEP", "I_SLOT", "PROMPT_BIT", "MAX_TOP_LOGPROBS", "BASES"]
 
 NF, NI = 8, 4
