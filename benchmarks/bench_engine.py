@@ -10,7 +10,9 @@ replay CUDA graphs unless ``--graphs off``). Shapes: the dense 27B and the MoE 3
 
 Prints one JSON object (and writes it to --out): {"shape", "graphs", "load_s", "prefill": {tokens, ms, tok_s},
 "prefill_long": {tokens, ms, tok_s} (one prompt of --long-prefill tokens in one step; 0: skipped), "decode":
-[{batch, ms_per_step, tok_s, breakdown?}], "gemv_max_m"}. ``--gemv-max-m``: the captured steps' small-M linear
+[{batch, ms_per_step, tok_s, async_scheduling, ms_per_step_sync?, breakdown?}], "gemv_max_m"}: with the engine's
+overlapped steps (LLM ``async_scheduling``, on where the backend can) ``ms_per_step_sync`` is the same number of
+steps run one by one. ``--gemv-max-m``: the captured steps' small-M linear
 rule (vkc_engine.backend.GEMV_MAX_M: ops.gemv for M <= this, 0 = the CuTe GEMM always). ``--breakdown`` adds per
 decode batch (and for the long prefill, as ``prefill_long.breakdown``, eager) where a step's time goes, per kernel family (backend.FAMILIES): ``eager`` -- ms per step between the
 CUDA events recorded before each op of eager steps (graphs off for them), so host gaps are charged to the op they
@@ -91,11 +93,13 @@ def _breakdown(llm, steps: int) -> dict:
     """Where a decode step's time goes, per kernel family (module docstring)."""
     be = llm.backend
     res = {}
+    llm.drain()
     graphs, llm.graphs = llm.graphs, None  # eager steps
     try:
         be.profile_start()
         for _ in range(steps):
             llm.step()
+        llm.drain()
         res["eager"] = _per_step(be.profile_stop(), steps)
     finally:
         llm.graphs = graphs
@@ -105,6 +109,16 @@ def _breakdown(llm, steps: int) -> dict:
         except Exception as e:  # noqa: BLE001 - report it next to the figures that worked
             res["graph_error"] = f"{type(e).__name__}: {e}"
     return res
+
+
+def _steps_ms(llm, steps: int) -> float:
+    """ms per step of ``steps`` calls of llm.step() from an idle device to an idle device."""
+    _sync(llm)
+    t = time.perf_counter()
+    for _ in range(steps):
+        llm.step()
+    _sync(llm)
+    return (time.perf_counter() - t) * 1e3 / steps
 
 
 def _prefill(llm, n, sp, breakdown=False):
@@ -142,22 +156,24 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
         res["prefill_long"] = _prefill(llm, long_prefill, sp, breakdown)
     for B in batches:
         tl_steps = min(steps, 8) if timeline else 0
-        dp = SamplingParams(temperature=0, max_tokens=steps + 2 + (min(steps, 4) + 1 if breakdown else 0) + tl_steps,
-                            ignore_eos=True)
+        ab = llm.async_scheduling
+        dp = SamplingParams(temperature=0, max_tokens=steps + 2 + (min(steps, 4) + 1 if breakdown else 0) + tl_steps
+                            + (steps + 1 if ab else 0), ignore_eos=True)
         for b in range(B):
             llm.add_request([(7 * b + j) % V for j in range(16)], dp)
         llm.step()  # the prefill of all B prompts
         llm.step()  # first decode step (warm)
-        _sync(llm)
-        t = time.perf_counter()
-        for _ in range(steps):
-            llm.step()
-        _sync(llm)
-        ms = (time.perf_counter() - t) * 1e3 / steps
-        res["decode"].append({"batch": B, "ms_per_step": ms, "tok_s": B / ms * 1e3})
+        ms = _steps_ms(llm, steps)
+        res["decode"].append({"batch": B, "ms_per_step": ms, "tok_s": B / ms * 1e3, "async_scheduling": ab})
+        if ab:  # the same steps with each one run to its end before the next (LLM async_scheduling=False)
+            llm.drain()
+            llm.async_scheduling = False
+            res["decode"][-1]["ms_per_step_sync"] = _steps_ms(llm, steps)
+            llm.async_scheduling = True
         if breakdown:
             res["decode"][-1]["breakdown"] = _breakdown(llm, max(1, min(steps, 4)))
         if tl_steps:
+            llm.drain()
             from step_timeline import timeline as _timeline  # noqa: PLC0415 - torch + CUPTI, the GPU run only
             res["decode"][-1]["timeline"] = _timeline(llm.step, tl_steps)
         while llm.has_unfinished():

@@ -87,6 +87,14 @@ class Nvfp4NumpyWeight:
         self.shape = w.shape
 
 
+class _Pending:
+    def __init__(self, res, tokens):
+        self.res, self.tokens = res, tokens
+
+    def result(self):
+        return self.res
+
+
 class NumpyBackend:
     name = "numpy"
     supports_graphs = False
@@ -397,6 +405,26 @@ class NumpyBackend:
     def sample(self, logits, params, generators, *, slots=None):
         from vkc_engine.sampler import sample_rows
         return sample_rows(self.logits_to_host(logits), params, generators, counts=self.counts, slots=slots)
+
+    # overlapped steps: the draws land in one "device" token buffer that the next draw overwrites (as on the
+    # device), so an engine that fed a step from stale or wrong rows would compute other tokens
+    supports_async_sampling = True
+
+    def sample_async(self, logits, params, generators, *, slots=None):
+        res = self.sample(logits, params, generators, slots=slots)
+        B = len(params)
+        if getattr(self, "_tok", None) is None or self._tok.shape[0] < B:
+            self._tok = np.full(max(B, 8), -7, np.int32)
+        self._tok[:B] = res.tokens
+        self._tok[B:] = -7
+        self.draws = getattr(self, "draws", 0) + 1
+        return _Pending(res, self._tok)
+
+    def copy_rows(self, dst, dst_start, src, src_start, n):
+        assert dst.ndim == 1 and src.ndim == 1 and n > 0
+        assert 0 <= dst_start <= dst_start + n <= dst.shape[0] and 0 <= src_start <= src_start + n <= src.shape[0]
+        dst[dst_start:dst_start + n] = src[src_start:src_start + n]
+        self.copies = getattr(self, "copies", 0) + 1
 
     def init_counts(self, rows):
         for slot, prompt_ids, output_ids in rows:

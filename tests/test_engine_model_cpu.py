@@ -75,21 +75,24 @@ def test_greedy_decode_matches_hf(ck27):
     assert {"attn_decode", "gdn_decode", "conv_decode"} <= set(calls)
 
 
-def test_batch_equals_alone_and_preemption_recomputes(ck27):
+@pytest.mark.parametrize("overlap", [False, True], ids=["one-by-one", "overlapped"])
+def test_batch_equals_alone_and_preemption_recomputes(ck27, overlap):
     d, model, _ = ck27
     V = 300
     prompts = [_prompt(n, V, 100 + n) for n in (3, 40, 1, 25, 9, 60)]
     sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     alone = [_llm(d).generate(p, sp)[0].token_ids for p in prompts[:3]]
-    # a small KV cache and token budget force chunked prefill, mixed steps and preemption
-    llm = _llm(d, num_blocks=8, max_num_batched_tokens=20, max_num_seqs=4, max_model_len=80)
+    # a small KV cache and token budget force chunked prefill, mixed steps and preemption (overlapped steps admit
+    # later -- a finished sequence's room comes back one step later -- so they need a smaller cache to preempt)
+    llm = _llm(d, num_blocks=7 if overlap else 8, max_num_batched_tokens=20, max_num_seqs=4, max_model_len=80,
+               async_scheduling=overlap)
     outs = llm.generate(prompts, sp)
-    assert llm.scheduler.num_preemptions > 0
+    assert llm.scheduler.num_preemptions > 0 and (llm.num_ahead_steps > 0) == overlap
     assert [o.token_ids for o in outs[:3]] == alone
     for p, o in zip(prompts[3:], outs[3:]):
         want, _ = hf_greedy(model, p, 10)
         assert o.token_ids == want
-    assert llm.scheduler.blocks.num_free == 8 and llm.scheduler.slots.num_free == 4
+    assert llm.scheduler.blocks.num_free == (7 if overlap else 8) and llm.scheduler.slots.num_free == 4
 
 
 def test_seeded_sampling_reproducible_and_streaming(ck27):

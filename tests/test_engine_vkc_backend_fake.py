@@ -6,6 +6,8 @@ validation (dtypes, shapes, strides, alignment, workspaces) and picks declared k
 not computed (tests/gpu/test_gpu_engine.py checks those on the H200)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,7 @@ from tests.ops_fakes import Recorder, declared_bases, patch_ops
 pytest.importorskip("transformers")
 
 from vkc_engine import LLM, SamplingParams  # noqa: E402
-from vkc_engine.backend import VkcBackend  # noqa: E402
+from vkc_engine.backend import BackendError, VkcBackend  # noqa: E402
 
 
 class _FakeGemm:
@@ -100,6 +102,30 @@ def fake_vkc(monkeypatch):
     return recs
 
 
+class _FakeCu:
+    """Driver function names as themselves (the backend passes them to ``_FakeDrv.call``)."""
+    CUevent_flags = SimpleNamespace(CU_EVENT_DISABLE_TIMING=2, CU_EVENT_DEFAULT=0)
+
+    def __getattr__(self, name):
+        return name
+
+
+class _FakeDrv:
+    """The driver calls the backend makes itself (pinned host memory, events, async copies), recorded. Pinned
+    memory is real host memory (zeros: the draws read back as token 0); device copies are only recorded."""
+
+    def __init__(self):
+        self.cu, self.calls, self._keep = _FakeCu(), [], {}
+
+    def call(self, fn, *args, detail=None):
+        self.calls.append((fn, args))
+        if fn == "cuMemHostAlloc":
+            buf = np.zeros(int(args[0]), np.uint8)
+            self._keep[buf.ctypes.data] = buf
+            return buf.ctypes.data
+        return 7 if fn == "cuEventCreate" else None
+
+
 class FakeDeviceBackend(VkcBackend):
     """VkcBackend with host<->device copies skipped (fake memory): every op call is the real one."""
     supports_graphs = False  # eager steps here (tests/test_engine_graphs_fake.py drives the graph path)
@@ -107,6 +133,7 @@ class FakeDeviceBackend(VkcBackend):
     def __init__(self, moe=None):
         self.gemm = _FakeGemm()
         self._bind_modules(gemm=self.gemm, moe=moe)
+        self._drv = _FakeDrv()
         self.device = 0
         self._gdn_ws = self._pws = self._dws = self._moe_ws = None
         self.uploads = []
@@ -168,6 +195,27 @@ def test_every_op_call_passes_the_real_validation(fake_vkc, ckpt):
     assert {V, H, 2 * cfg.intermediate_size, cfg.gdn_qkv_dim + cfg.gdn_value_dim + 2 * cfg.gdn_v_heads,
             cfg.num_q_heads * 2 * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim} <= Ns
     assert llm.scheduler.blocks.num_free == 32
+    # overlapped steps: decode rows fed from the previous step's draws by device copies of whole int32 runs
+    d2d = [a for f, a in be._drv.calls if f == "cuMemcpyDtoDAsync"]
+    assert llm.num_ahead_steps > 0 and len(d2d) >= llm.num_ahead_steps and all(a[2] % 4 == 0 for a in d2d)
+
+
+def test_pending_draws_and_copy_rows_refuse_misuse(fake_vkc, ckpt):
+    be = FakeDeviceBackend()
+    llm = LLM(ckpt, backend=be, max_num_seqs=2, max_num_batched_tokens=16, max_model_len=64, num_blocks=4,
+              block_size=64)
+    logits = be.rows(llm.model.bufs["logits"], 2)
+    sp = [SamplingParams(temperature=0)] * 2
+    p1, p2 = be.sample_async(logits, sp, [None] * 2), be.sample_async(logits, sp, [None] * 2)
+    assert p2.result().tokens.shape == (2,)  # two steps' draws may be pending at once
+    p3 = be.sample_async(logits, sp, [None] * 2)
+    with pytest.raises(RuntimeError, match="reused"):  # the third draw reused the first one's landing memory
+        p1.result()
+    ids = be.empty((8,), "i32")
+    be.copy_rows(ids, 6, p3.tokens, 0, 2)
+    for bad in ((ids, 7, p3.tokens, 0, 2), (ids, 0, p3.tokens, 1, 2), (ids, 0, logits, 0, 1)):
+        with pytest.raises(BackendError):
+            be.copy_rows(*bad)
 
 
 def test_teacher_forced_path_validates(fake_vkc, ckpt):

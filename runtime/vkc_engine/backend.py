@@ -105,6 +105,7 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
 
     name = "vkc"
     supports_graphs = True  # pure-decode steps replay CUDA graphs (vkc_engine.graphs)
+    supports_async_sampling = True  # sample_async + copy_rows: the engine overlaps steps (vkc_engine.llm)
     _nvfp4_elems = 0        # N * K of the largest NVFP4 linear uploaded (weight_nvfp4)
     _nvfp4_ws = None        # its bf16 dequantization workspace (prepare)
     # per-instance state, set by __init__ / prepare (class defaults keep driver-free test subclasses working)
@@ -276,15 +277,20 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
     # -- pinned staging: a ring of page-locked host memory (cuMemHostAlloc, allocated on the first upload). Each
     # upload takes the next 256-byte-aligned region; when the ring is full the stream is synchronised (every
     # copy queued from it has then completed) and it starts over. One upload over half the ring grows it.
-    def _staging_alloc(self, nbytes: int) -> None:
+    def _pinned(self, nbytes: int, owner) -> tuple[int, np.ndarray, object]:
+        """Page-locked host memory (cuMemHostAlloc): (address, uint8 numpy view, finalizer), freed when ``owner``
+        is collected or the finalizer is called (after the copies that use it have run)."""
         import ctypes  # noqa: PLC0415
         import weakref  # noqa: PLC0415
-        self._staging_free()
-        cu = self._drv.cu
-        ptr = int(self._drv.call(cu.cuMemHostAlloc, int(nbytes), 0, detail=f"pinning {nbytes} host bytes"))
+        ptr = int(self._drv.call(self._drv.cu.cuMemHostAlloc, int(nbytes), 0, detail=f"pinning {nbytes} host bytes"))
         view = np.ctypeslib.as_array((ctypes.c_uint8 * int(nbytes)).from_address(ptr))
-        fin = weakref.finalize(self, _free_host, self._drv, ptr)
+        fin = weakref.finalize(owner, _free_host, self._drv, ptr)
         fin.atexit = False
+        return ptr, view, fin
+
+    def _staging_alloc(self, nbytes: int) -> None:
+        self._staging_free()
+        ptr, view, fin = self._pinned(nbytes, self)
         self._staging = [ptr, int(nbytes), 0, view, fin]
 
     def _staging_free(self) -> None:
@@ -308,6 +314,21 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
         st[3][off:off + n] = host.reshape(-1).view(np.uint8)
         st[2] = off + (n + 255) // 256 * 256
         return st[0] + off
+
+    def copy_rows(self, dst, dst_start: int, src, src_start: int, n: int) -> None:
+        """dst[dst_start : dst_start + n] = src[src_start : src_start + n] (flat device arrays of one dtype), an
+        async device-to-device copy on the backend's stream (the engine feeds drawn tokens to the next step)."""
+        if dst.dtype_name != src.dtype_name or len(dst.shape) != 1 or len(src.shape) != 1:
+            raise BackendError(f"copy_rows needs flat arrays of one dtype, got {dst.shape} {dst.dtype_name} and "
+                               f"{src.shape} {src.dtype_name}")
+        if n < 0 or not (0 <= dst_start <= dst_start + n <= dst.shape[0]) or not (
+                0 <= src_start <= src_start + n <= src.shape[0]):
+            raise BackendError(f"copy_rows [{dst_start}, +{n}) <- [{src_start}, +{n}) outside arrays of "
+                               f"{dst.shape[0]} / {src.shape[0]}")
+        if n:
+            it = dst.itemsize
+            self._drv.call(self._drv.cu.cuMemcpyDtoDAsync, dst.ptr + dst_start * it, src.ptr + src_start * it,
+                           n * it, self._s)
 
     def synchronize(self) -> None:
         """Wait for everything queued on the backend's stream."""

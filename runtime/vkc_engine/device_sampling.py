@@ -1,16 +1,68 @@
 """Token sampling on the device for the backend (a mixin of :class:`vkc_engine.backend.VkcBackend`, like
-vkc_engine.profiling): :meth:`DeviceSampling.sample` draws one token per logits row with ``ops.sample`` and
-:meth:`DeviceSampling.init_counts` sets up the penalty-count rows it reads. It uses the backend's sample module
-(``self._sample``), stream (``self._s``), memory module (``self._mem``), ``empty`` / ``rows`` / ``upload_into`` /
-``to_host`` and the counts buffer's shape set by ``prepare`` (``self._max_seqs``, ``self._vocab``); it imports
-nothing of vkc_runtime itself."""
+vkc_engine.profiling): :meth:`DeviceSampling.sample_async` queues one draw per logits row with ``ops.sample`` and
+the copies of the draws to page-locked host memory, and returns at once (:class:`PendingDraws`: the device tokens
+a following step may read, and ``result()``, which waits for the copies); :meth:`DeviceSampling.sample` is the
+same, waited for; :meth:`DeviceSampling.init_counts` sets up the penalty-count rows the draws read. It uses the
+backend's driver (``self._drv``), sample module (``self._sample``), stream (``self._s``), memory module
+(``self._mem``), ``empty`` / ``rows`` / ``upload_into`` / ``_pinned`` and the counts buffer's shape set by
+``prepare`` (``self._max_seqs``, ``self._vocab``); it imports nothing of vkc_runtime itself."""
 from __future__ import annotations
 
 import numpy as np
 
 from .sampler import SampleResult
 
-__all__ = ["DeviceSampling"]
+__all__ = ["DeviceSampling", "PendingDraws"]
+
+
+def _destroy_event(drv, ev) -> None:
+    try:
+        drv.call(drv.cu.cuEventDestroy, ev)
+    except Exception:  # interpreter shutdown, context gone: nothing sensible left to do
+        pass
+
+
+class _Landing:
+    """Page-locked host memory for one step's draws (tokens, their log-probabilities, the top-n values and ids of
+    up to ``cap`` rows) and the event recorded after the copies into it; ``gen`` counts its uses."""
+
+    def __init__(self, backend, cap: int, n_top: int):
+        import weakref  # noqa: PLC0415
+        self.drv, self.cap, self.gen = backend._drv, cap, 0
+        _, view, self._fin = backend._pinned(cap * 4 * (2 + 2 * n_top), self)
+        parts = np.split(view, np.cumsum([cap * 4, cap * 4, cap * 4 * n_top]))
+        self.tok, self.lp, self.tv, self.ti = (p.view(t) for p, t in zip(parts, (np.int32, np.float32, np.float32,
+                                                                                np.int32)))
+        cu = self.drv.cu
+        self.event = self.drv.call(cu.cuEventCreate, int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        weakref.finalize(self, _destroy_event, self.drv, self.event).atexit = False
+
+
+class PendingDraws:
+    """One step's draws, queued on the device (:meth:`DeviceSampling.sample_async`). ``tokens``: the device int32
+    [B] the draws land in -- a valid copy source until the backend's next draw is queued; ``result()`` waits for
+    their copy to the host and returns the ``sampler.SampleResult``. Two steps' draws may be pending at once;
+    reading a step's draws after two later ones were queued raises (its landing memory was reused)."""
+
+    def __init__(self, land: _Landing, B: int, n_top, has_lp: bool, tokens):
+        self._land, self._gen, self._B, self._n_top, self._has_lp = land, land.gen, B, n_top, has_lp
+        self.tokens = tokens
+        self._res = None
+
+    def result(self) -> SampleResult:
+        if self._res is None:
+            L, B, n = self._land, self._B, self._n_top
+            if L.gen != self._gen:
+                raise RuntimeError("these draws were not read before two later steps' draws reused their memory")
+            L.drv.call(L.drv.cu.cuEventSynchronize, L.event)
+            res = SampleResult(L.tok[:B].copy())
+            if self._has_lp:
+                res.logprobs = L.lp[:B].copy()
+            if n:
+                res.top_logprobs = L.tv[:B * n].reshape(B, n).copy()
+                res.top_ids = L.ti[:B * n].reshape(B, n).copy()
+            self._res = res
+        return self._res
 
 
 class DeviceSampling:
@@ -19,11 +71,17 @@ class DeviceSampling:
     _samp = None    # (capacity, float params, int params, tokens, logprobs, top values, top ids, row-statistics
     #                  workspace) buffers
     _counts = None  # the penalty counts buffer (init_counts allocates it on first use)
+    _land = None    # [capacity, the two _Landing areas used in turn, the next one's index]
 
     def sample(self, logits, params: list, generators: list, *, slots=None):
-        """One token per row of logits [B, V] under per-row SamplingParams -> ``sampler.SampleResult`` (host
-        arrays), drawn on the device by ``ops.sample`` (only the B tokens, and the log-probabilities when a row
-        asks for them, cross to the host). Each sampled row takes a fresh 62-bit seed from its request's
+        """:meth:`sample_async`, waited for: a ``sampler.SampleResult`` of host arrays."""
+        return self.sample_async(logits, params, generators, slots=slots).result()
+
+    def sample_async(self, logits, params: list, generators: list, *, slots=None) -> PendingDraws:
+        """One token per row of logits [B, V] under per-row SamplingParams, drawn on the device by ``ops.sample``
+        and copied (only the B tokens, and the log-probabilities when a row asks for them) to page-locked host
+        memory, all queued on the backend's stream: returns at once (:class:`PendingDraws`). Each sampled row
+        takes a fresh 62-bit seed from its request's
         generator (seeded requests repeat; ``step`` stays 0). Filters follow the kernel's joint
         top-k/top-p/min-p rule (ops.sample); the host sampler stays the tests' reference. ``slots[b]``: row b's
         penalty-count row (set up by :meth:`init_counts`; -1: no penalties); the sampled tokens of those rows
@@ -31,7 +89,9 @@ class DeviceSampling:
         sp = self._sample
         B = len(params)
         if self._samp is None or self._samp[0] < B:
-            cap = max(B, 8)
+            if self._samp is not None:
+                self.synchronize()  # pending draws may still be read from the old buffers
+            cap = max(B, 8, getattr(self, "_max_seqs", 0))
             I64 = lambda n: self._mem.DeviceArray.empty((n,), "int64", device=self.device)  # noqa: E731
             self._samp = (cap, self.empty((cap * sp.NF,), "f32"), I64(cap * sp.NI), self.empty((cap,), "i32"),
                           self.empty((cap,), "f32"), self.empty((cap * sp.MAX_TOP_LOGPROBS,), "f32"),
@@ -58,12 +118,23 @@ class DeviceSampling:
                   stream=self._s)
         if counts is not None:
             sp.add_output_tokens(counts, ov, iv, stream=self._s)
-        res = SampleResult(self.to_host(ov).astype(np.int32))
-        if lp is not None:
-            res.logprobs = self.to_host(lp)
-        if tv is not None:
-            res.top_logprobs, res.top_ids = self.to_host(tv), self.to_host(ti).astype(np.int32)
-        return res
+        return self._land_draws(B, ov, lp, tv, ti, n_top)
+
+    def _land_draws(self, B: int, ov, lp, tv, ti, n_top) -> PendingDraws:
+        """Queue the copies of one step's draws into the next landing area and the event after them."""
+        cap = self._samp[0]
+        if self._land is None or self._land[0] < cap:
+            mt = self._sample.MAX_TOP_LOGPROBS
+            self._land = [cap, [_Landing(self, cap, mt), _Landing(self, cap, mt)], 0]
+        L = self._land[1][self._land[2]]
+        self._land[2] ^= 1
+        L.gen += 1
+        cu, s = self._drv.cu, self._s
+        for dev, host in ((ov, L.tok), (lp, L.lp), (tv, L.tv), (ti, L.ti)):
+            if dev is not None and dev.nbytes:
+                self._drv.call(cu.cuMemcpyDtoHAsync, host.ctypes.data, dev.ptr, dev.nbytes, s)
+        self._drv.call(cu.cuEventRecord, L.event, s)
+        return PendingDraws(L, B, n_top, lp is not None, ov)
 
     def init_counts(self, rows) -> None:
         """Set up penalty-count rows: for each ``(slot, prompt_ids, output_ids)``, row ``slot`` of the device

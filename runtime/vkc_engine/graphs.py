@@ -159,9 +159,12 @@ class DecodeGraphs:
             return None
         return bucket_for(len(chunks), self.buckets) if self.graphs else None
 
-    def run(self, chunks, bucket: int):
-        """Replay the bucket's graph for a decode step; returns the logits [N, V] (device) of its N rows."""
+    def run(self, chunks, bucket: int, patch=None):
+        """Replay the bucket's graph for a decode step; returns the logits [N, V] (device) of its N rows.
+        ``patch(ids)`` rewrites token ids in the bucket's device buffer after the upload (overlapped steps)."""
         self.write(chunks, bucket)
+        if patch is not None:
+            patch(self._steps[bucket].ids)
         self.be.replay(self.graphs[bucket])
         return self.be.rows(self.llm.model.bufs["logits"], len(chunks))
 

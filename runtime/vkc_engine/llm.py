@@ -44,6 +44,24 @@ class RequestOutput:
     delta_logprobs: list[Logprob] | None = None  # those of delta_token_ids
 
 
+@dataclass
+class _Launched:
+    """A step on the device whose draws the host has not read: its sampled sequences in row order and the
+    backend's pending draws (``.tokens``: device int32 [B]; ``.result()``: waits, a sampler.SampleResult)."""
+    seqs: list[Sequence]
+    pending: object
+
+
+class _Drawn:
+    """Draws already on the host, in the pending-draws interface (a backend without ``sample_async``)."""
+
+    def __init__(self, res):
+        self.res, self.tokens = res, None
+
+    def result(self):
+        return self.res
+
+
 def _load_tokenizer(model_dir: Path):
     p = model_dir / "tokenizer.json"
     if not p.is_file():
@@ -69,12 +87,15 @@ class LLM:
     plans. ``quantized_experts``: an FP8 / NVFP4 MoE checkpoint's experts stay quantized on the device (W8A16 /
     W4A16 in ops.moe: 2x / 3.5x less memory than bf16); False dequantizes them to bf16 at load (more memory; on
     the H200 the bf16 expert kernels are faster for long prefill chunks: BENCHMARKS.md, session 17).
+    ``async_scheduling``: overlap each step's host work with the next step's device work (:meth:`step`; on
+    backends with ``sample_async`` / ``copy_rows``); False runs every step to its end before returning.
     """
 
     def __init__(self, model_dir, *, backend=None, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, block_size: int = 64, memory_fraction: float = 0.85,
                  num_blocks: int | None = None, load_format: str = "safetensors", progress=None, log=None,
-                 enforce_eager: bool = False, strict_graphs: bool = False, quantized_experts: bool = True):
+                 enforce_eager: bool = False, strict_graphs: bool = False, quantized_experts: bool = True,
+                 async_scheduling: bool = True):
         t0 = time.perf_counter()
         self.model_dir = Path(model_dir)
         self.cfg = load_config(self.model_dir)
@@ -130,6 +151,10 @@ class LLM:
         self.eos_ids = set(self.cfg.eos_token_ids)
         self._requests: dict[str, Sequence] = {}
         self._count_owner: dict[int, int] = {}  # penalty-count row (= state slot) -> seq_id it was set up for
+        self._async_backend = bool(getattr(be, "supports_async_sampling", False))
+        self.async_scheduling = bool(async_scheduling) and self._async_backend
+        self._inflight: _Launched | None = None  # the step whose draws are still on the device
+        self.num_ahead_steps = 0  # steps that took some input token straight from the previous step's draws
         self.graphs = None
         if not enforce_eager and getattr(be, "supports_graphs", False):
             from .graphs import DecodeGraphs  # noqa: PLC0415
@@ -148,7 +173,9 @@ class LLM:
             self.log(plan_line(self.plan_report))
 
     def close(self) -> None:
-        """Release the CUDA graphs (the engine keeps running eagerly if used afterwards)."""
+        """Finish the step in flight and release the CUDA graphs (the engine keeps running eagerly if used
+        afterwards)."""
+        self.drain()
         g, self.graphs = self.graphs, None
         if g is not None:
             g.close()
@@ -192,12 +219,15 @@ class LLM:
         be = self.backend
         return {k: be.upload_into(self._meta[k], v) for k, v in arrays.items()}
 
-    def _run(self, chunks, logits_out=None):
-        """Forward over ``chunks`` (see model.host_step_arrays); returns the device logits."""
+    def _run(self, chunks, logits_out=None, patch=None):
+        """Forward over ``chunks`` (see model.host_step_arrays); returns the device logits. ``patch(ids)``
+        rewrites device token ids after their upload (overlapped steps)."""
         if chunks and any(len(c[0]) == 0 for c in chunks):
             raise ValueError("empty chunk")
         host = host_step_arrays(chunks, self.plan.block_size, self.max_blocks)
         dev = self._upload(host)
+        if patch is not None:
+            patch(dev["ids"])
         T, N = int(host["ids"].shape[0]), len(chunks)
         step = Step(T=T, N=N, decode=all(len(c[0]) == 1 for c in chunks), ids=dev["ids"], positions=dev["positions"],
                     slot_mapping=dev["slot_mapping"], cu_seqlens=dev["cu_seqlens"], seq_lens=dev["seq_lens"],
@@ -206,33 +236,106 @@ class LLM:
         return self.model.forward(self.cache, step, logits_out)
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; returns the requests that produced a token (or finished) in it."""
+        """Run one scheduled batch; returns the requests that produced a token (or finished).
+
+        With ``async_scheduling`` (the default where the backend can) steps overlap: this call queues the next
+        step on the device -- the sequences whose tokens the previous step is still drawing get them straight
+        from the device (``_launch``) -- and only then waits for the previous step's tokens and processes them
+        (detokenization, stop checks, streaming), so the host work of a step hides behind the device work of
+        the next. The outputs returned are the previous step's (the first call returns none). A sequence that
+        stops on a token (EOS, stop string) has had one more row computed for it by then: that row's token is
+        dropped; a stop by length is known in advance and costs nothing."""
+        prev, self._inflight = self._inflight, None
+        outs: list[RequestOutput] = []
+        if prev is not None and not self.async_scheduling:  # switched off since: finish it first
+            outs, prev = self._complete(prev), None
+        cur = self._launch(prev)
+        if prev is not None:
+            outs += self._complete(prev)
+        if cur is not None:
+            if self.async_scheduling:
+                self._inflight = cur
+            else:
+                outs += self._complete(cur)
+        return outs
+
+    def drain(self) -> list[RequestOutput]:
+        """Wait for the step in flight (overlapped steps) and process its tokens; returns its outputs."""
+        prev, self._inflight = self._inflight, None
+        return [] if prev is None else self._complete(prev)
+
+    def _launch(self, prev: _Launched | None) -> _Launched | None:
+        """Schedule a step, queue its forward and its draws on the device; None when nothing was scheduled or
+        no row was sampled. A row whose token ``prev`` draws (the sequence's ``ahead``) is uploaded as 0 and
+        overwritten on the device by that draw (backend.copy_rows) before the forward reads it."""
         sched, new_slots = self.scheduler.schedule()
         if not sched:
-            return []
+            return None
         self.cache.reset_slots(new_slots)
-        chunks, sampled = [], []
+        chunks, sampled, patches, row = [], [], [], 0
         for seq, n in sched:
             start = seq.num_computed
+            toks = seq.tokens[start:start + n]
+            if len(toks) < n:  # its last token is prev's draw, still on the device
+                src, src_row = seq.ahead_src
+                if src is not prev or len(toks) != n - 1:
+                    raise RuntimeError(f"sequence {seq.request_id}: its next token is not the last step's draw")
+                patches.append((row + n - 1, src_row))
+                toks = toks + [0]
             last = start + n == seq.num_tokens
-            chunks.append((seq.tokens[start:start + n], start, seq.block_table, seq.slot, "last" if last else None))
+            chunks.append((toks, start, seq.block_table, seq.slot, "last" if last else None))
             if last:
                 sampled.append(seq)
+            row += n
+        patch = None
+        if patches:
+            self.num_ahead_steps += 1
+            patch = lambda ids: self._patch_ids(ids, patches, prev.pending.tokens)  # noqa: E731
         bucket = None if self.graphs is None else self.graphs.bucket(chunks)
-        logits = self._run(chunks) if bucket is None else self.graphs.run(chunks, bucket)
+        logits = self._run(chunks, patch=patch) if bucket is None else self.graphs.run(chunks, bucket, patch)
         for seq, n in sched:
             seq.num_computed += n
         if not sampled:
-            return []
-        res = self._sample(logits, sampled)
-        return [self._append(seq, int(t), row_logprob(res, b, seq.params))
-                for b, (seq, t) in enumerate(zip(sampled, res.tokens))]
+            return None
+        cur = _Launched(sampled, self._sample(logits, sampled))
+        for b, seq in enumerate(sampled):
+            seq.num_inflight += 1
+            final = (len(seq.output_ids) + seq.num_inflight >= seq.params.max_tokens
+                     or seq.num_known + seq.num_inflight >= self.max_model_len)
+            # a draw that ends the sequence by length feeds no step; any other is the next step's input
+            seq.ahead, seq.ahead_src = (0, None) if final else (1, (cur, b))
+        return cur
+
+    def _patch_ids(self, ids, patches, src) -> None:
+        """ids[d] = src[s] on the device for each (d, s) of ``patches``, one copy per run of consecutive pairs."""
+        i = 0
+        while i < len(patches):
+            d0, s0 = patches[i]
+            n = 1
+            while i + n < len(patches) and patches[i + n] == (d0 + n, s0 + n):
+                n += 1
+            self.backend.copy_rows(ids, d0, src, s0, n)
+            i += n
+
+    def _complete(self, cur: _Launched) -> list[RequestOutput]:
+        """Wait for a launched step's draws and record them; a sequence finished meanwhile (stopped, aborted)
+        drops its token."""
+        res = cur.pending.result()
+        outs = []
+        for b, seq in enumerate(cur.seqs):
+            seq.num_inflight -= 1
+            if seq.ahead and seq.ahead_src[0] is cur:  # no later step took it: now a known token
+                seq.ahead, seq.ahead_src = 0, None
+            if not seq.finished:
+                outs.append(self._append(seq, int(res.tokens[b]), row_logprob(res, b, seq.params)))
+        return outs
 
     def _sample(self, logits, seqs: list[Sequence]):
-        """Draw the sequences' next tokens (a sampler.SampleResult). A sequence with penalties reads the count
-        row of its state slot; the row is set up (prompt bits + counts of the tokens it already produced) the
-        first time the sequence samples in that slot -- also after a preemption moved it -- and the backend
-        counts each drawn token."""
+        """Queue the draws of the sequences' next tokens; returns the backend's pending draws (``.tokens`` on
+        the device, ``.result()`` a sampler.SampleResult). A sequence with penalties reads the count row of its
+        state slot; the row is set up (prompt bits + counts of the tokens it already produced) the first time
+        the sequence samples in that slot -- also after a preemption moved it -- and the backend counts each
+        drawn token."""
         init, slots = [], []
         for s in seqs:
             if s.params.has_penalties and s.slot is not None:
@@ -243,7 +346,10 @@ class LLM:
             else:
                 slots.append(-1)
         self.backend.init_counts(init)
-        return self.backend.sample(logits, [s.params for s in seqs], [s.generator for s in seqs], slots=slots)
+        args = (logits, [s.params for s in seqs], [s.generator for s in seqs])
+        if self._async_backend:
+            return self.backend.sample_async(*args, slots=slots)
+        return _Drawn(self.backend.sample(*args, slots=slots))
 
     @staticmethod
     def _stop_at(text: str, stops: list[str]) -> int | None:
@@ -265,7 +371,7 @@ class LLM:
             cut = self._stop_at(seq.output_text, p.stop)
             if cut is not None:
                 seq.output_text, reason = seq.output_text[:cut], "stop"
-        if reason is None and (len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len):
+        if reason is None and (len(seq.output_ids) >= p.max_tokens or seq.num_known >= self.max_model_len):
             reason = "length"
         hold = 0
         if reason is not None:
@@ -320,6 +426,7 @@ class LLM:
         ``chunk`` tokens (default: the step budget). Uses and frees its own blocks and slot."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("prompt_logits needs an idle engine")
+        self.drain()  # a step of finished sequences only may still be in flight
         n = len(token_ids)
         if not 0 < n <= self.max_model_len:
             raise ValueError(f"prompt_logits needs 1 .. max_model_len ({self.max_model_len}) tokens, got {n}")

@@ -2,7 +2,8 @@
 budget, FCFS admission, preemption by recompute.
 
 Each step, running sequences come first (in arrival order): a decoding sequence asks for one token, a
-prefilling one for as much of its remaining prompt as the budget leaves (chunked prefill). When the KV blocks
+prefilling one for as much of its remaining prompt as the budget leaves (chunked prefill), one whose last token
+is still being drawn for nothing. When the KV blocks
 run out, the most recently admitted running sequence is preempted: its blocks and state slot are freed, its
 progress is forgotten and it goes back to the front of the waiting queue, to be recomputed from its prompt
 plus the tokens it already produced. Waiting sequences are admitted while budget, a state slot, KV blocks and
@@ -52,14 +53,26 @@ class Sequence:
         self.output_text = ""
         self.sent_chars = 0             # characters of output_text already streamed
         self.logprobs = [] if params.logprobs is not None else None  # sampler.Logprob per output token
+        # overlapped steps (vkc_engine.llm): tokens drawn on the device whose values the host has not read yet;
+        # ``ahead`` = 1 when the newest of them is this sequence's next input (``ahead_src``: (the step that
+        # draws it, its row)), so the scheduler counts it and the next step feeds it from the device
+        self.num_inflight = 0
+        self.ahead = 0
+        self.ahead_src = None
 
     @property
     def tokens(self) -> list[int]:
+        """The tokens the host knows (prompt + output read back)."""
         return self.prompt_ids + self.output_ids
 
     @property
-    def num_tokens(self) -> int:
+    def num_known(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens to compute eventually: the known ones and the one drawn ahead on the device (if any)."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.ahead
 
     @property
     def finished(self) -> bool:
@@ -93,6 +106,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed, budget)
+            if n == 0:  # its last token is still being drawn (overlapped steps): nothing to compute now
+                i += 1
+                continue
             while not self.blocks.can_grow(seq.block_table, seq.num_computed + n):
                 victim = self.running[-1]
                 self._preempt(victim)

@@ -364,9 +364,9 @@ def _count_replays(llm):
     used = []
     run = llm.graphs.run
 
-    def counted(chunks, bucket):
+    def counted(chunks, bucket, patch=None):
         used.append((len(chunks), bucket))
-        return run(chunks, bucket)
+        return run(chunks, bucket, patch)
     llm.graphs.run = counted
     return used
 
@@ -419,6 +419,38 @@ def test_graphs_after_preemption(setup):
     assert small.scheduler.blocks.num_free == 10
     small.close()
     assert small.graphs is None
+
+
+def test_overlapped_steps_equal_steps_one_by_one(setup):
+    """LLM async_scheduling (each step queued before the last one's draws are read, its decode rows fed from them
+    on the device) against the same engine running steps one by one: every request stops by length, so both
+    modes schedule the same rows into the same buckets and must draw the very same tokens (greedy, seeded
+    top-p / top-k / min-p, penalties, log-probabilities); a stop on a token ends at the same token."""
+    from vkc_engine import SamplingParams
+    name, d, model, llm = setup
+    V = llm.cfg.vocab_size
+    rng = np.random.default_rng(31)
+    prompts = [_prompt(int(n), V, 7000 + i) for i, n in enumerate(rng.integers(1, 150, 10))]
+    kinds = [dict(temperature=0), dict(temperature=0.8, top_p=0.9, seed=1), dict(temperature=0.7, top_k=20, seed=2),
+             dict(temperature=1.0, min_p=0.1, seed=3, repetition_penalty=1.2, frequency_penalty=0.3),
+             dict(temperature=0, logprobs=5)]
+    params = [SamplingParams(max_tokens=int(m), ignore_eos=True, **kinds[i % len(kinds)])
+              for i, m in enumerate(rng.integers(3, 14, 10))]
+    runs = {}
+    for overlap in (False, True):
+        llm.async_scheduling = overlap
+        n0 = llm.num_ahead_steps
+        runs[overlap] = [(o.token_ids, o.finish_reason, None if o.logprobs is None else
+                          [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs])
+                         for o in llm.generate(prompts, params)]
+        assert (llm.num_ahead_steps > n0) == overlap
+        assert llm.scheduler.blocks.num_free == llm.plan.num_blocks
+    assert runs[True] == runs[False], name
+    llm.async_scheduling = False
+    base = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=13, ignore_eos=True))[0].token_ids
+    llm.async_scheduling = True
+    got = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=13, stop_token_ids=[base[4]]))[0]
+    assert got.finish_reason == "stop" and got.token_ids == base[:base.index(base[4]) + 1]
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
