@@ -143,8 +143,10 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
     Bm = max(batches)
     t0 = time.perf_counter()
     longest = max(prefill, long_prefill)
+    # the budget holds the B decode prompts of 16 tokens in one step: a smaller one would chunk their prefill into
+    # the timed steps (mixed, eager: the 27B B = 16 row read 18.6-20.8 ms/step at --prefill 64 that way)
     llm = LLM(model_dir, backend=backend, load_format=load_format, max_num_seqs=Bm,
-              max_num_batched_tokens=max(longest, Bm), max_model_len=longest + steps + 8,
+              max_num_batched_tokens=max(longest, 16 * Bm), max_model_len=longest + 2 * steps + 32,
               memory_fraction=0.5, enforce_eager=not graphs, quantized_experts=quantized_experts)
     res = {"load_s": time.perf_counter() - t0, "cache": llm.plan.describe(), "decode": [],
            "graphs": llm.graphs is not None}

@@ -79,7 +79,8 @@ def test_a_stop_on_a_token_costs_one_row_a_stop_by_length_none(ck):
     draws = {}
     for overlap in (False, True):
         for name, sp in (("length", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)),
-                         ("token", SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[base.token_ids[3]]))):
+                         ("token", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                                                  stop_token_ids=[base.token_ids[3]]))):
             be = NumpyBackend()
             o = numpy_llm(ck, backend=be, async_scheduling=overlap).generate(p, sp)[0]
             assert o.token_ids == base.token_ids[:10 if name == "length" else base.token_ids.index(base.token_ids[3])

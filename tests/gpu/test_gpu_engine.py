@@ -449,7 +449,8 @@ def test_overlapped_steps_equal_steps_one_by_one(setup):
     llm.async_scheduling = False
     base = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=13, ignore_eos=True))[0].token_ids
     llm.async_scheduling = True
-    got = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=13, stop_token_ids=[base[4]]))[0]
+    got = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=13, ignore_eos=True,
+                                                 stop_token_ids=[base[4]]))[0]
     assert got.finish_reason == "stop" and got.token_ids == base[:base.index(base[4]) + 1]
 
 
