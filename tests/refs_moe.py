@@ -103,3 +103,15 @@ def grouped_gemm_standin(a, w, sorted_ids, block_expert, num_padded, *, a_row_di
         if row_scale is not None:
             r = r * row_scale[f]
         out[f] = r
+
+
+def pairs_down(h, w2, ids, wts):
+    """float64 out [M, H] of the decode down kernels: per token m, sum over its picks j with a valid id
+    e = ids[m, j] (in [0, E')) of wts[m, j] * (w2[e] @ h[m k + j])."""
+    M, k = ids.shape
+    out = np.zeros((M, w2.shape[1]))
+    for m in range(M):
+        for j in range(k):
+            if 0 <= ids[m, j] < w2.shape[0]:
+                out[m] += wts[m, j] * (w2[ids[m, j]] @ h[m * k + j])
+    return out

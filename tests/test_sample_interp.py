@@ -65,7 +65,7 @@ def run(K, logits, fp, ip, counts=None, n_top=0, variant="any", dtype="f32", **o
                     K.span, **{k: v for k, v in override.items() if k == "BLOCK"})
         assert not torch.isnan(part.view(-1, 4)[:, :3]).any(), "a partial was not written"  # (m, Z, argmax, -)
     launch_spec(K.specs[f"row.{dtype}.{variant}"], (B,), lt, ft, it, ct, tok, lp, tv, ti, part, lt.stride(0), V, sc,
-                S, n_top, tv.stride(0), 1, ns, **override)
+                S, n_top, tv.stride(0), 1, ns, K.span or 16, **override)
     assert torch.isnan(tv[:, n_top:]).all() and (ti[:, n_top:] == -7).all(), "wrote past n_top"
     return tok.cpu().numpy(), lp.cpu().numpy(), tv[:, :n_top].cpu().numpy(), ti[:, :n_top].cpu().numpy()
 
@@ -235,6 +235,38 @@ def test_distribution_chi_square(K, case):
     raw = np.exp(x[0].double().numpy() - x[0].max().item()) * A
     for alt in (raw / raw.sum(), A / A.sum()):  # untempered, uniform over the set
         alt_chi = R.chi_square(obs, alt)[0]
+        assert alt_chi > 1.5 * bound, f"the test cannot tell a wrong distribution apart ({alt_chi:.1f})"
+
+
+@pytest.mark.parametrize("case", ["plain", "top_p"])
+def test_distribution_across_slices_chi_square(case):
+    """Row statistics in slices of 16 logits (a 40-token row, its mass spread over all three slices): the first
+    draw starts in the slice its uniform points into, a redraw after a rejection and the filter checks skip the
+    slices whose max cannot matter. N draws (distinct seeds) must follow p (restricted to the allowed set); the
+    statistic against p with one slice's tokens reweighted must be far beyond the bound."""
+    Ks = SimpleNamespace(specs=specs("sample"), span=16)
+    V, N = 40, 600
+    row = torch.full((V,), float("-inf"))
+    row[[1, 6, 13, 17, 20, 26, 31, 33, 36, 39]] = torch.tensor([1.9, 1.5, 2.0, 0.4, 1.4, 0.9, 1.2, 0.1, 1.6, 0.8])
+    x = row.repeat(N, 1)
+    temp, p = (1.0, 1.0) if case == "plain" else (0.6, 0.85)
+    fp, ip = params(N, temperature=temp, top_p=p, seed=np.arange(N) + 77, step=1)
+    tok, _, _, _ = run(Ks, x, fp, ip, BLOCK=8)
+    pl = R.processed(x[:1].numpy(), fp[:1], ip[:1])[0]
+    assert R.margins(pl, p, 0.0) > 1e-3
+    A = R.allowed(pl, 0, p, 0.0)
+    assert (A & np.isfinite(pl)).sum() == 10 if case == "plain" else 3 <= A.sum() < 8
+    w = np.exp(pl - pl.max()) * A
+    want = w / w.sum()
+    obs = np.bincount(tok, minlength=V)
+    assert obs[~A].sum() == 0 and (obs[:16].sum() > 0) and (obs[16:32].sum() > 0) and (obs[32:].sum() > 0)
+    chi, df = R.chi_square(obs, want)
+    bound = R.chi2_bound(df)
+    assert chi < bound, f"chi2 {chi:.1f} >= {bound:.1f} (df {df})"
+    for f in (0.25, 4.0):  # the middle slice's tokens reweighted, as a wrong prefix or a skipped slice would
+        alt = want.copy()
+        alt[16:32] *= f
+        alt_chi = R.chi_square(obs, alt / alt.sum())[0]
         assert alt_chi > 1.5 * bound, f"the test cannot tell a wrong distribution apart ({alt_chi:.1f})"
 
 

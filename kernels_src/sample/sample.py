@@ -42,7 +42,12 @@ Z and lowest argmax over slice [j * span, min((j + 1) * span, V)) of the process
 n_slices partials in slice order (m = max m_j, Z = sum Z_j exp(m_j - m), the lowest argmax among the slices
 reaching m: the same values as its own pass 1, Z up to fp32 summation order) instead of reading the row once
 more on one SM -- a greedy row is then one parallel pass and a merge. n_slices 0 (no partials) or a row asking
-for top-n log-probabilities runs the serial pass 1 as before.
+for top-n log-probabilities runs the serial pass 1 as before. With the partials the later passes walk the row
+slice by slice (``span`` logits each): the first draw (the full distribution) starts in the slice where the
+running sum of the slices' exp-sums Z_j exp(m_j - m) passes u Z, its scan starting from the sum of the slices
+before (the same token as a scan from 0 up to fp32 summation order); a redraw after a rejection skips every
+slice whose max m_j is at most the pivot (no proposal token there) and a filter check every slice whose max is
+at most the drawn logit (nothing above it there) -- exact, those slices add nothing to either sum.
 
 Bounds: every load of the logits row is masked to [0, V) (a slice's to its end); a slot outside [0, num_slots)
 reads no counts; the partials are read at [row, 0 .. n_slices) only, the host checks their buffer holds
@@ -160,7 +165,7 @@ def sample_stats_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, part_ptr, stride
 
 @triton.jit
 def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_ptr, topi_ptr, part_ptr,
-                  stride_l, V, stride_c, num_slots, n_top, stride_top, want_lp, n_slices,
+                  stride_l, V, stride_c, num_slots, n_top, stride_top, want_lp, n_slices, span,
                   NF: tl.constexpr, NI: tl.constexpr, BLOCK: tl.constexpr, NTOP: tl.constexpr,
                   MAX_ROUNDS: tl.constexpr, SMAX: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -179,16 +184,24 @@ def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_
     tv = tl.full((NTOP,), float("-inf"), tl.float32)
     ti = -1 - slots_t  # distinct placeholder ids (the highest is replaced first)
     worst = tl.min(tl.where(active, tv, float("inf")), 0)
-    if (n_slices > 0) & (n_top == 0):
-        js = tl.arange(0, SMAX)
-        jm = js < n_slices
+    # the slices the later passes walk: the partials' slices when merged, else one slice [0, V) (max +inf: never
+    # skipped); zc = each slice's exp-sum relative to the row max
+    sliced = (n_slices > 0) & (n_top == 0)
+    nsl = tl.where(sliced, n_slices, 1)
+    sw = tl.where(sliced, span, V)
+    js = tl.arange(0, SMAX)
+    jm = js < nsl
+    mj = tl.full((SMAX,), float("inf"), tl.float32)
+    zc = tl.zeros((SMAX,), tl.float32)
+    if sliced:
         pb = part_ptr + (row.to(tl.int64) * n_slices + js) * 4
         mj = tl.load(pb, mask=jm, other=float("-inf"))
         zj = tl.load(pb + 1, mask=jm, other=0.0)
         aj = tl.load(pb + 2, mask=jm, other=0.0).to(tl.int32, bitcast=True)
         m = tl.max(mj, 0)
         ms = tl.where(m == float("-inf"), 0.0, m)
-        z = tl.sum(tl.where(mj > float("-inf"), zj * tl.exp(mj - ms), 0.0), 0)
+        zc = tl.where(mj > float("-inf"), zj * tl.exp(mj - ms), 0.0)
+        z = tl.sum(zc, 0)
         am = tl.min(tl.where(jm & (mj == m), aj, BIG), 0)
         am = tl.where(am == BIG, 0, am)
     else:
@@ -246,19 +259,28 @@ def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_
                 found = 0
                 s = -1
                 last = -1
-                for start in range(0, V, BLOCK):
-                    if found == 0:
-                        offs = start + ar
-                        x = _processed(lrow, crow, offs, V, has_pen, rep, pres, freq, scale_div)
-                        inp = x > pivot
-                        e = tl.where(inp, tl.exp(x - ms), 0.0)
-                        cs = tl.cumsum(e, 0) + c
-                        hidx = tl.min(tl.where(inp & (cs > target), offs, BIG), 0)
-                        last = tl.maximum(last, tl.max(tl.where(inp, offs, -1), 0))
-                        if hidx < BIG:
-                            s = hidx
-                            found = 1
-                        c = c + tl.sum(e, 0)
+                j0 = 0
+                if sliced & (pivot == float("-inf")):  # the full distribution: start in the slice u points into
+                    j0 = tl.minimum(tl.min(tl.where(jm & (tl.cumsum(zc, 0) > target), js, SMAX), 0), nsl - 1)
+                    c = tl.sum(tl.where(js < j0, zc, 0.0), 0)
+                for j in range(j0, nsl):
+                    # a slice whose max is <= the pivot holds no proposal token: skipped
+                    if (found == 0) & (tl.max(tl.where(js == j, mj, float("-inf")), 0) > pivot):
+                        lo = j * sw
+                        hi = tl.minimum(lo + sw, V)
+                        for start in range(lo, hi, BLOCK):
+                            if found == 0:
+                                offs = start + ar
+                                x = _processed(lrow, crow, offs, hi, has_pen, rep, pres, freq, scale_div)
+                                inp = x > pivot
+                                e = tl.where(inp, tl.exp(x - ms), 0.0)
+                                cs = tl.cumsum(e, 0) + c
+                                hidx = tl.min(tl.where(inp & (cs > target), offs, BIG), 0)
+                                last = tl.maximum(last, tl.max(tl.where(inp, offs, -1), 0))
+                                if hidx < BIG:
+                                    s = hidx
+                                    found = 1
+                                c = c + tl.sum(e, 0)
                 if found == 0:  # rounding: target at or past the scan's total -> the last proposal token
                     s = last
                 if s < 0:  # no proposal token at all (Z = 0 or NaN): the argmax
@@ -269,14 +291,18 @@ def sample_kernel(logits_ptr, fp_ptr, ip_ptr, counts_ptr, tok_ptr, lp_ptr, topv_
                 if filt:
                     cnt = 0
                     mass = 0.0
-                    xn, cn = _raw(lrow, crow, ar, V, has_pen)
-                    for start in range(0, V, BLOCK):
-                        offs = start + ar
-                        x = _apply(xn, cn, offs, V, has_pen, rep, pres, freq, scale_div)
-                        xn, cn = _raw(lrow, crow, offs + BLOCK, V, has_pen)
-                        gt = x > sv
-                        cnt = cnt + tl.sum(gt.to(tl.int32), 0)
-                        mass = mass + tl.sum(tl.where(gt, tl.exp(x - ms), 0.0), 0)
+                    for j in range(0, nsl):
+                        if tl.max(tl.where(js == j, mj, float("-inf")), 0) > sv:  # else nothing above sv in it
+                            lo = j * sw
+                            hi = tl.minimum(lo + sw, V)
+                            xn, cn = _raw(lrow, crow, lo + ar, hi, has_pen)
+                            for start in range(lo, hi, BLOCK):
+                                offs = start + ar
+                                x = _apply(xn, cn, offs, hi, has_pen, rep, pres, freq, scale_div)
+                                xn, cn = _raw(lrow, crow, offs + BLOCK, hi, has_pen)
+                                gt = x > sv
+                                cnt = cnt + tl.sum(gt.to(tl.int32), 0)
+                                mass = mass + tl.sum(tl.where(gt, tl.exp(x - ms), 0.0), 0)
                     ok = (~filt_k | (cnt < top_k)) & (~filt_p | (mass < p_eff * z)) & (sv >= lminp)
                     if ok:
                         tok = s

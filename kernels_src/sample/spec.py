@@ -6,7 +6,8 @@
 32 KiB of fp32 logits in flight per step), NTOP = 32 slots for the top-n list (n <= 20), MAX_ROUNDS = 32
 draws per filtered row before the argmax fallback, SMAX = 64 row-statistics partials at most.
 ``stats.<dtype>.<variant>``: pass 1 of one slice of a row (span 8192 elements, ops/sample.py SPAN) in two steps of
-BLOCK 4096 (the second loaded before the first is reduced), 8 warps (~100-130 registers: two programs per SM).
+BLOCK 4096 (the second loaded before the first is reduced), 8 warps (~100-130 registers: two programs per SM); the
+row kernel gets the same span, to walk its later passes slice by slice.
 
 Grids:
   stats.*   (B, n_slices)
@@ -26,7 +27,7 @@ def _row_args(dtype, aligned):
             Arg("topv_ptr", "*fp32"), Arg("topi_ptr", "*i32"), Arg("part_ptr", "*fp32"),
             Arg("stride_l", "i32", div=d), Arg("V", "i32", div=d), Arg("stride_c", "i32", div=d),
             Arg("num_slots", "i32"), Arg("n_top", "i32"), Arg("stride_top", "i32"), Arg("want_lp", "i32"),
-            Arg("n_slices", "i32")]
+            Arg("n_slices", "i32"), Arg("span", "i32", div=d)]
 
 
 def _stats_args(dtype, aligned):

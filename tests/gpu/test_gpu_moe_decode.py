@@ -75,6 +75,35 @@ def _ids(g, M, k, Ep):
 
 
 @pytest.mark.parametrize("tiles", [0, 1, 2])
+def check_pairs_h(h, x, W1, ids, k, Ep, I, flat_bad):
+    """The decode gate_up output h [M k, I] vs float64 (W1 [E', 2I, H] float64 on the device): pair f through
+    expert ids[f] of token f // k, silu(gate) * up; relative error < 1e-2 over the valid pairs."""
+    xd = x.double()
+    ref = torch.zeros(h.shape[0], I, dtype=torch.float64, device="cuda")
+    for f in range(h.shape[0]):
+        e = int(ids.view(-1)[f])
+        if 0 <= e < Ep:
+            gu = W1[e] @ xd[f // k]
+            ref[f] = torch.nn.functional.silu(gu[:I]) * gu[I:]
+    ok = ~flat_bad
+    err = ((h.double() - ref)[ok].norm() / ref[ok].norm()).item()
+    assert err < 1e-2, err
+
+
+def check_pairs_down(out, h, W2, ids, wts, k, Ep):
+    """The decode down output out [M, H] vs float64 (W2 [E', H, I] float64 on the device): each token's valid
+    picks' routing-weighted W2[e] @ h rows summed; finite, relative error < 1e-2."""
+    ref = torch.zeros(out.shape, dtype=torch.float64, device="cuda")
+    hd = h.double()
+    for f in range(h.shape[0]):
+        e = int(ids.view(-1)[f])
+        if 0 <= e < Ep:
+            ref[f // k] += wts.view(-1)[f].double() * (W2[e] @ hd[f])
+    assert torch.isfinite(out.float()).all()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err
+
+
 def test_decode_kernels_bad_ids_and_guard_bytes(moe, tiles):
     """The real H and I with E' = 17 experts (the weights in sentinel arenas stay small), M = 4, k' = 9."""
     from vkc_runtime.ops.moe import decode_ops as D
@@ -94,16 +123,7 @@ def test_decode_kernels_bad_ids_and_guard_bytes(moe, tiles):
     ar.check()
     flat_bad = bad.view(-1)
     assert torch.equal(h[flat_bad].float(), torch.zeros_like(h[flat_bad].float())), "a bad id's h row is not 0"
-    xd, w1d, w2d = x.double(), w1.double(), w2.double()
-    ref_h = torch.zeros(M * k, I, dtype=torch.float64, device="cuda")
-    for f in range(M * k):
-        e = int(ids.view(-1)[f])
-        if 0 <= e < Ep:
-            gu = w1d[e] @ xd[f // k]
-            ref_h[f] = torch.nn.functional.silu(gu[:I]) * gu[I:]
-    ok = ~flat_bad
-    err = ((h.double() - ref_h)[ok].norm() / ref_h[ok].norm()).item()
-    assert err < 1e-2, err
+    check_pairs_h(h, x, w1.double(), ids, k, Ep, I, flat_bad)
     # down: the bad pairs' h rows and weights NaN (must not be read), poisoned out
     hn = ar.put(torch.where(flat_bad[:, None], float("nan"), h.float()).to(torch.bfloat16))
     wts = torch.rand(M, k, generator=g, device="cuda") + 0.1
@@ -113,12 +133,4 @@ def test_decode_kernels_bad_ids_and_guard_bytes(moe, tiles):
     D.decode_down(hn, w2, it, wt, out=out, _tile=D.TILES["down"][tiles])
     torch.cuda.synchronize()
     ar.check()
-    ref = torch.zeros(M, H, dtype=torch.float64, device="cuda")
-    hd = h.double()
-    for f in range(M * k):
-        e = int(ids.view(-1)[f])
-        if 0 <= e < Ep:
-            ref[f // k] += wts.view(-1)[f].double() * (w2d[e] @ hd[f])
-    assert torch.isfinite(out.float()).all()
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    assert err < 1e-2, err
+    check_pairs_down(out, h, w2.double(), ids, wts, k, Ep)

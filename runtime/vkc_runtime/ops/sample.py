@@ -218,7 +218,7 @@ def sample(logits, fparams, iparams, *, counts=None, out=None, logprobs=None, to
         launches.append(Launch(get_kernel(_row_base(lt.dtype, v, "stats")), (B, ns, 1),
                                (lt, ft, it, ct, wt, sl, V, sc, S, SPAN)))
     launches.append(Launch(get_kernel(_row_base(lt.dtype, v)), (B, 1, 1),
-                           (lt, ft, it, ct, ot, pt, tv, ti, wt, sl, V, sc, S, n, st, int(logprobs is not None), ns)))
+                           (lt, ft, it, ct, ot, pt, tv, ti, wt, sl, V, sc, S, n, st, int(logprobs is not None), ns, SPAN)))
     _calls.launch(key, None if out is None else tuple(ts), (), launches, s)
     return res
 
