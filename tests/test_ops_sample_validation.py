@@ -35,8 +35,9 @@ def test_picks_dtype_and_alignment(rec):
                                          "sample.row.f32.any", "sample.row.f32.a16", "sample.row.f32.any"]
     assert all(c[1] == (4, 1, 1) for c in rec.calls)
     a = rec.calls[0][2]
-    # stride, V, stride_c, num_slots, n_top, stride_top, want_lp, n_slices (0: no workspace, the serial pass 1)
-    assert a[9:] == (248320, 248320, 0, 0, 0, 0, 0, 0)
+    # stride, V, stride_c, num_slots, n_top, stride_top, want_lp, n_slices (0: no workspace, the serial pass 1),
+    # span (ops.sample.SPAN, read only with slices)
+    assert a[9:] == (248320, 248320, 0, 0, 0, 0, 0, 0, S.SPAN)
     assert rec.calls[4][2][11:13] == (248320, 9)
 
 
@@ -50,7 +51,7 @@ def test_workspace_runs_the_row_statistics_first(rec):
     (b1, g1, a1), (b2, g2, a2) = rec.calls
     assert (b1, g1) == ("sample.stats.bf16.a16", (B, n, 1)) and (b2, g2) == ("sample.row.bf16.a16", (B, 1, 1))
     assert a1[4] == a2[8] == ws.__cuda_array_interface__["data"][0] and a1[5:] == (V, V, 0, 0, S.SPAN)
-    assert a2[-1] == n
+    assert a2[-2:] == (n, S.SPAN)  # n_slices, span
     rec.calls.clear()
     with pytest.raises(OpError, match="workspace must be"):  # too small for B rows
         S.sample(*args(B + 1, V), out=Dev((B + 1,), I32), workspace=ws)
@@ -61,7 +62,7 @@ def test_optional_outputs(rec):
     lg, fp, ip = args(3, 512)
     S.sample(lg, fp, ip, out=Dev((3,), I32), logprobs=Dev((3,), F32), top_logprobs=Dev((3, 20), F32),
              top_ids=Dev((3, 20), I32))
-    assert rec.calls[0][2][-4:] == (20, 20, 1, 0)  # n_top, stride_top, want_lp, n_slices
+    assert rec.calls[0][2][-5:] == (20, 20, 1, 0, S.SPAN)  # n_top, stride_top, want_lp, n_slices, span
 
 
 @pytest.mark.parametrize("bad, msg", [
