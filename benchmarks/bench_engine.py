@@ -146,7 +146,7 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
     # the budget holds the B decode prompts of 16 tokens in one step: a smaller one would chunk their prefill into
     # the timed steps (mixed, eager: the 27B B = 16 row read 18.6-20.8 ms/step at --prefill 64 that way)
     llm = LLM(model_dir, backend=backend, load_format=load_format, max_num_seqs=Bm,
-              max_num_batched_tokens=max(longest, 16 * Bm), max_model_len=longest + 2 * steps + 32,
+              max_num_batched_tokens=max(longest, 16 * Bm), max_model_len=max(longest, 16) + 4 * steps + 48,
               memory_fraction=0.5, enforce_eager=not graphs, quantized_experts=quantized_experts)
     res = {"load_s": time.perf_counter() - t0, "cache": llm.plan.describe(), "decode": [],
            "graphs": llm.graphs is not None}
@@ -159,12 +159,13 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
     for B in batches:
         tl_steps = min(steps, 8) if timeline else 0
         ab = llm.async_scheduling
-        dp = SamplingParams(temperature=0, max_tokens=steps + 2 + (min(steps, 4) + 1 if breakdown else 0) + tl_steps
-                            + (steps + 1 if ab else 0), ignore_eos=True)
+        dp = SamplingParams(temperature=0, max_tokens=2 * steps + 2 + (min(steps, 4) + 1 if breakdown else 0)
+                            + tl_steps + (steps + 1 if ab else 0), ignore_eos=True)
         for b in range(B):
             llm.add_request([(7 * b + j) % V for j in range(16)], dp)
         llm.step()  # the prefill of all B prompts
-        llm.step()  # first decode step (warm)
+        for _ in range(steps):  # warm decode steps, untimed (the first ones after a prefill ran slower at B >= 16)
+            llm.step()
         ms = _steps_ms(llm, steps)
         res["decode"].append({"batch": B, "ms_per_step": ms, "tok_s": B / ms * 1e3, "async_scheduling": ab})
         if ab:  # the same steps with each one run to its end before the next (LLM async_scheduling=False)

@@ -74,7 +74,6 @@ def _ids(g, M, k, Ep):
     return ids.to(torch.int32)
 
 
-@pytest.mark.parametrize("tiles", [0, 1, 2])
 def check_pairs_h(h, x, W1, ids, k, Ep, I, flat_bad):
     """The decode gate_up output h [M k, I] vs float64 (W1 [E', 2I, H] float64 on the device): pair f through
     expert ids[f] of token f // k, silu(gate) * up; relative error < 1e-2 over the valid pairs."""
@@ -104,6 +103,7 @@ def check_pairs_down(out, h, W2, ids, wts, k, Ep):
     assert err < 1e-2, err
 
 
+@pytest.mark.parametrize("tiles", [0, 1, 2])
 def test_decode_kernels_bad_ids_and_guard_bytes(moe, tiles):
     """The real H and I with E' = 17 experts (the weights in sentinel arenas stay small), M = 4, k' = 9."""
     from vkc_runtime.ops.moe import decode_ops as D
