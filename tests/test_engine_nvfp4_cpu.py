@@ -11,13 +11,13 @@ import json
 import numpy as np
 import pytest
 
-from tests.engine_fixtures import HEADS_35B, MOE_SMALL, NVFP4_IGNORE, hf_logits, make_checkpoint
+from tests.engine_fixtures import HEADS_35B, MOE_SMALL, NVFP4_IGNORE, hf_logits, make_checkpoint, numpy_llm
+from tests.engine_fixtures import random_prompt as _prompt, rel_err as _rel
 from tests.engine_numpy_backend import NumpyBackend, Nvfp4NumpyExperts, Nvfp4NumpyWeight
 
 pytest.importorskip("transformers")
 pytest.importorskip("ml_dtypes")
 
-from vkc_engine import LLM  # noqa: E402
 from vkc_engine.config import ConfigError, load_config, parse_config  # noqa: E402
 from vkc_engine.loader import Checkpoint, CheckpointError, dequantize_nvfp4, nvfp4_tensor  # noqa: E402
 
@@ -89,18 +89,8 @@ def moe(tmp_path_factory):
 
 
 def _llm(d, **kw):
-    args = dict(backend=NumpyBackend(), max_num_seqs=4, max_num_batched_tokens=48, max_model_len=256,
-                num_blocks=40, block_size=16)
-    args.update(kw)
-    return LLM(d, **args)
-
-
-def _rel(got, ref):
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
-
-
-def _prompt(n, V, seed):
-    return [int(t) for t in np.random.default_rng(seed).integers(0, V, n)]
+    """The engine on the numpy backend (engine_fixtures.numpy_llm) with a 40-block cache."""
+    return numpy_llm(d, **{"num_blocks": 40, **kw})
 
 
 def test_loader_reads_both_layouts(dense):
