@@ -8,9 +8,9 @@ usage: python benchmarks/ncu_case.py gdn <T> <hk> <hv>      (chunked GDN prefill
                                      replayed, which ncu profiles node by node; the eager mode ran on the H200 in session 12, the graph
                                      mode not yet; ncu backs the KV cache up per replay pass, so give ncu
                                      --replay-mode application or profile one kernel with --launch-count)
-       python benchmarks/ncu_case.py moe <M> [decode|grouped]   (the 35B-A3B MoE block, sparse_moe_block on
-                                     M tokens, random weights: ~1.6 GB, no engine; the path the rule takes unless
-                                     named)
+       python benchmarks/ncu_case.py moe <M> [decode|grouped] [nvfp4|fp8]   (the 35B-A3B MoE block,
+                                     sparse_moe_block on M tokens, random weights: ~1.6 GB, no engine; the path the
+                                     rule takes unless named; nvfp4 / fp8: the experts quantized, bench_moe's)
 """
 from __future__ import annotations
 
@@ -48,11 +48,14 @@ def _engine_step(shape: str, B: int, graphs: bool = False):
     return call
 
 
-def _moe_block(M: int, path):
-    """One sparse_moe_block call at bench_moe's 35B-A3B shape (E = 256 + the shared expert, top-8, H 2048, I 512)."""
+def _moe_block(M: int, path, kind=None):
+    """One sparse_moe_block call at bench_moe's 35B-A3B shape (E = 256 + the shared expert, top-8, H 2048, I 512);
+    ``kind`` nvfp4 / fp8: the experts quantized (bench_moe.quant_weights)."""
     import bench_moe as BM
     from vkc_runtime.ops import moe
     (gw, sg, w1, w2), g = BM.random_weights()
+    if kind is not None:
+        (w1, _), (w2, _) = BM.quant_weights(kind)
     x = torch.randn(M, BM.H, device="cuda", generator=g).to(torch.bfloat16)
     ws = moe.moe_workspace(M, BM.E, BM.K, BM.H, BM.I, shared=True)
     out = torch.empty(M, BM.H, dtype=torch.bfloat16, device="cuda")
@@ -78,7 +81,9 @@ def main(argv):
         def call():
             A.decode(q, kc, vc, bt, sl, 256 ** -0.5, out=out, max_seq_len=L)
     elif what == "moe":
-        call = _moe_block(int(argv[1]), argv[2] if len(argv) > 2 else None)
+        path = argv[2] if len(argv) > 2 and argv[2] in ("decode", "grouped") else None
+        kind = argv[-1] if argv[-1] in ("nvfp4", "fp8") else None
+        call = _moe_block(int(argv[1]), path, kind)
     elif what == "engine":
         call = _engine_step(argv[1], int(argv[2]), graphs=len(argv) > 3 and argv[3] == "graph")
     else:

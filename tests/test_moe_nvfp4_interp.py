@@ -107,11 +107,12 @@ def test_gate_up_nvfp4_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
         assert rel(ref_h(np64(x), W1s, ids, I)[~bad], ref[~bad]) > 0.2, "the test cannot tell the alpha columns apart"
 
 
-@pytest.mark.parametrize("tile", [(4, 128, 16), (4, 64, 16), (2, 128, 16)])
-@pytest.mark.parametrize("M,k,Ep,H,I,n_bad", [(1, 9, 12, 44, 160, 2), (2, 16, 20, 20, 64, 3)])
+@pytest.mark.parametrize("tile", [(4, 64, 9), (4, 128, 16), (4, 64, 16), (2, 128, 16)])
+@pytest.mark.parametrize("M,k,Ep,H,I,n_bad", [(1, 9, 12, 44, 160, 2), (2, 16, 20, 20, 64, 3), (3, 5, 7, 36, 96, 1)])
 def test_down_nvfp4_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
-    """k' = 9 or 16 (every slot live); H tails against BLOCK_N, out rows strided; I = 160 (a partial K step);
-    h rows and routing weights of bad ids are NaN and must not matter; alpha per expert."""
+    """k' = 9 (the 9-slot tile's 8 + 1 both live), 16 (every slot of a 16-slot tile live; more than a 9-slot tile
+    holds: refused) or 5 (the 9-slot tile's second group empty); H tails against BLOCK_N, out rows strided; I = 160
+    (a partial K step); h rows and routing weights of bad ids are NaN and must not matter; alpha per expert."""
     moe, reg, ar = M_
     from vkc_runtime.ops.moe import decode_ops as D
     rng = np.random.default_rng(_seed())
@@ -126,8 +127,13 @@ def test_down_nvfp4_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
     ob = ar.poison((M, -(-H // 16) * 16 + 16), torch.bfloat16)
     out = ob[:, :H]
     before = ob.clone()
-    D.decode_down(Cai(ar.put(hh)), put_experts(moe, ar, parts), Cai(ar.put(B.i32(ids.tolist()))), Cai(ar.put(wts)),
-                  out=Cai(out), _tile=tile)
+    args = (Cai(ar.put(hh)), put_experts(moe, ar, parts), Cai(ar.put(B.i32(ids.tolist()))), Cai(ar.put(wts)))
+    if tile[2] < k:
+        with pytest.raises(moe.OpError, match="fewer than"):
+            D.decode_down(*args, out=Cai(out), _tile=tile)
+        assert reg.launched == [] and B.same_bytes(ob, before)
+        return
+    D.decode_down(*args, out=Cai(out), _tile=tile)
     ar.check()
     assert B.same_bytes(ob[:, H:], before[:, H:]), "bytes past H of an out row were written"
     assert reg.launched == [f"moe.w4a16.decode.down.n{tile[0]}.k{tile[1]}.s{tile[2]}"]

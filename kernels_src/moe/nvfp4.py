@@ -18,8 +18,9 @@ kernels_src/gemv/gemv.py's module doc):
         the M = 1 GEMV's CUDA-core decode), [BLOCK_N, G] words per K step, the next step's words and scales loaded
         before the current step is decoded.
   moe_w4a16_decode_down_kernel     grid (M, cdiv(H, BLOCK_N)) as moe_decode_down_kernel: every slot's rows in one
-        [SB, BLOCK_N, G] tile of words, an fp32 partial per (slot, row), then out[t, n] = bf16(sum_j w[t, j] *
-        alpha[e_j] * partial[j, n]) in slot order.
+        [SB, BLOCK_N, G] tile of words (or two: slots [SB, SB + SBX) apart, so that 9 picks decode as 8 + 1 instead
+        of 16 lanes of which 7 are dead -- the kernel issues instructions for every lane of its tile), an fp32
+        partial per (slot, row), then out[t, n] = bf16(sum_j w[t, j] * alpha[e_j] * partial[j, n]) in slot order.
   moe_w4a16_grouped_kernel         grid (cdiv(N, BLOCK_N), n_blocks) as grouped_gemm_kernel (grouped.py): each K
         step's [BLOCK_N, BLOCK_K] weight tile decoded to exact bf16 in registers (gemv.py: nvfp4_tile), then the
         tensor-core dot with the gathered rows; alpha scales the fp32 accumulators (gate and up apart) before the
@@ -96,48 +97,74 @@ def moe_w4a16_decode_gate_up_kernel(x_ptr, wq_ptr, ws_ptr, alpha_ptr, ids_ptr, h
 
 
 @triton.jit
-def moe_w4a16_decode_down_kernel(h_ptr, wq_ptr, ws_ptr, alpha_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_out,
-                                 stride_h, stride_qe, stride_qn, stride_se, stride_sn, stride_o,
-                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SB: tl.constexpr,
-                                 PRMT: tl.constexpr, PDL: tl.constexpr):
-    """h [P, K] bf16 (row stride stride_h), wq [E, N, K/2] uint8, ws [E, N, K/16] uint8 (byte strides), alpha fp32
-    [E], ids int32 / weights fp32 [M, k_out] contiguous (k_out <= SB), out [M, N] bf16 (row stride stride_o).
-    Grid (M, cdiv(N, BLOCK_N))."""
-    G: tl.constexpr = BLOCK_K // 16
-    t = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    s = tl.arange(0, SB)
-    g = tl.arange(0, G)
-    Kg = K // 16
-    pdl_enter(PDL)
+def _down_slots(ids_ptr, wts_ptr, alpha_ptr, wq_ptr, ws_ptr, h_ptr, t, s, k_out, E, n, n_ok, stride_h, stride_qe,
+                stride_qn, stride_se, stride_sn):
+    """Slots s of token t's picks: (valid, routing weight x alpha, word / scale / h row pointers, weight mask)."""
     f = t.to(tl.int64) * k_out + s
     e = tl.load(ids_ptr + f, mask=s < k_out, other=-1)
     ok = (s < k_out) & (e >= 0) & (e < E)
     wt = tl.load(wts_ptr + f, mask=ok, other=0.0) * tl.load(alpha_ptr + tl.where(ok, e, 0), mask=ok, other=0.0)
     e = tl.where(ok, e, 0).to(tl.int64)
-    rows = (e[:, None] * stride_qe + n.to(tl.int64)[None, :] * stride_qn)[:, :, None]       # [SB, BN, 1] bytes
+    rows = (e[:, None] * stride_qe + n.to(tl.int64)[None, :] * stride_qn)[:, :, None]       # [S, BN, 1] bytes
     q_rows = wq_ptr.to(tl.pointer_type(tl.int64)) + rows // 8
     s_rows = ws_ptr + (e[:, None] * stride_se + n.to(tl.int64)[None, :] * stride_sn)[:, :, None]
-    h_rows = (h_ptr + tl.where(ok, f, 0) * stride_h)[:, None, None]                         # [SB, 1, 1]
-    wm = ok[:, None, None] & n_ok[None, :, None]
+    h_rows = (h_ptr + tl.where(ok, f, 0) * stride_h)[:, None, None]                         # [S, 1, 1]
+    return ok, wt, q_rows, s_rows, h_rows, ok[:, None, None] & n_ok[None, :, None]
+
+
+@triton.jit
+def _down_step(acc, w, c, q_rows, s_rows, h_rows, ok, wm, g, g0, Kg, G: tl.constexpr, PRMT: tl.constexpr):
+    """One K step of a slot group: the next step's words and scales loaded, then this step's decoded into acc."""
+    ga = g0 + g
+    gn = ga + G
+    mn = wm & (gn < Kg)[None, None, :]
+    w_next = tl.load(q_rows + gn[None, None, :], mask=mn, other=0)
+    c_next = tl.load(s_rows + gn[None, None, :], mask=mn, other=0)
+    hg = h_rows + 16 * ga[None, None, :]
+    acc = nvfp4_words_fma(acc, w, e4m3_scale(c.to(tl.int32)), hg, ok[:, None, None] & (ga < Kg)[None, None, :], PRMT)
+    return acc, w_next, c_next
+
+
+@triton.jit
+def moe_w4a16_decode_down_kernel(h_ptr, wq_ptr, ws_ptr, alpha_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_out,
+                                 stride_h, stride_qe, stride_qn, stride_se, stride_sn, stride_o,
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SB: tl.constexpr, SBX: tl.constexpr,
+                                 PRMT: tl.constexpr, PDL: tl.constexpr):
+    """h [P, K] bf16 (row stride stride_h), wq [E, N, K/2] uint8, ws [E, N, K/16] uint8 (byte strides), alpha fp32
+    [E], ids int32 / weights fp32 [M, k_out] contiguous (k_out <= SB + SBX), out [M, N] bf16 (row stride
+    stride_o). Slots [0, SB) are one tile, slots [SB, SB + SBX) a second one (SBX 0: none), loaded in the same K
+    steps: 9 picks (8 routed + the shared expert) as 8 + 1 decode no dead slot lanes. Grid (M, cdiv(N, BLOCK_N))."""
+    G: tl.constexpr = BLOCK_K // 16
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    g = tl.arange(0, G)
+    Kg = K // 16
+    pdl_enter(PDL)
+    ok, wt, q_rows, s_rows, h_rows, wm = _down_slots(ids_ptr, wts_ptr, alpha_ptr, wq_ptr, ws_ptr, h_ptr, t,
+                                                     tl.arange(0, SB), k_out, E, n, n_ok, stride_h, stride_qe,
+                                                     stride_qn, stride_se, stride_sn)
     m0 = wm & (g < Kg)[None, None, :]
     w = tl.load(q_rows + g[None, None, :], mask=m0, other=0)
     c = tl.load(s_rows + g[None, None, :], mask=m0, other=0)
     acc = tl.zeros((SB, BLOCK_N, G), dtype=tl.float32)
+    if SBX > 0:
+        ok2, wt2, q_rows2, s_rows2, h_rows2, wm2 = _down_slots(ids_ptr, wts_ptr, alpha_ptr, wq_ptr, ws_ptr, h_ptr, t,
+                                                               SB + tl.arange(0, SBX), k_out, E, n, n_ok, stride_h,
+                                                               stride_qe, stride_qn, stride_se, stride_sn)
+        m02 = wm2 & (g < Kg)[None, None, :]
+        w2 = tl.load(q_rows2 + g[None, None, :], mask=m02, other=0)
+        c2 = tl.load(s_rows2 + g[None, None, :], mask=m02, other=0)
+        acc2 = tl.zeros((SBX, BLOCK_N, G), dtype=tl.float32)
     for g0 in range(0, Kg, G):
-        ga = g0 + g
-        gn = ga + G
-        mn = wm & (gn < Kg)[None, None, :]
-        w_next = tl.load(q_rows + gn[None, None, :], mask=mn, other=0)
-        c_next = tl.load(s_rows + gn[None, None, :], mask=mn, other=0)
-        hg = h_rows + 16 * ga[None, None, :]
-        acc = nvfp4_words_fma(acc, w, e4m3_scale(c.to(tl.int32)), hg, ok[:, None, None] & (ga < Kg)[None, None, :],
-                              PRMT)
-        w, c = w_next, c_next
+        acc, w, c = _down_step(acc, w, c, q_rows, s_rows, h_rows, ok, wm, g, g0, Kg, G, PRMT)
+        if SBX > 0:
+            acc2, w2, c2 = _down_step(acc2, w2, c2, q_rows2, s_rows2, h_rows2, ok2, wm2, g, g0, Kg, G, PRMT)
     part = tl.sum(acc, axis=2)                                                              # [SB, BN]
     y = tl.sum(tl.where(ok[:, None], wt[:, None] * part, 0.0), axis=0)
+    if SBX > 0:
+        y += tl.sum(tl.where(ok2[:, None], wt2[:, None] * tl.sum(acc2, axis=2), 0.0), axis=0)
     tl.store(out_ptr + t.to(tl.int64) * stride_o + n, y.to(tl.bfloat16), mask=n_ok)
 
 

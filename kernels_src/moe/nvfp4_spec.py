@@ -3,7 +3,8 @@ spec.py (this file defines only ``SPECS``).
 
 Bases (vkc_runtime/ops/moe/nvfp4_ops.py picks one tile per kernel; its TILES lists the same):
   w4a16.decode.gate_up.n{BN}.k{BK}       BLOCK_N rows of gate (+ as many of up) x BLOCK_K of K per step
-  w4a16.decode.down.n{BN}.k{BK}.s16      BLOCK_N rows of hidden x BLOCK_K, every slot (SB 16 >= k') in one tile
+  w4a16.decode.down.n{BN}.k{BK}.s{S}     BLOCK_N rows of hidden x BLOCK_K, S >= k' slots: S = 16 one tile, S = 9
+                                         a tile of 8 and one of 1 (SB 8, SBX 1: the 35B-A3B's 8 picks + shared)
   w4a16.grouped.m{BM}.n{BN}.k64[.silu]   the grouped GEMM's tiles (grouped_spec.py's first choice per block_m)
 All with the packed-word decoder (PRMT: inline PTX; the interpreter runs PRMT=False in the CPU tests). The tiles
 are first choices made without a device to time them (benchmarks/bench_moe.py times the forced alternatives).
@@ -31,7 +32,7 @@ _GROUPED = [("a_ptr", "*bf16", 16), *_W, ("out_ptr", "*bf16", 16), ("sorted_ptr"
 # (BLOCK_N, BLOCK_K, num_warps), (BLOCK_N, BLOCK_K, SB, num_warps), (BLOCK_M, BLOCK_N, silu, num_warps, stages);
 # the op's TILES lists the same
 GATE_UP_TILES = ((8, 512, 4), (4, 512, 4), (8, 256, 4))
-DOWN_TILES = ((4, 128, 16, 4), (4, 64, 16, 4), (2, 128, 16, 4))
+DOWN_TILES = ((4, 64, 9, 4), (4, 128, 16, 4), (4, 64, 16, 4), (2, 128, 16, 4))  # SB 9: slots 8 + 1 (SBX)
 GROUPED_TILES = ((16, 64, False, 4, 3), (16, 64, True, 4, 2), (64, 128, False, 4, 3), (64, 64, True, 4, 3),
                  (128, 128, False, 8, 3), (128, 64, True, 8, 3))
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
@@ -47,8 +48,9 @@ SPECS = [KernelSpec(name=f"w4a16.decode.gate_up.n{bn}.k{bk}", source="nvfp4.py",
          for bn, bk, w in GATE_UP_TILES]
 SPECS += [KernelSpec(name=f"w4a16.decode.down.n{bn}.k{bk}.s{sb}", source="nvfp4.py",
                      entry="moe_w4a16_decode_down_kernel", args=_args(_DOWN),
-                     constexprs={"BLOCK_N": bn, "BLOCK_K": bk, "SB": sb, "PRMT": True}, num_warps=w, num_stages=1,
-                     options={"maxnreg": 128})
+                     constexprs={"BLOCK_N": bn, "BLOCK_K": bk, "SB": 1 << (sb.bit_length() - 1),
+                                 "SBX": sb - (1 << (sb.bit_length() - 1)), "PRMT": True},
+                     num_warps=w, num_stages=1, options={"maxnreg": 128})
           for bn, bk, sb, w in DOWN_TILES]
 SPECS += [KernelSpec(name=f"w4a16.grouped.m{bm}.n{bn}.k64" + (".silu" if silu else ""), source="nvfp4.py",
                      entry="moe_w4a16_grouped_kernel", args=_args(_GROUPED),

@@ -81,12 +81,16 @@ def load_kernels(*, device: int | None = None) -> None:
         get_kernel(b, device=device).load()
 
 
-def _pick_tile(op: str, kind: str, forced, weights: str | None = None):
+def _pick_tile(op: str, kind: str, forced, weights: str | None = None, k: int = 1):
+    """The rule's tile (the first listed; for down the first holding k slots) or the forced one."""
     tiles = _xk.module(weights).TILES[kind] if weights else TILES[kind]
+    fits = [t for t in tiles if kind != "down" or t[2] >= k]
     if forced is None:
-        return tiles[0]
+        return fits[0]
     if forced not in tiles:
         raise OpError(f"{op}: _tile {forced!r} is not a compiled {kind} tile: {tiles}")
+    if forced not in fits:
+        raise OpError(f"{op}: _tile {forced!r} holds {forced[2]} slots, fewer than k' = {k}")
     return forced
 
 
@@ -220,7 +224,7 @@ def decode_down(h, w2, topk_ids, topk_weights, *, out, stream=None, _tile: tuple
     fits_i32(op, P=P, E=Ep, I=I, H=H, stride_h=sh, stride_we=wstr[0], stride_wn=wstr[1], stride_o=so)
     if M == 0:
         return out
-    tile = _pick_tile(op, "down", _tile, kind)
+    tile = _pick_tile(op, "down", _tile, kind, k)
     kern = get_kernel(_base("down", tile, kind), device=None if dev < 0 else dev)
     grid = (M, grid_y(op, cdiv(H, tile[0])), 1)
     args = (ht, *wrefs, it, wts, ot, Ep, H, I, k, sh, *wstr, so)

@@ -19,7 +19,9 @@ dequantized weight would).
 Tiles (``TILES``, the rule's pick first; ``_tile=`` forces another, as for the bf16 kernels): gate_up
 (BLOCK_N, BLOCK_K), down (BLOCK_N, BLOCK_K, SB), grouped (block_m -> act -> (BLOCK_N, BLOCK_K)). The decode picks
 are the H200's fastest at M = 1 on the 35B-A3B shape (benchmarks/bench_moe.py nvfp4, session 17: gate_up n8.k256
-10.95 us vs 12.72 / 17.94; down n4.k64 11.18 us vs 11.48 / 11.83).
+10.95 us vs 12.72 / 17.94; down n4.k64 11.18 us vs 11.48 / 11.83). A down tile's third number is how many slots
+(k') it holds: 16 (one tile), or 9 (8 + 1 apart: the 35B-A3B's 8 picks + the shared expert without 7 dead lanes;
+decode_down takes the first tile holding k').
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ class Nvfp4Experts(NamedTuple):
 # kernel -> its tiles, the rule's pick first (kernels_src/moe/nvfp4_spec.py compiles the same)
 TILES = {
     "gate_up": ((8, 256), (8, 512), (4, 512)),
-    "down": ((4, 64, 16), (4, 128, 16), (2, 128, 16)),
+    "down": ((4, 64, 9), (4, 64, 16), (4, 128, 16), (2, 128, 16)),
     "grouped": {16: {None: ((64, 64),), "silu_mul": ((64, 64),)},
                 64: {None: ((128, 64),), "silu_mul": ((64, 64),)},
                 128: {None: ((128, 64),), "silu_mul": ((64, 64),)}},
