@@ -184,3 +184,11 @@ def test_incremental_detokenization_equals_full_decode(tmp_path):
         assert got == full or full.endswith("\ufffd")
     d = IncrementalDetokenizer(tok, [])
     assert "".join(d.step(t) for t in ids) == text
+
+
+def test_token_slice_equals_slicing_the_tokens():
+    seq = Sequence([5, 6, 7, 8], SamplingParams())
+    seq.output_ids = [9, 10, 11]
+    for start in range(8):
+        for n in range(0, 9 - start):
+            assert seq.token_slice(start, n) == seq.tokens[start:start + n], (start, n)

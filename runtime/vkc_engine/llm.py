@@ -275,7 +275,7 @@ class LLM:
         chunks, sampled, patches, row = [], [], [], 0
         for seq, n in sched:
             start = seq.num_computed
-            toks = seq.tokens[start:start + n]
+            toks = seq.token_slice(start, n)
             if len(toks) < n:  # its last token is prev's draw, still on the device
                 src, src_row = seq.ahead_src
                 if src is not prev or len(toks) != n - 1:

@@ -65,6 +65,15 @@ class Sequence:
         """The tokens the host knows (prompt + output read back)."""
         return self.prompt_ids + self.output_ids
 
+    def token_slice(self, start: int, n: int) -> list[int]:
+        """``tokens[start:start + n]`` without building the whole list (a decode row reads one output token)."""
+        P = len(self.prompt_ids)
+        if start >= P:
+            return self.output_ids[start - P:start - P + n]
+        if start + n <= P:
+            return self.prompt_ids[start:start + n]
+        return self.prompt_ids[start:] + self.output_ids[:start + n - P]
+
     @property
     def num_known(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
