@@ -21,10 +21,11 @@ Floor: the active weights (distinct experts hit, averaged over the input sets, x
 router weight, x and out, read once at 4.26 TB/s (the H200's measured copy bandwidth; the run's own copy
 measurement is recorded too). Inputs: n_sets token sets (randn), rotated so that the weights of a set are not
 in L2 when it runs. Quantized experts (rows ``op: moe_block_nvfp4`` / ``moe_block_fp8``, ``nvfp4`` and / or ``fp8``
-on the command line: only these rows): the block with ops.moe.Nvfp4Experts (W4A16) or Fp8Experts (W8A16) vs the same
+on the command line: only these rows; ``nvfp4_mma``: the NVFP4 experts packed into the MMA layout,
+ops.moe.Nvfp4MmaExperts): the block with ops.moe.Nvfp4Experts (W4A16) or Fp8Experts (W8A16) vs the same
 block on the dequantized bf16 weights, same inputs, and at M = 1 each decode tile of the kind forced; the floor
 counts the kind's bytes per active weight (NVFP4 4.5 bits, FP8 8 bits + block scales).
-Usage: python benchmarks/bench_moe.py OUT.json [paths | nvfp4 | fp8 ...]
+Usage: python benchmarks/bench_moe.py OUT.json [paths | nvfp4 | nvfp4_mma | fp8 ...]
 """
 from __future__ import annotations
 
@@ -299,24 +300,30 @@ QUANT_MS = (1, 2, 4, 8, 16, 256, 2048, 8192)
 if os.environ.get("VKC_BENCH_MS"):  # a subset of the M list (quick runs)
     QUANT_MS = tuple(int(m) for m in os.environ["VKC_BENCH_MS"].split(","))
 # bytes a weight: NVFP4 codes + e4m3 group scales (4.5 bits); FP8 e4m3 + fp32 128 x 128 block scales
-QUANT_BYTES_PER_WEIGHT = {"nvfp4": 9 / 16, "fp8": 1 + 4 / 128 ** 2}
+QUANT_BYTES_PER_WEIGHT = {"nvfp4": 9 / 16, "nvfp4_mma": 9 / 16, "fp8": 1 + 4 / 128 ** 2}
 
 
 def quant_weights(kind: str, seed: int = 2):
     """Random quantized experts of ``kind`` as moe.Nvfp4Experts (codes any byte, e4m3 group scales 0.25 .. 0.94,
-    alpha 2^-7) or moe.Fp8Experts (finite e4m3 bytes, block scales 2^-7), and the same weights dequantized to bf16
-    [E', R, K] (exact: powers-of-two multipliers)."""
+    alpha 2^-7; "nvfp4_mma": the same packed into the MMA layout, moe.Nvfp4MmaExperts) or moe.Fp8Experts (finite
+    e4m3 bytes, block scales 2^-7), and the same weights dequantized to bf16 [E', R, K] (exact: powers-of-two
+    multipliers)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     table = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
     out = []
     for R, K_, na in ((2 * I, H, 2), (H, I, 1)):
-        if kind == "nvfp4":
+        if kind in ("nvfp4", "nvfp4_mma"):
             codes = torch.randint(0, 256, (EP, R, K_ // 2), dtype=torch.uint8, device="cuda", generator=g)
             scales = torch.randint(0x28, 0x38, (EP, R, K_ // 16), dtype=torch.uint8, device="cuda", generator=g)
             alpha = torch.full((EP, na), 2.0 ** -7, device="cuda")
             vals = torch.stack([table[(codes & 15).long()], table[(codes >> 4).long()]], -1).reshape(EP, R, K_)
             vals = vals * scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=-1)
             w = moe.Nvfp4Experts(codes, scales, alpha)
+            if kind == "nvfp4_mma":
+                ws_, ss_ = moe.nvfp4_mma_shapes(EP, R, K_)
+                w = moe.pack_experts(w, torch.empty(ws_, dtype=torch.int32, device="cuda"),
+                                     torch.empty(ss_, dtype=torch.int32, device="cuda"), gate_up=na == 2)
+                del codes, scales
         else:
             q = torch.randint(0, 256, (EP, R, K_), dtype=torch.uint8, device="cuda", generator=g)
             q[(q & 0x7F) == 0x7F] = 0x3C
@@ -457,7 +464,7 @@ def main(out_path: str, only_paths: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    quant = [k for k in ("nvfp4", "fp8") if k in sys.argv[2:]]
+    quant = [k for k in ("nvfp4", "nvfp4_mma", "fp8") if k in sys.argv[2:]]
     if quant:
         main_quant(sys.argv[1], quant)
     else:

@@ -147,7 +147,8 @@ def quantized_moe_engine(launches, ckpt, monkeypatch, prefix: str):
     outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert all(len(o.token_ids) == 3 for o in outs) and be.replays > 0
     bases = [b for b, _ in launches[n0:] if b.startswith("moe.")]
-    assert any(b.startswith(f"moe.{prefix}.decode.") for b in bases)
+    decode = (f"moe.{prefix}.gate_up.", f"moe.{prefix}.down.") if prefix.endswith(".mma") else (f"moe.{prefix}.decode.",)
+    assert any(b.startswith(decode) for b in bases)
     assert any(b.startswith(f"moe.{prefix}.grouped.") for b in bases)
     assert not [b for b in bases if b.startswith(("moe.decode.", "moe.grouped."))]
     assert not [(b, s) for b, s in launches if s != STREAM]
@@ -156,12 +157,13 @@ def quantized_moe_engine(launches, ckpt, monkeypatch, prefix: str):
 
 
 def test_nvfp4_experts_through_the_real_moe_validation(launches, fake_vkc, moe_ckpt, monkeypatch):  # noqa: F811
-    """NVFP4 experts stay 4-bit (backend.experts_nvfp4 -> ops.moe.Nvfp4Experts) and run the W4A16 expert kernels
-    (quantized_moe_engine)."""
+    """NVFP4 experts stay 4-bit, packed at load into the MMA layout (backend.experts_nvfp4 -> ops.moe.pack_experts
+    -> Nvfp4MmaExperts), and run the tensor-core W4A16 expert kernels on both paths (quantized_moe_engine)."""
     from vkc_runtime.ops import moe
-    llm = quantized_moe_engine(launches, moe_ckpt, monkeypatch, "w4a16")
+    llm = quantized_moe_engine(launches, moe_ckpt, monkeypatch, "w4a16.mma")
     E, H, I = llm.cfg.num_experts, llm.cfg.hidden_size, llm.cfg.moe_intermediate_size
     mlp = llm.model.layers[0].mlp
-    assert isinstance(mlp.w1, moe.Nvfp4Experts) and isinstance(mlp.w2, moe.Nvfp4Experts)
-    assert mlp.w1.codes.shape == (E + 1, 2 * I, H // 2) and mlp.w1.alpha.shape == (E + 1, 2)
-    assert mlp.w2.scales.shape == (E + 1, H, I // 16) and mlp.w2.alpha.shape == (E + 1, 1)
+    assert isinstance(mlp.w1, moe.Nvfp4MmaExperts) and isinstance(mlp.w2, moe.Nvfp4MmaExperts)
+    assert tuple(mlp.w1.words.shape) == moe.nvfp4_mma_shapes(E + 1, 2 * I, H)[0] and mlp.w1.alpha.shape == (E + 1, 2)
+    assert tuple(mlp.w2.scales.shape) == moe.nvfp4_mma_shapes(E + 1, H, I)[1] and mlp.w2.alpha.shape == (E + 1, 1)
+    assert (mlp.w1.rows, mlp.w1.k, mlp.w2.rows, mlp.w2.k) == (2 * I, H, H, I)

@@ -71,10 +71,18 @@ def experts(rng, E, R_, K, n_alpha):
     return (codes, sc, alpha), W
 
 
-def put_experts(moe, ar, parts):
+def put_experts(moe, ar, parts, layout="linear"):
+    """The experts on the arena as ``Nvfp4Experts`` or, layout "mma", as ``Nvfp4MmaExperts`` (the experts' rows
+    stacked and packed by ops.nvfp4.pack_host, as pack_experts packs them on the device)."""
+    from vkc_runtime.ops.nvfp4 import pack_host
     codes, sc, alpha = parts
-    return moe.Nvfp4Experts(Cai(ar.put(torch.from_numpy(codes))), Cai(ar.put(torch.from_numpy(sc))),
-                            Cai(ar.put(torch.from_numpy(alpha))))
+    put = lambda t: Cai(ar.put(torch.from_numpy(np.ascontiguousarray(t))))  # noqa: E731
+    if layout == "linear":
+        return moe.Nvfp4Experts(put(codes), put(sc), put(alpha))
+    E, R_, Kh = codes.shape
+    words, scales = pack_host(codes.reshape(E * R_, Kh), sc.reshape(E * R_, -1))
+    return moe.Nvfp4MmaExperts(put(words.reshape(E, R_ // 16, *words.shape[1:])),
+                               put(scales.reshape(E, R_ // 16, *scales.shape[1:])), put(alpha), R_, 2 * Kh)
 
 
 @pytest.mark.parametrize("tile", [(8, 512), (4, 512), (8, 256)])
@@ -144,11 +152,13 @@ def test_down_nvfp4_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
     assert rel(got, ref) < 1e-2
 
 
+@pytest.mark.parametrize("layout", ["linear", "mma"])
 @pytest.mark.parametrize("act", [None, "silu_mul"])
 @pytest.mark.parametrize("block_m", [16, 64])
-def test_grouped_nvfp4_vs_float64(M_, act, block_m):
+def test_grouped_nvfp4_vs_float64(M_, act, block_m, layout):
     """The grouped W4A16 GEMM over a numpy align of random ids (bad ones dropped): selected rows vs float64,
-    unselected rows keep their poisoned bytes; K = 96 (a partial K step of 64), N = 48 (< BLOCK_N)."""
+    unselected rows keep their poisoned bytes; K = 96 (a partial K step of 64; in the MMA layout a k block half
+    padding), N = 48 (< BLOCK_N; 3 row blocks of 16 an expert in the MMA layout)."""
     moe, reg, ar = M_
     from vkc_runtime.ops.moe import grouped_ops as G
     rng = np.random.default_rng(_seed())
@@ -163,11 +173,11 @@ def test_grouped_nvfp4_vs_float64(M_, act, block_m):
     sid, bex, npad = align_np(ids, E, block_m, rng)
     out = ar.poison((P, N), torch.bfloat16)
     before = out.clone()
-    G.grouped_gemm(Cai(a), put_experts(moe, ar, parts), Cai(ar.put(torch.from_numpy(sid))),
+    G.grouped_gemm(Cai(a), put_experts(moe, ar, parts, layout), Cai(ar.put(torch.from_numpy(sid))),
                    Cai(ar.put(torch.from_numpy(bex))), Cai(ar.put(B.i32([npad]))), a_row_div=div, out=Cai(out),
                    block_m=block_m, act=act)
     ar.check()
-    assert reg.launched[-1].startswith(f"moe.w4a16.grouped.m{block_m}.")
+    assert reg.launched[-1].startswith(f"moe.w4a16.{'mma.' if layout == 'mma' else ''}grouped.m{block_m}.")
     A = np64(a)
     got = np64(out)
     flat = ids.reshape(-1)
@@ -182,11 +192,11 @@ def test_grouped_nvfp4_vs_float64(M_, act, block_m):
         assert rel(got[f], y) < 1e-2, f
 
 
-@pytest.mark.parametrize("path", ["decode", "grouped"])
+@pytest.mark.parametrize("path,layout", [("decode", "linear"), ("grouped", "linear"), ("grouped", "mma")])
 @pytest.mark.parametrize("M,E,k,H,I", [(1, 16, 4, 128, 64), (3, 8, 2, 64, 32)])
-def test_block_nvfp4_vs_float64(M_, path, M, E, k, H, I):
+def test_block_nvfp4_vs_float64(M_, path, layout, M, E, k, H, I):
     """sparse_moe_block with NVFP4 experts (the shared expert stacked as expert E) on both paths vs the float64
-    block of the dequantized weights."""
+    block of the dequantized weights; the MMA layout's decode kernels are Gluon (no interpreter: GPU tests)."""
     moe, reg, ar = M_
     rng = np.random.default_rng(_seed())
     g = torch.Generator().manual_seed(_seed())
@@ -196,7 +206,8 @@ def test_block_nvfp4_vs_float64(M_, path, M, E, k, H, I):
     p2, W2 = experts(rng, Ep, H, I, 1)
     ws = workspace(moe, ar, M, E, k, H, I, True)
     out = ar.poison((M, H), torch.bfloat16)
-    moe.sparse_moe_block(Cai(ar.put(x)), Cai(ar.put(gw)), put_experts(moe, ar, p1), put_experts(moe, ar, p2), k,
+    moe.sparse_moe_block(Cai(ar.put(x)), Cai(ar.put(gw)), put_experts(moe, ar, p1, layout),
+                         put_experts(moe, ar, p2, layout), k,
                          renormalize=True, shared_gate_w=Cai(ar.put(sg)), workspace=ws, out=Cai(out), path=path)
     ar.check()
     assert any(".w4a16." in b for b in reg.launched) and not any(b.startswith("moe.decode.") or
@@ -238,4 +249,35 @@ def test_nvfp4_experts_refused_before_launch(M_):
         moe.sparse_moe_block(x, Cai(ar.put(bf16(g, 2, 64))), Cai(ar.put(bf16(g, 2, 64, 64))),
                              moe.Nvfp4Experts(put(c[:2, :64, :16]), put(s[:2, :64, :2]), put(a[:2, :1])), 2,
                              renormalize=True, workspace=ws, out=Cai(ar.poison((1, 64), torch.bfloat16)))
+    assert reg.launched == []
+
+
+def test_nvfp4_mma_experts_refused_before_launch(M_):
+    """MMA-layout experts: words of the wrong dtype or shape, rows / k not multiples of 16, rows or K that do not
+    match the call, alpha of the wrong shape, scales of another layout: an OpError naming the operand, nothing
+    launched."""
+    moe, reg, ar = M_
+    from vkc_runtime.ops.moe import decode_ops as D
+    rng = np.random.default_rng(_seed())
+    g = torch.Generator().manual_seed(_seed())
+    x = Cai(ar.put(bf16(g, 1, 64)))
+    ids = Cai(ar.put(B.i32([[0, 1]])))
+    h = Cai(ar.poison((2, 32), torch.bfloat16))
+    put = lambda t: Cai(ar.put(torch.from_numpy(np.ascontiguousarray(t))))  # noqa: E731
+    wshape, sshape = moe.nvfp4_mma_shapes(3, 64, 64)
+    w = rng.integers(-2**31, 2**31, wshape, dtype=np.int64).astype(np.int32)
+    sc = rng.integers(-2**31, 2**31, sshape, dtype=np.int64).astype(np.int32)
+    a = np.ones((3, 2), np.float32)
+    cases = [
+        (moe.Nvfp4MmaExperts(put(w.view(np.float32)), put(sc), put(a), 64, 64), "w1.words"),
+        (moe.Nvfp4MmaExperts(put(w[:, :2]), put(sc), put(a), 64, 64), "w1.words"),
+        (moe.Nvfp4MmaExperts(put(w), put(sc[:, :2]), put(a), 64, 64), "w1.scales"),
+        (moe.Nvfp4MmaExperts(put(w), put(sc), put(a[:, :1]), 64, 64), "w1.alpha"),
+        (moe.Nvfp4MmaExperts(put(w), put(sc), put(a), 56, 64), "w1.rows"),
+        (moe.Nvfp4MmaExperts(put(w), put(sc), put(a), 64, 48), "w1 holds experts of"),
+        (moe.Nvfp4Experts(put(w), put(sc), put(a)), "w1.codes"),
+    ]
+    for wt, what in cases:
+        with pytest.raises(moe.OpError, match=what.replace(".", r"\.")):
+            D.decode_gate_up(x, wt, ids, out=h)
     assert reg.launched == []

@@ -50,6 +50,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from kernels_src.common import pdl_enter
+from kernels_src.gemv.gemv import _e2m1_bits
 
 SLOT = (3, 7, 2, 6, 1, 5, 0, 4)  # nibble of code e in its word (the decoder's round r reads e = 2r, 2r + 1)
 E5M3_BIAS = 13                   # s = 2^(E - 13) * (1 + m / 8)
@@ -214,6 +215,31 @@ def nvfp4_mma_dequant_kernel(w_ptr, s_ptr, out_ptr, alpha, N, K, stride_on, PDL:
     n = rb * 16 + g + 8 * h
     k = kb * 128 + 64 * q + 16 * t + 8 * (j % 2) + e
     tl.store(out_ptr + n.to(tl.int64) * stride_on + k, (v * s * alpha).to(tl.bfloat16), mask=(n < N) & (k < K))
+
+
+@triton.jit
+def nvfp4_mma_tile(w_base, s_base, n, n_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The exact bf16 weights W[n, k0 .. k0 + BLOCK_K) [BLOCK_N, BLOCK_K] (before alpha; not the decoder's
+    2^-16-scaled values) of a weight in the MMA layout (module doc), read in k order for tl.dot: w_base / s_base
+    the weight's first word / scale word (int32 pointers), n [BN] its rows (n_ok the ones to read), k0 a multiple
+    of 16; k past K reads as zero. Each element's word is gathered (two adjacent words per 16-k scale group), its
+    code shifted out of nibble SLOT[e], the e5m3 scale rebuilt as fp32 bits: v * s is exact in fp32 and bf16."""
+    G: tl.constexpr = BLOCK_K // 16
+    KB = tl.cdiv(K, 128)
+    kg = k0 // 16 + tl.arange(0, G)                               # 16-k group
+    ok = n_ok[:, None] & (kg < K // 16)[None, :]
+    r16 = n % 16
+    blk = (n // 16).to(tl.int64)[:, None] * KB + (kg // 8)[None, :]  # [BN, G] (row block, k block)
+    lane = 4 * (r16 % 8)[:, None] + (kg % 4)[None, :]
+    qh = 2 * ((kg % 8) // 4)[None, :] + (r16 // 8)[:, None]          # 2 q + h: word 2 qh + c, scale byte qh
+    c = tl.arange(0, 2)[None, None, :]
+    words = tl.load(w_base + ((blk * 32 + lane) * 8 + 2 * qh)[:, :, None] + c, mask=ok[:, :, None], other=0)
+    sbyte = (tl.load(s_base + blk * 32 + lane, mask=ok, other=0) >> (8 * qh)) & 0xFF
+    sval = ((((sbyte >> 3) + (127 - 13)) << 23) | ((sbyte & 7) << 20)).to(tl.float32, bitcast=True)  # E5M3_BIAS
+    e = tl.arange(0, 8)[None, None, None, :]
+    code = (words[:, :, :, None] >> (4 * ((e % 2) * 4 + 3 - e // 2))) & 0xF  # nibble SLOT[e]
+    w = (_e2m1_bits(code) * sval[:, :, None, None]).to(tl.bfloat16)  # [BN, G, 2, 8]: k = 16 g + 8 c + e
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))
 
 
 @triton.jit

@@ -38,6 +38,7 @@ import triton.language as tl
 from kernels_src.common import pdl_enter
 from kernels_src.moe.grouped import grouped_block_rows, grouped_store
 from kernels_src.gemv.gemv import e4m3_scale, nvfp4_tile, nvfp4_words_fma
+from kernels_src.gemv.nvfp4_mma import nvfp4_mma_tile
 
 
 @triton.jit
@@ -172,10 +173,12 @@ def moe_w4a16_decode_down_kernel(h_ptr, wq_ptr, ws_ptr, alpha_ptr, ids_ptr, wts_
 def moe_w4a16_grouped_kernel(a_ptr, wq_ptr, ws_ptr, alpha_ptr, out_ptr, sorted_ptr, bexp_ptr, npad_ptr, P, E, N, K,
                              a_rows, a_row_div, stride_am, stride_qe, stride_qn, stride_se, stride_sn, stride_om,
                              n_alpha, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             ACT_SILU: tl.constexpr, PRMT: tl.constexpr):
+                             ACT_SILU: tl.constexpr, PRMT: tl.constexpr, MMA: tl.constexpr):
     """a [a_rows, K] bf16 (row stride stride_am), wq [E, R, K/2] / ws [E, R, K/16] uint8 (byte strides), alpha fp32
     [E, n_alpha] (n_alpha 2 with ACT_SILU, else 1), out [P, N] bf16 (row stride stride_om); the index arrays as in
-    grouped.py. Grid (cdiv(N, BLOCK_N), n_blocks) with n_blocks <= len(sorted_ids) / BLOCK_M."""
+    grouped.py. MMA: wq / ws are int32 words / scale words of experts in the MMA layout (nvfp4_mma.py; stride_qe /
+    stride_se elements an expert, stride_qn / stride_sn unused). Grid (cdiv(N, BLOCK_N), n_blocks) with n_blocks
+    <= len(sorted_ids) / BLOCK_M."""
     pid_n = tl.program_id(0)
     e, block_ok, f, row_ok, row = grouped_block_rows(sorted_ptr, bexp_ptr, npad_ptr, P, E, a_rows, a_row_div, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -194,12 +197,19 @@ def moe_w4a16_grouped_kernel(a_ptr, wq_ptr, ws_ptr, alpha_ptr, out_ptr, sorted_p
     for k0 in range(0, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         at = tl.load(a_rows_ptr + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0.0)
-        wg = nvfp4_tile((wq_ptr + rg)[:, None, None], (q32 + rg // 4)[:, None, None], sg, k0, K, n_ok, BLOCK_N,
-                        BLOCK_K, PRMT)
+        if MMA:
+            wg = nvfp4_mma_tile(wq_ptr + e * stride_qe, ws_ptr + e * stride_se, n, n_ok, k0, K, BLOCK_N, BLOCK_K)
+        else:
+            wg = nvfp4_tile((wq_ptr + rg)[:, None, None], (q32 + rg // 4)[:, None, None], sg, k0, K, n_ok, BLOCK_N,
+                            BLOCK_K, PRMT)
         acc = tl.dot(at, tl.trans(wg), acc)
         if ACT_SILU:
-            wu = nvfp4_tile((wq_ptr + ru)[:, None, None], (q32 + ru // 4)[:, None, None], su, k0, K, n_ok,
-                            BLOCK_N, BLOCK_K, PRMT)
+            if MMA:
+                wu = nvfp4_mma_tile(wq_ptr + e * stride_qe, ws_ptr + e * stride_se, n + N, n_ok, k0, K, BLOCK_N,
+                                    BLOCK_K)
+            else:
+                wu = nvfp4_tile((wq_ptr + ru)[:, None, None], (q32 + ru // 4)[:, None, None], su, k0, K, n_ok,
+                                BLOCK_N, BLOCK_K, PRMT)
             acc_u = tl.dot(at, tl.trans(wu), acc_u)
     acc = acc * tl.load(alpha_ptr + e * n_alpha, mask=block_ok, other=0.0)
     if ACT_SILU:

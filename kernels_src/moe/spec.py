@@ -54,7 +54,7 @@ _COMBINE = [Arg("y_ptr", "*bf16", div=16), Arg("ids_ptr", "*i32"), Arg("w_ptr", 
 
 _PDL_ENTRIES = ("router_logits_kernel", "router_topk_kernel", "moe_decode_gate_up_kernel", "moe_decode_down_kernel",
                 "moe_w4a16_decode_gate_up_kernel", "moe_w4a16_decode_down_kernel", "moe_w8a16_decode_gate_up_kernel",
-                "moe_w8a16_decode_down_kernel")
+                "moe_w8a16_decode_down_kernel", "moe_w4a16_mma_gate_up_kernel", "moe_w4a16_mma_down_kernel")
 TOPK_EB = (32, 256, 512)
 MAX_SPLIT = 16  # the router's K splits at most (the runtime's ops/moe/common.py MAX_SPLIT)
 EB_ALIGN = 512

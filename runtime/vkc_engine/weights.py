@@ -3,7 +3,8 @@
 
   Fp8Weight      a block-wise FP8 linear: e4m3 bytes + fp32 128 x 128 block scales (ops.gemm_fp8, ops.gemv W8A16)
   Nvfp4Weight    an NVFP4 linear packed into ops.nvfp4's MMA layout (W4A16 at every M)
-  experts        ops.moe.Nvfp4Experts / Fp8Experts: MoE experts kept quantized as stored (W4A16 / W8A16 kernels)
+  experts        ops.moe.Nvfp4MmaExperts / Fp8Experts: MoE experts kept quantized (NVFP4 packed into the MMA
+                 layout at load: tensor-core W4A16; FP8 as stored: W8A16)
 Every upload checks the stored dtypes first (and NVFP4 scale bytes for e4m3 NaN codes), naming the tensor; the
 mixin uses the backend's ``weight`` / ``empty`` / ``synchronize`` and its op modules.
 """
@@ -93,20 +94,29 @@ class QuantizedUploads:
         return w
 
     def experts_nvfp4(self, packed: list[RawTensor], scales: list[RawTensor], alpha, experts: int):
-        """Upload NVFP4 MoE expert weights for the W4A16 expert kernels (ops.moe ``Nvfp4Experts``): U8 code parts
-        [R_i, K/2] and F8_E4M3 scale parts [R_i, K/16], expert after expert (each expert's parts consecutive),
-        stacked as they are stored (HF's linear layout: no repacking) into [experts, R, K/2] / [experts, R, K/16];
-        ``alpha`` float32 [experts, A], each expert's global multiplier per projection. NaN scale codes are
-        refused, naming the tensor."""
+        """Upload NVFP4 MoE expert weights for the tensor-core W4A16 expert kernels (ops.moe ``Nvfp4MmaExperts``): U8
+        code parts [R_i, K/2] and F8_E4M3 scale parts [R_i, K/16], expert after expert (each expert's parts
+        consecutive), stacked as stored into a temporary device copy of HF's linear layout and packed on the device
+        (``ops.moe.pack_experts``, one launch) into the MMA layout; ``alpha`` float32 [experts, A], each expert's
+        global multiplier per projection (A = 2: gate_up). Experts whose rows are not a multiple of 16 stay in the
+        linear layout (``Nvfp4Experts``, the CUDA-core kernels). NaN scale codes are refused, naming the tensor."""
         _check_nvfp4_parts("experts_nvfp4", packed, scales)
+        moe = self._moe_ops()
         codes, sc = self.weight(packed, "u8"), self.weight(scales, "u8")
         a = np.ascontiguousarray(alpha, dtype=np.float32)
         if a.ndim != 2 or a.shape[0] != experts or codes.shape[0] % experts:
             raise BackendError(f"experts_nvfp4: {codes.shape[0]} rows and alpha {a.shape} for {experts} experts")
-        R = codes.shape[0] // experts
+        R, K = codes.shape[0] // experts, 2 * codes.shape[1]
         alpha_dev = self.weight([RawTensor("alpha", "F32", a, "")], "f32")
-        return self._moe_ops().Nvfp4Experts(codes.reshape(experts, R, codes.shape[1]),
-                                            sc.reshape(experts, R, sc.shape[1]), alpha_dev)
+        linear = moe.Nvfp4Experts(codes.reshape(experts, R, codes.shape[1]), sc.reshape(experts, R, sc.shape[1]),
+                                  alpha_dev)
+        if R % 16:  # the MMA layout's row blocks would span two experts: the CUDA-core kernels on HF's layout
+            return linear
+        wshape, sshape = moe.nvfp4_mma_shapes(experts, R, K)
+        words, sw = self.empty(wshape, "i32"), self.empty(sshape, "i32")
+        out = moe.pack_experts(linear, words, sw, gate_up=a.shape[1] == 2, stream=self._s)
+        self.synchronize()  # the linear copies are freed when this returns
+        return out
 
     def experts_fp8(self, parts: list[RawTensor], scales: list[RawTensor], experts: int):
         """Upload block-wise FP8 MoE expert weights for the W8A16 expert kernels (ops.moe ``Fp8Experts``): F8_E4M3

@@ -76,8 +76,8 @@ def test_nvfp4_weights_on_the_device(setup):
     if name != "35b-a3b":
         assert isinstance(m.layers[0].mlp.gate_up, Nvfp4Weight) and isinstance(m.layers[0].mlp.down, Nvfp4Weight)
     else:
-        from vkc_runtime.ops.moe import Nvfp4Experts
-        assert all(isinstance(layer.mlp.w1, Nvfp4Experts) and isinstance(layer.mlp.w2, Nvfp4Experts)
+        from vkc_runtime.ops.moe import Nvfp4MmaExperts  # packed at load into the MMA layout (tensor-core decode)
+        assert all(isinstance(layer.mlp.w1, Nvfp4MmaExperts) and isinstance(layer.mlp.w2, Nvfp4MmaExperts)
                    for layer in m.layers)
 
 

@@ -1,5 +1,6 @@
 """GPU (H200) checks of quantized experts kept quantized on the device -- NVFP4 (W4A16: ops/moe/nvfp4_ops.py,
-kernels_src/moe/nvfp4.py) and block-wise FP8 (W8A16: ops/moe/fp8_ops.py, kernels_src/moe/fp8.py) -- on
+kernels_src/moe/nvfp4.py; and packed into the MMA layout by ops.moe.pack_experts, "nvfp4_mma": ops/moe/nvfp4_mma_ops.py,
+kernels_src/moe/nvfp4_mma.py) and block-wise FP8 (W8A16: ops/moe/fp8_ops.py, kernels_src/moe/fp8.py) -- on
 Qwen3.6-35B-A3B's shapes (E = 256 routed + the shared expert as expert 256, k = 8, H = 2048, I = 512), each test
 once per kind:
 
@@ -24,7 +25,7 @@ from tests.gpu.test_gpu_moe_decode import _ids, check_pairs_down, check_pairs_h
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
-KINDS = ("nvfp4", "fp8")
+KINDS = ("nvfp4", "nvfp4_mma", "fp8")
 TABLE = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
@@ -37,6 +38,12 @@ def moe():
 
 def experts(moe, kind, seed, Ep, R, K_, gate_up, pow2=False):
     """Random experts of ``kind`` [Ep, R, K_] (module doc): (the op's weight object, float64 weights)."""
+    if kind == "nvfp4_mma":  # the same random NVFP4 experts, packed on the device
+        lin, W = experts(moe, "nvfp4", seed, Ep, R, K_, gate_up, pow2)
+        wshape, sshape = moe.nvfp4_mma_shapes(Ep, R, K_)
+        words = torch.full(wshape, -1, dtype=torch.int32, device="cuda")
+        scales = torch.full(sshape, -1, dtype=torch.int32, device="cuda")
+        return moe.pack_experts(lin, words, scales, gate_up=gate_up), W
     g = torch.Generator(device="cuda").manual_seed(seed)
     if kind == "fp8":
         q = torch.randint(0, 256, (Ep, R, K_), dtype=torch.uint8, device="cuda", generator=g)
@@ -63,7 +70,7 @@ def experts(moe, kind, seed, Ep, R, K_, gate_up, pow2=False):
 
 
 def in_arena(ar, w):
-    return type(w)(*(ar.put(t) for t in w))
+    return type(w)(*(ar.put(t) if torch.is_tensor(t) else t for t in w))
 
 
 def ref_block64(x, gw, W1, W2, k, sg):

@@ -16,7 +16,9 @@ Layouts (device arrays, row-major; P = M * k' (token, pick) pairs, flat pair ind
   quantized experts: w1 / w2 as :class:`Nvfp4Experts` (codes, e4m3 group scales, global multipliers;
                ops/moe/nvfp4_ops.py) run W4A16, as :class:`Fp8Experts` (e4m3 bytes, 128 x 128 block scales;
                ops/moe/fp8_ops.py) W8A16, in the decode and grouped kernels (kernels_src/moe/nvfp4.py, fp8.py), on
-               both paths of the block
+               both paths of the block; NVFP4 experts packed once into the MMA layout (:func:`pack_experts` ->
+               :class:`Nvfp4MmaExperts`, ops/moe/nvfp4_mma_ops.py) decode on tensor cores
+               (kernels_src/moe/nvfp4_mma.py)
 
 Ops: :func:`route` (2 launches: split-K fp32 logits, then softmax / top-k / renormalise / shared fold in a
 fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`grouped_gemm` (ops/moe/grouped_ops.py), :func:`combine` (1),
@@ -44,6 +46,7 @@ from .common import BASES as ROUTE_BASES, MAX_EXPERTS, MAX_TOPK, align_capacity
 from .route_ops import align, combine, route
 from .fp8_ops import Fp8Experts
 from .nvfp4_ops import Nvfp4Experts
+from .nvfp4_mma_ops import Nvfp4MmaExperts, mma_shapes as nvfp4_mma_shapes, pack_experts
 
 try:  # the grouped GEMMs (ops/moe/grouped_ops.py)
     from .grouped_ops import choose_block_m, grouped_gemm
@@ -53,7 +56,7 @@ except ModuleNotFoundError as _e:  # pragma: no cover - a tree without them
 
 __all__ = ["route", "align", "combine", "align_capacity", "moe_workspace", "MoeWorkspace", "sparse_moe_block",
            "grouped_gemm", "choose_block_m", "decode_gate_up", "decode_down", "DECODE_MAX_M", "DECODE_BASES",
-           "choose_path", "PATHS", "Nvfp4Experts", "Fp8Experts",
+           "choose_path", "PATHS", "Nvfp4Experts", "Nvfp4MmaExperts", "pack_experts", "nvfp4_mma_shapes", "Fp8Experts",
            "block_m_for", "BLOCK_MS", "MAX_EXPERTS", "MAX_TOPK", "OpError", "BASES", "OPTIONAL_BASES"]
 
 # every kernel the family's ops may launch: the routing ones, the decode path's and, where ops/moe/grouped_ops.py

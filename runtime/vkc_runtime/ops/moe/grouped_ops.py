@@ -256,7 +256,7 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
     if kind:
         k = get_kernel(_xk.module(kind).base("grouped", (bn, bk), block_m, act))
         args = (at, *q.tensors, ot, st, bt, nt, P, E, N, K, a_rows, a_row_div, sa, *q.strides, so) + \
-            ((2 if act == "silu_mul" else 1,) if kind == "nvfp4" else ())
+            ((2 if act == "silu_mul" else 1,) if getattr(_xk.module(kind), "ALPHA_COLUMNS_ARG", False) else ())
         slots = (at, *q.tensors, st, bt, nt, ot)
     else:
         k = get_kernel(_base(block_m, bn, bk, act))

@@ -32,6 +32,8 @@ from .common import ExpertRefs, contiguous
 
 __all__ = ["Nvfp4Experts", "experts_refs", "TILES", "NVFP4_BASES", "base"]
 
+ALPHA_COLUMNS_ARG = True  # the grouped kernel takes n_alpha (ops/moe/grouped_ops.py)
+
 
 class Nvfp4Experts(NamedTuple):
     """NVFP4 expert weights (module doc): ``codes`` uint8 [E', R, K/2], ``scales`` uint8 [E', R, K/16], ``alpha``
