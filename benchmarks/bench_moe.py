@@ -343,7 +343,7 @@ def bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs):
     nbytes = active * 3 * I * H * QUANT_BYTES_PER_WEIGHT[kind] + (E + 1) * H * 2 + 2 * M * H * 2
     row = {"op": f"moe_block_{kind}", "M": M, "E": E, "top_k": K, "shared": True, "H": H, "I": I, "n_sets": n_sets,
            "active_experts": active, "bytes": nbytes, "floor_us": nbytes / (FLOOR_TBS * 1e12) * 1e6,
-           "floor_copy_us": BC.floor_ms(nbytes, copy_tbs) * 1e3, "path": moe.choose_path(M)}
+           "floor_copy_us": BC.floor_ms(nbytes, copy_tbs) * 1e3, "path": moe.choose_path(M, kind)}
     ws = moe.moe_workspace(M, E, K, H, I, shared=True)
     out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
     outs = {}
@@ -388,11 +388,35 @@ def bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs):
                 _time(sub, "t", fn, True, n_sets)
                 alts[X.module(kind).base(part, tile)] = sub.get("t_graph_us", sub.get("t_graph_error"))
         row["alternatives"] = alts
+    if M >= 256:  # each compiled grouped tile of the kind forced, both GEMMs, on the first set's grouping
+        row["grouped_alternatives"] = _grouped_tiles(kind, M, ws, xs, routes, q1, q2, n_sets)
     print(kind, {k: v for k, v in row.items() if k in ("M", "floor_us", f"{kind}_graph_us", "bf16_graph_us",
                                                       f"{kind}_pct_floor", f"rel_err_{kind}_vs_bf16",
                                                       f"{kind}_decode_graph_us", f"{kind}_grouped_graph_us",
                                                       "alternatives")})
     return row
+
+
+def _grouped_tiles(kind, M, ws, xs, routes, q1, q2, n_sets) -> dict:
+    """Graph device time of each compiled grouped tile of ``kind`` (gate_up with SiLU-and-mul, then down) at the
+    rule's block_m, on the grouping of the first input set."""
+    from vkc_runtime.ops.moe import experts as X, grouped_ops as G
+    bm = moe.block_m_for(M, KOUT, EP)
+    cap = moe.align_capacity(M * KOUT, EP, bm)
+    st, bt = (torch.empty(n, dtype=torch.int32, device="cuda") for n in (cap, cap // bm))
+    nt = torch.empty(1, dtype=torch.int32, device="cuda")
+    moe.align(routes[0][0].int().contiguous(), EP, bm, sorted_ids=st, block_expert=bt, num_padded=nt, workspace=ws)
+    h = torch.empty(M * KOUT, I, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty(M * KOUT, H, dtype=torch.bfloat16, device="cuda")
+    alts = {}
+    for act, w, a, o, div in (("silu_mul", q1, xs[0], h, KOUT), (None, q2, h, y, 1)):
+        for tile in X.module(kind).TILES["grouped"][bm][act]:
+            def fn(i, s, tile=tile, act=act, w=w, a=a, o=o, div=div):
+                G.grouped_gemm(a, w, st, bt, nt, a_row_div=div, out=o, block_m=bm, act=act, stream=s, _tile=tile)
+            sub = {}
+            _time(sub, "t", fn, True, n_sets)
+            alts[X.module(kind).base("grouped", tile, bm, act)] = sub.get("t_graph_us", sub.get("t_graph_error"))
+    return alts
 
 
 def main_quant(out_path: str, kinds) -> None:

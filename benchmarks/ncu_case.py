@@ -8,7 +8,7 @@ usage: python benchmarks/ncu_case.py gdn <T> <hk> <hv>      (chunked GDN prefill
                                      replayed, which ncu profiles node by node; the eager mode ran on the H200 in session 12, the graph
                                      mode not yet; ncu backs the KV cache up per replay pass, so give ncu
                                      --replay-mode application or profile one kernel with --launch-count)
-       python benchmarks/ncu_case.py moe <M> [decode|grouped] [nvfp4|fp8]   (the 35B-A3B MoE block,
+       python benchmarks/ncu_case.py moe <M> [decode|grouped] [nvfp4|nvfp4_mma|fp8]  (the 35B-A3B MoE block,
                                      sparse_moe_block on M tokens, random weights: ~1.6 GB, no engine; the path the
                                      rule takes unless named; nvfp4 / fp8: the experts quantized, bench_moe's)
 """
@@ -82,7 +82,7 @@ def main(argv):
             A.decode(q, kc, vc, bt, sl, 256 ** -0.5, out=out, max_seq_len=L)
     elif what == "moe":
         path = argv[2] if len(argv) > 2 and argv[2] in ("decode", "grouped") else None
-        kind = argv[-1] if argv[-1] in ("nvfp4", "fp8") else None
+        kind = argv[-1] if argv[-1] in ("nvfp4", "nvfp4_mma", "fp8") else None
         call = _moe_block(int(argv[1]), path, kind)
     elif what == "engine":
         call = _engine_step(argv[1], int(argv[2]), graphs=len(argv) > 3 and argv[3] == "graph")

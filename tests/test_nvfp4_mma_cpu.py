@@ -177,6 +177,35 @@ def test_decode_asm_model_catches_a_wrong_slot_or_scale():
         assert bad != ASM and decode(words, sword, bad) != expected(words, sword)
 
 
+def test_unpack_mma_matches_the_layout():
+    """The grouped kernels' one-word decoder (nvfp4_mma_tile's _UNPACK_MMA): every code in every slot, every e5m3
+    byte the packer writes, random words: the 8 bf16 outputs (W * 2^-16) bit for bit in e order; a wrong mask or
+    shift is caught."""
+    asm = KM._UNPACK_MMA.value
+    assert P.opcodes(asm) <= P.OPS
+    e5, _, _ = N4._e5m3_table()
+    valid = sorted({int(b) for b in e5[1:0x7F]})
+    g = rng()
+
+    def run(a, word, byte):
+        s16 = (byte << 4) | 0x7000
+        R = P.run(a.replace("$9", "$s").replace("$8", "$w"), {"$w": word, "$s": s16 | (s16 << 16)})
+        return [R[f"${i}"] for i in range(8)]
+
+    def want(word, byte):
+        s = 2.0 ** ((byte >> 3) - N4.E5M3_BIAS) * (1 + (byte & 7) / 8)
+        vals = [F.E2M1[(word >> (4 * N4.SLOT[e])) & 0xF] * s / KM.ACC_SCALE for e in range(8)]
+        return [P.f32_to_bf16_exact(v) | (0x8000 if np.signbit(v) else 0) for v in vals]
+
+    for i in range(200):
+        word = int(g.integers(0, 2**32, dtype=np.uint64)) if i >= 16 else int(f"{i:x}" * 8, 16)
+        byte = valid[i % len(valid)]
+        assert run(asm, word, byte) == want(word, byte), i
+    word, byte = 0xF7E7D7C7, 0x48
+    for bad in (asm.replace("0x70007000", "0x70003000", 1), asm.replace("shl.b32 q, $8, 8;", "shl.b32 q, $8, 12;")):
+        assert bad != asm and run(bad, word, byte) != want(word, byte)
+
+
 # ---------------------------------------------------------------------------------------- dispatch rule
 @pytest.mark.parametrize("M,N,K", [(1, 5120, 6144), (1, 2048, 4096), (7, 16480, 5120), (16, 34816, 5120),
                                    (33, 5120, 17408), (1, 48, 2048), (128, 248320, 5120)])

@@ -217,13 +217,26 @@ def nvfp4_mma_dequant_kernel(w_ptr, s_ptr, out_ptr, alpha, N, K, stride_on, PDL:
     tl.store(out_ptr + n.to(tl.int64) * stride_on + k, (v * s * alpha).to(tl.bfloat16), mask=(n < N) & (k < K))
 
 
+# One word of the MMA layout (8 codes, code e in nibble SLOT[e]) and its scale as a bf16 pair ($9 = {s, s}, s the
+# e5m3 scale * 2^110) -> the 8 bf16 weights * 2^-16 $0..$7 in e order: _decode_asm's per-pair steps for one word.
+_UNPACK_MMA = tl.constexpr("\n".join(
+    ["{", ".reg .b32 q, t, o, nz;", "mov.b32 nz, 0x80008000;"]
+    + [line for r in range(4) for line in (
+        ([f"shl.b32 q, $8, {4 * r};"] if r else ["mov.b32 q, $8;"])
+        + ["and.b32 t, q, 0x70007000;", "shr.b32 t, t, 6;", "and.b32 o, q, 0x80008000;", "or.b32 o, o, t;",
+           "fma.rn.bf16x2 o, o, $9, nz;", f"mov.b32 {{${2 * r}, ${2 * r + 1}}}, o;"])]
+    + ["}"]))
+
+
 @triton.jit
-def nvfp4_mma_tile(w_base, s_base, n, n_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The exact bf16 weights W[n, k0 .. k0 + BLOCK_K) [BLOCK_N, BLOCK_K] (before alpha; not the decoder's
-    2^-16-scaled values) of a weight in the MMA layout (module doc), read in k order for tl.dot: w_base / s_base
-    the weight's first word / scale word (int32 pointers), n [BN] its rows (n_ok the ones to read), k0 a multiple
-    of 16; k past K reads as zero. Each element's word is gathered (two adjacent words per 16-k scale group), its
-    code shifted out of nibble SLOT[e], the e5m3 scale rebuilt as fp32 bits: v * s is exact in fp32 and bf16."""
+def nvfp4_mma_tile(w_base, s_base, n, n_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PRMT: tl.constexpr):
+    """The exact bf16 weights W[n, k0 .. k0 + BLOCK_K) * 2^-16 [BLOCK_N, BLOCK_K] (before alpha, scaled like the
+    decoder's: ACC_SCALE) of a weight in the MMA layout (module doc), in k order for tl.dot: w_base / s_base the
+    weight's first word / scale word (int32 pointers), n [BN] its rows (n_ok the ones to read), k0 a multiple of
+    16; k past K reads as zero. Each 16-k group's two words are gathered (adjacent), with its scale byte; PRMT: the
+    PTX decoder (_UNPACK_MMA: five instructions a code pair), else integer arithmetic (Triton's interpreter): the
+    code shifted out of nibble SLOT[e], the e5m3 scale rebuilt as fp32 bits, v * s * 2^-16 exact."""
     G: tl.constexpr = BLOCK_K // 16
     KB = tl.cdiv(K, 128)
     kg = k0 // 16 + tl.arange(0, G)                               # 16-k group
@@ -235,11 +248,20 @@ def nvfp4_mma_tile(w_base, s_base, n, n_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_
     c = tl.arange(0, 2)[None, None, :]
     words = tl.load(w_base + ((blk * 32 + lane) * 8 + 2 * qh)[:, :, None] + c, mask=ok[:, :, None], other=0)
     sbyte = (tl.load(s_base + blk * 32 + lane, mask=ok, other=0) >> (8 * qh)) & 0xFF
-    sval = ((((sbyte >> 3) + (127 - 13)) << 23) | ((sbyte & 7) << 20)).to(tl.float32, bitcast=True)  # E5M3_BIAS
-    e = tl.arange(0, 8)[None, None, None, :]
-    code = (words[:, :, :, None] >> (4 * ((e % 2) * 4 + 3 - e // 2))) & 0xF  # nibble SLOT[e]
-    w = (_e2m1_bits(code) * sval[:, :, None, None]).to(tl.bfloat16)  # [BN, G, 2, 8]: k = 16 g + 8 c + e
-    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+    if PRMT:
+        s16 = (sbyte << 4) | 0x7000                                  # bf16 bits of s * 2^110
+        s2 = tl.broadcast_to((s16 | (s16 << 16))[:, :, None], words.shape)
+        e0, e1, e2, e3, e4, e5, e6, e7 = tl.inline_asm_elementwise(
+            _UNPACK_MMA, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, s2], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+        # join(A, B) appends a last dim of 2 (the outer join's pick is the last index): w[.., a, b, c] is
+        # e_(4a + 2b + c), its flattened index
+        w = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+    else:
+        sval = ((((sbyte >> 3) + (127 - 13 - 16)) << 23) | ((sbyte & 7) << 20)).to(tl.float32, bitcast=True)
+        e = tl.arange(0, 8)[None, None, None, :]
+        code = (words[:, :, :, None] >> (4 * ((e % 2) * 4 + 3 - e // 2))) & 0xF  # nibble SLOT[e]
+        w = (_e2m1_bits(code) * sval[:, :, None, None]).to(tl.bfloat16)  # E5M3_BIAS 13, * 2^-16
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))                         # [BN, G, 2, 8]: k = 16 g + 8 c + e
 
 
 @triton.jit

@@ -177,7 +177,7 @@ def moe_w4a16_grouped_kernel(a_ptr, wq_ptr, ws_ptr, alpha_ptr, out_ptr, sorted_p
     """a [a_rows, K] bf16 (row stride stride_am), wq [E, R, K/2] / ws [E, R, K/16] uint8 (byte strides), alpha fp32
     [E, n_alpha] (n_alpha 2 with ACT_SILU, else 1), out [P, N] bf16 (row stride stride_om); the index arrays as in
     grouped.py. MMA: wq / ws are int32 words / scale words of experts in the MMA layout (nvfp4_mma.py; stride_qe /
-    stride_se elements an expert, stride_qn / stride_sn unused). Grid (cdiv(N, BLOCK_N), n_blocks) with n_blocks
+    stride_se elements an expert, stride_qn / stride_sn unused), decoded to W * 2^-16 (nvfp4_mma_tile). Grid (cdiv(N, BLOCK_N), n_blocks) with n_blocks
     <= len(sorted_ids) / BLOCK_M."""
     pid_n = tl.program_id(0)
     e, block_ok, f, row_ok, row = grouped_block_rows(sorted_ptr, bexp_ptr, npad_ptr, P, E, a_rows, a_row_div, BLOCK_M)
@@ -198,7 +198,8 @@ def moe_w4a16_grouped_kernel(a_ptr, wq_ptr, ws_ptr, alpha_ptr, out_ptr, sorted_p
         k = k0 + tl.arange(0, BLOCK_K)
         at = tl.load(a_rows_ptr + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0.0)
         if MMA:
-            wg = nvfp4_mma_tile(wq_ptr + e * stride_qe, ws_ptr + e * stride_se, n, n_ok, k0, K, BLOCK_N, BLOCK_K)
+            wg = nvfp4_mma_tile(wq_ptr + e * stride_qe, ws_ptr + e * stride_se, n, n_ok, k0, K, BLOCK_N, BLOCK_K,
+                                PRMT)
         else:
             wg = nvfp4_tile((wq_ptr + rg)[:, None, None], (q32 + rg // 4)[:, None, None], sg, k0, K, n_ok, BLOCK_N,
                             BLOCK_K, PRMT)
@@ -206,12 +207,13 @@ def moe_w4a16_grouped_kernel(a_ptr, wq_ptr, ws_ptr, alpha_ptr, out_ptr, sorted_p
         if ACT_SILU:
             if MMA:
                 wu = nvfp4_mma_tile(wq_ptr + e * stride_qe, ws_ptr + e * stride_se, n + N, n_ok, k0, K, BLOCK_N,
-                                    BLOCK_K)
+                                    BLOCK_K, PRMT)
             else:
                 wu = nvfp4_tile((wq_ptr + ru)[:, None, None], (q32 + ru // 4)[:, None, None], su, k0, K, n_ok,
                                 BLOCK_N, BLOCK_K, PRMT)
             acc_u = tl.dot(at, tl.trans(wu), acc_u)
-    acc = acc * tl.load(alpha_ptr + e * n_alpha, mask=block_ok, other=0.0)
+    sc = 65536.0 if MMA else 1.0  # the MMA layout's tiles are W * 2^-16 (nvfp4_mma_tile)
+    acc = acc * (tl.load(alpha_ptr + e * n_alpha, mask=block_ok, other=0.0) * sc)
     if ACT_SILU:
-        acc_u = acc_u * tl.load(alpha_ptr + e * n_alpha + 1, mask=block_ok, other=0.0)
+        acc_u = acc_u * (tl.load(alpha_ptr + e * n_alpha + 1, mask=block_ok, other=0.0) * sc)
     grouped_store(acc, acc_u, out_ptr, f, row_ok, n, n_ok, stride_om, ACT_SILU)

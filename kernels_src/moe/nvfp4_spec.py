@@ -40,8 +40,9 @@ GATE_UP_TILES = ((8, 512, 4), (4, 512, 4), (8, 256, 4))
 DOWN_TILES = ((4, 64, 9, 4), (4, 128, 16, 4), (4, 64, 16, 4), (2, 128, 16, 4))  # SB 9: slots 8 + 1 (SBX)
 GROUPED_TILES = ((16, 64, False, 4, 3), (16, 64, True, 4, 2), (64, 128, False, 4, 3), (64, 64, True, 4, 3),
                  (128, 128, False, 8, 3), (128, 64, True, 8, 3))
-# the MMA layout's grouped tiles: its gathered decode holds more registers, so m64 takes narrower / wider-warp tiles
-# (n128 at 4 warps spills on sm_80 / sm_120a)
+# the MMA layout's grouped tiles (BLOCK_M, BLOCK_N, silu, num_warps, stages): the linear ones' shapes, m64 at
+# BLOCK_N 64 (its gathered decode at n128 x 4 warps spilled on sm_80 / sm_120a). BLOCK_K 128 (a whole k block's
+# words a step) measured slower on the H200 at every tile (BENCHMARKS.md, session 20): 64 only
 MMA_GROUPED_TILES = ((16, 64, False, 4, 3), (16, 64, True, 4, 2), (64, 64, False, 4, 3), (64, 64, True, 8, 3),
                      (128, 128, False, 8, 3), (128, 64, True, 8, 3))
 # (R, WK) of the MMA-layout decode kernels (the op's MMA_TILES lists the same, as (16 R, WK[, slots]))

@@ -109,7 +109,7 @@ def test_block_vs_float64_and_bf16(moe, weights, M):
     out = run(moe, x, gw, w1, w2, sg, ws)
     ref = ref_block64(x, gw, W1, W2, K, sg)
     _, _, p = ref_route(x, gw, K, True, sg)
-    close_rows(out, ref, ~near_ties(p, K), f"{kind} block M={M} ({moe.choose_path(M)})")
+    close_rows(out, ref, ~near_ties(p, K), f"{kind} block M={M} ({moe.choose_path(M, kind)})")
     _poison_ws(ws)
     again = run(moe, x, gw, w1, w2, sg, ws)
     assert torch.equal(out.view(torch.uint16), again.view(torch.uint16)), "not deterministic / poisoned workspace"
@@ -118,7 +118,7 @@ def test_block_vs_float64_and_bf16(moe, weights, M):
     print(f"{kind} M={M}: vs the bf16 dequantized block relative error {rel:.3e}")
     assert rel < 1e-2
     if M <= 16:
-        other = "grouped" if moe.choose_path(M) == "decode" else "decode"
+        other = "grouped" if moe.choose_path(M, kind) == "decode" else "decode"
         o2 = run(moe, x, gw, w1, w2, sg, ws, path=other)
         close_rows(o2, out.double(), torch.ones(M, dtype=torch.bool, device="cuda"), f"{kind} {other} M={M}")
 

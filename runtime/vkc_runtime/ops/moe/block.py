@@ -1,7 +1,7 @@
 """The whole MoE block (:func:`sparse_moe_block`) and its workspace (:func:`moe_workspace`), two paths, each on
 one stream, no host sync, every buffer from the workspace (graph-capturable):
 
-  decode  (M <= ``DECODE_MAX_M`` tokens, ops/moe/decode_ops.py): route -> decode_gate_up (gate_up GEMV + SwiGLU
+  decode  (M <= ``DECODE_MAX_M`` tokens, or the experts' kind's own limit: decode_ops.decode_max_m): route -> decode_gate_up (gate_up GEMV + SwiGLU
           per (token, pick) pair) -> decode_down (down GEMV + the weighted sum per token): four launches, no
           grouping by expert, no MMA tile padded to 16 rows for one real row;
   grouped (larger M): route -> align -> grouped GEMM (gate_up, SiLU-and-mul) -> grouped GEMM (down) -> combine,
@@ -144,10 +144,11 @@ def _prefix(op: str, name: str, buf, shape: tuple, dtype: str) -> TensorRef:
     return TensorRef(t.ptr, tuple(shape), tuple(strides), dtype, t.device, buf)
 
 
-def choose_path(M: int) -> str:
-    """The block's path for M tokens: "decode" for M <= decode_ops.DECODE_MAX_M (read at each call: the one
-    place the constant lives), else "grouped" (module doc)."""
-    return "decode" if M <= _decode.DECODE_MAX_M else "grouped"
+def choose_path(M: int, kind: str | None = None) -> str:
+    """The block's path for M tokens with experts of ``kind`` (None: bf16; ops/moe/experts.py): "decode" for M <=
+    decode_ops.decode_max_m(kind) (read at each call: the one place the limits live), else "grouped" (module
+    doc)."""
+    return "decode" if M <= _decode.decode_max_m(kind) else "grouped"
 
 
 def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=None, workspace, out, stream=None,
@@ -198,7 +199,7 @@ def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=Non
     P = M * kout
     ids = _prefix(op, "topk_ids", ws.topk_ids, (M, kout), "int32")
     wts = _prefix(op, "topk_weights", ws.topk_weights, (M, kout), "float32")
-    path = path or choose_path(M)
+    path = path or choose_path(M, kind)
     if path == "grouped" and _grouped is None:
         raise OpError(f"{op}: the grouped GEMM ops (vkc_runtime.ops.moe.grouped_ops) are not in this build")
     route(x, gate_w, top_k, renormalize=renormalize, shared_gate_w=shared_gate_w, topk_ids=ids, topk_weights=wts,

@@ -9,7 +9,7 @@ bf16 in and out, fp32 sums. :func:`sparse_moe_block` (ops/moe/block.py) runs rou
 decode_down for M <= ``DECODE_MAX_M`` tokens (4 launches, no align, no combine), else route -> align ->
 grouped GEMMs -> combine.
 
-``DECODE_MAX_M`` (4): the decode kernels read each pair's expert rows on their own (a pair = one token's pick),
+``DECODE_MAX_M`` (4; a kind of quantized experts may set its own, :func:`decode_max_m`): the decode kernels read each pair's expert rows on their own (a pair = one token's pick),
 so their weight bytes grow with M * k' while the grouped GEMMs' grow with the distinct experts; the pairs that
 share an expert in one step (the shared expert: all M) meet in L2, because the programs of one weight block
 run side by side. The H200 crossover (benchmarks/bench_moe.py, rows moe_block_paths, 35B-A3B's block, graph
@@ -49,9 +49,15 @@ from .._check import BF16, OpError, cdiv, fits_i32, grid_y, row_stride, same_dev
 from .common import routing
 from . import experts as _xk
 
-__all__ = ["decode_gate_up", "decode_down", "DECODE_MAX_M", "TILES", "DECODE_BASES", "load_kernels"]
+__all__ = ["decode_gate_up", "decode_down", "DECODE_MAX_M", "decode_max_m", "TILES", "DECODE_BASES", "load_kernels"]
 
 DECODE_MAX_M = 4
+
+
+def decode_max_m(kind: str | None = None) -> int:
+    """The largest M the block takes the decode path at, for experts of ``kind`` (ops/moe/experts.py; None: bf16):
+    the kind module's own DECODE_MAX_M where it sets one (measured per kind), else ``DECODE_MAX_M``."""
+    return getattr(_xk.module(kind), "DECODE_MAX_M", DECODE_MAX_M) if kind else DECODE_MAX_M
 # kernel -> its tiles, the rule's pick first (kernels_src/moe/decode_spec.py compiles the same list):
 # gate_up (BLOCK_N, BLOCK_K), down (BLOCK_N, BLOCK_K, SB)
 TILES = {"gate_up": ((8, 256), (8, 512), (16, 512)), "down": ((4, 64, 16), (4, 128, 16), (2, 128, 16))}

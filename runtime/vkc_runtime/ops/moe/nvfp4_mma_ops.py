@@ -28,6 +28,10 @@ from .nvfp4_ops import Nvfp4Experts, experts_refs as _linear_refs
 __all__ = ["Nvfp4MmaExperts", "experts_refs", "mma_shapes", "pack_experts", "TILES", "NVFP4_MMA_BASES", "base"]
 
 ALPHA_COLUMNS_ARG = True  # the grouped kernel takes n_alpha (ops/moe/grouped_ops.py)
+# the block's decode path up to 16 tokens (decode_ops.decode_max_m): on the H200 (35B-A3B block, graph device time,
+# BENCHMARKS.md session 20) the tensor-core decode path took 66.7 / 118.4 us at M = 8 / 16 against 112 / 172 for the
+# best grouped one
+DECODE_MAX_M = 16
 
 
 class Nvfp4MmaExperts(NamedTuple):
