@@ -74,6 +74,10 @@ def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, 
     slot = tl.load(slot_ptr + bi)
     if (slot >= 0) & (slot < num_slots):
         ck = tl.arange(0, K)
+        # the state slab first: its HBM round trip overlaps the q / k norms and the b / a dots below (the
+        # reductions' barriers would otherwise keep the load behind them)
+        sp = state_ptr + slot.to(tl.int64) * stride_state + h * (K * V) + ck[:, None] * V + cv[None, :]
+        S = tl.load(sp)
         row = qkv_ptr + bi * stride_qkv
         q = tl.load(row + kh * K + ck).to(tl.float32)
         k = tl.load(row + (Hk + kh) * K + ck).to(tl.float32)
@@ -90,8 +94,7 @@ def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, 
         g = -tl.exp(tl.load(A_log_ptr + h)) * _softplus_f32(a + tl.load(dt_bias_ptr + h))
         decay = tl.exp(g)
         beta = 1.0 / (1.0 + tl.exp(-bb))
-        sp = state_ptr + slot.to(tl.int64) * stride_state + h * (K * V) + ck[:, None] * V + cv[None, :]
-        S = tl.load(sp) * decay
+        S = S * decay
         sk = tl.sum(S * k[:, None], axis=0)
         sq = tl.sum(S * q[:, None], axis=0)
         delta = beta * (v - sk)

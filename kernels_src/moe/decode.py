@@ -14,12 +14,13 @@ all a handful of tokens needs: the time is the weight bytes, read with 16-byte l
         current step's products are reduced, so two steps are in flight per program.
   moe_decode_down_kernel     grid (M, cdiv(H, BLOCK_N)):
         out[t, n] = bf16( sum_{j < k'} w[t, j] * (h[t k' + j] . w2[e_j, n, :]) )
-        All k' <= SB slots are one [SB, BLOCK_N, BLOCK_K] tile: one round of id loads, then every expert's rows
-        of a K step in flight at once, the next step's tile loaded before the current one is reduced (at M = 1
-        the grid is only cdiv(H, BLOCK_N) programs, and per-program memory parallelism is what keeps HBM
-        busy; taking the slots a group at a time made each group a dependent id -> weight round). Small
-        BLOCK_N (2 or 4 rows, the spec's tiles) gives 1024 or 512 programs at H = 2048, so even M = 1 fills a
-        132-SM GPU; splitting over slots with fp32 partials and a second reduce launch would add a launch and
+        All k' <= SB (+ SBX) slots are one [SB, BLOCK_N, BLOCK_K] tile (or two: slots [SB, SB + SBX) apart,
+        so that 9 picks, 8 routed + the shared expert, take 8 + 1 lanes instead of 9 of 16): one round of id
+        loads, then every expert's rows of a K step in flight at once, the next step's tile loaded before the
+        current one is reduced (at M = 1 the grid is only cdiv(H, BLOCK_N) programs, and per-program memory
+        parallelism is what keeps HBM busy; taking the slots a group at a time made each group a dependent id
+        -> weight round). Small BLOCK_N (2 or 4 rows, the spec's tiles) gives 1024 or 512 programs at H = 2048,
+        so even M = 1 fills a 132-SM GPU; splitting over slots with fp32 partials and a second reduce launch would add a launch and
         a buffer for the same bytes. Per slot the dot products are summed over K (fp32), weighted, then summed
         over the slots. No atomics: the same inputs give the same bits (a fixed reduction tree per compiled
         kernel), eager or replayed in a graph.
@@ -81,35 +82,57 @@ def moe_decode_gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, P, E, N, K, k_out, s
 
 
 @triton.jit
-def moe_decode_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_out, stride_h, stride_we,
-                           stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SB: tl.constexpr,
-                           PDL: tl.constexpr):
-    """h [P, K] bf16 (row stride stride_h), w2 [E, N, K] bf16 (strides stride_we, stride_wn, 1), ids int32 /
-    weights fp32 [M, k_out] contiguous (k_out <= SB), out [M, N] bf16 (row stride stride_o). Grid (M,
-    cdiv(N, BLOCK_N))."""
-    t = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    s = tl.arange(0, SB)
-    rk = tl.arange(0, BLOCK_K)
-    pdl_enter(PDL)
-    f = t.to(tl.int64) * k_out + s                                           # [SB] flat pair indices
+def _down_slots(ids_ptr, wts_ptr, w_ptr, h_ptr, t, s, k_out, E, n, n_ok, rk, stride_h, stride_we, stride_wn):
+    """Slots s of token t's picks: (valid, routing weight, weight rows [S, BN, BK], h rows [S, BK], weight
+    mask [S, BN, 1])."""
+    f = t.to(tl.int64) * k_out + s                                           # [S] flat pair indices
     e = tl.load(ids_ptr + f, mask=s < k_out, other=-1)
     ok = (s < k_out) & (e >= 0) & (e < E)
     wt = tl.load(wts_ptr + f, mask=ok, other=0.0)
     e = tl.where(ok, e, 0).to(tl.int64)
     w_rows = w_ptr + e[:, None, None] * stride_we + n.to(tl.int64)[None, :, None] * stride_wn + rk[None, None, :]
-    h_rows = h_ptr + tl.where(ok, f, 0)[:, None] * stride_h + rk[None, :]   # [SB, BLOCK_K]
-    wm = ok[:, None, None] & n_ok[None, :, None]
-    # every slot's rows in one [SB, BLOCK_N, BLOCK_K] tile; the tile of step k0 + BLOCK_K is loaded before step
-    # k0's products are reduced (past K: fully masked, no access)
+    h_rows = h_ptr + tl.where(ok, f, 0)[:, None] * stride_h + rk[None, :]
+    return ok, wt, w_rows, h_rows, ok[:, None, None] & n_ok[None, :, None]
+
+
+@triton.jit
+def _down_step(part, w, w_rows, h_rows, ok, wm, rk, k0, K, BLOCK_K: tl.constexpr):
+    """One K step of a slot group: the next step's tile loaded (past K: fully masked, no access), then this
+    step's products reduced into part [S, BN]."""
+    hk = tl.load(h_rows + k0, mask=ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0).to(tl.float32)
+    w_next = tl.load(w_rows + (k0 + BLOCK_K), mask=wm & ((k0 + BLOCK_K + rk) < K)[None, None, :], other=0.0)
+    part += tl.sum(w.to(tl.float32) * hk[:, None, :], axis=2)
+    return part, w_next
+
+
+@triton.jit
+def moe_decode_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_out, stride_h, stride_we,
+                           stride_wn, stride_o, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SB: tl.constexpr,
+                           SBX: tl.constexpr, PDL: tl.constexpr):
+    """h [P, K] bf16 (row stride stride_h), w2 [E, N, K] bf16 (strides stride_we, stride_wn, 1), ids int32 /
+    weights fp32 [M, k_out] contiguous (k_out <= SB + SBX), out [M, N] bf16 (row stride stride_o). Slots [0, SB)
+    are one tile, slots [SB, SB + SBX) a second one (SBX 0: none), loaded in the same K steps. Grid (M,
+    cdiv(N, BLOCK_N))."""
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    rk = tl.arange(0, BLOCK_K)
+    pdl_enter(PDL)
+    ok, wt, w_rows, h_rows, wm = _down_slots(ids_ptr, wts_ptr, w_ptr, h_ptr, t, tl.arange(0, SB), k_out, E, n,
+                                             n_ok, rk, stride_h, stride_we, stride_wn)
     w = tl.load(w_rows, mask=wm & (rk < K)[None, None, :], other=0.0)
     part = tl.zeros((SB, BLOCK_N), dtype=tl.float32)
+    if SBX > 0:
+        ok2, wt2, w_rows2, h_rows2, wm2 = _down_slots(ids_ptr, wts_ptr, w_ptr, h_ptr, t, SB + tl.arange(0, SBX),
+                                                      k_out, E, n, n_ok, rk, stride_h, stride_we, stride_wn)
+        w2 = tl.load(w_rows2, mask=wm2 & (rk < K)[None, None, :], other=0.0)
+        part2 = tl.zeros((SBX, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        hk = tl.load(h_rows + k0, mask=ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0).to(tl.float32)
-        w_next = tl.load(w_rows + (k0 + BLOCK_K), mask=wm & ((k0 + BLOCK_K + rk) < K)[None, None, :], other=0.0)
-        part += tl.sum(w.to(tl.float32) * hk[:, None, :], axis=2)
-        w = w_next
+        part, w = _down_step(part, w, w_rows, h_rows, ok, wm, rk, k0, K, BLOCK_K)
+        if SBX > 0:
+            part2, w2 = _down_step(part2, w2, w_rows2, h_rows2, ok2, wm2, rk, k0, K, BLOCK_K)
     acc = tl.sum(tl.where(ok[:, None], wt[:, None] * part, 0.0), axis=0)
+    if SBX > 0:
+        acc += tl.sum(tl.where(ok2[:, None], wt2[:, None] * part2, 0.0), axis=0)
     tl.store(out_ptr + t.to(tl.int64) * stride_o + n, acc.to(tl.bfloat16), mask=n_ok)

@@ -7,8 +7,10 @@ Bases (vkc_runtime/ops/moe/decode_ops.py picks one tile per kernel; TILES there 
                              them resident at once with the next step's tiles in flight)
   decode.gate_up.n8.k512     8 + 8 rows x 512, 4 warps (128 registers with its next step held: 4 per SM)
   decode.gate_up.n16.k512    16 + 16 rows x 512, 8 warps
-  decode.down.n4.k64.s16     BLOCK_N 4 rows of hidden x 64 of K per step, every slot (SB 16 >= k') in one
-                             tile, 4 warps (the rule's pick: 512 programs at M = 1 of H = 2048, all resident)
+  decode.down.n4.k64.s9      BLOCK_N 4 rows of hidden x 64 of K per step, k' <= 9 slots as a tile of 8 and
+                             one of 1 (SB 8, SBX 1: the 35B-A3B's 8 picks + the shared expert), 4 warps (the
+                             rule's pick for k' <= 9: 512 programs at M = 1 of H = 2048, all resident)
+  decode.down.n4.k64.s16     the same with every slot (SB 16 >= k') in one tile (the rule's pick above 9)
   decode.down.n4.k128.s16    4 rows x 128, 8 warps
   decode.down.n2.k128.s16    2 rows x 128, 4 warps (1024 programs at M = 1)
 (The n4.k512.s4 / n8.k512.s4 down tiles before them took 4 slots per step, one slot group after another: three
@@ -37,9 +39,10 @@ _DOWN = [
     ("stride_h", "i32", 16), ("stride_we", "i32", 16), ("stride_wn", "i32", 16), ("stride_o", "i32", 16),
 ]
 
-# (BLOCK_N, BLOCK_K, num_warps) and (BLOCK_N, BLOCK_K, SB, num_warps); the op's TILES lists the same
+# (BLOCK_N, BLOCK_K, num_warps) and (BLOCK_N, BLOCK_K, slots, num_warps); the op's TILES lists the same.
+# slots 9: SB 8 + SBX 1 (the largest power of two, then the rest)
 GATE_UP_TILES = ((8, 256, 4), (8, 512, 4), (16, 512, 8))
-DOWN_TILES = ((4, 64, 16, 4), (4, 128, 16, 8), (2, 128, 16, 4))
+DOWN_TILES = ((4, 64, 9, 4), (4, 64, 16, 4), (4, 128, 16, 8), (2, 128, 16, 4))
 
 
 def _args(params):
@@ -50,6 +53,7 @@ SPECS = [KernelSpec(name=f"decode.gate_up.n{bn}.k{bk}", source="decode.py", entr
                     args=_args(_GATE_UP), constexprs={"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=1)
          for bn, bk, w in GATE_UP_TILES]
 SPECS += [KernelSpec(name=f"decode.down.n{bn}.k{bk}.s{sb}", source="decode.py", entry="moe_decode_down_kernel",
-                     args=_args(_DOWN), constexprs={"BLOCK_N": bn, "BLOCK_K": bk, "SB": sb}, num_warps=w,
+                     args=_args(_DOWN), constexprs={"BLOCK_N": bn, "BLOCK_K": bk, "SB": 1 << (sb.bit_length() - 1),
+                                 "SBX": sb - (1 << (sb.bit_length() - 1))}, num_warps=w,
                      num_stages=1, options={"maxnreg": 128})
           for bn, bk, sb, w in DOWN_TILES]

@@ -17,8 +17,8 @@ finite weights: they give NaN (NATIVE) or +-480 outputs, never an access outside
         decoded), decoded to fp32 and multiplied with x[k] * scale[k // 128] (BLOCK_N divides 128: one scale row
         per half per program) into fp32 accumulators of the tile's shape, reduced once.
   moe_w8a16_decode_down_kernel     grid (M, cdiv(H, BLOCK_N)) as moe_decode_down_kernel: every slot's rows in one
-        [SB, BLOCK_N, BLOCK_K] byte tile, h[k] * scale[k // 128] per slot, an fp32 partial per (slot, row) summed
-        over K, then the routing-weighted sum over the slots in slot order.
+        [SB, BLOCK_N, BLOCK_K] byte tile (or two, SB + SBX: 9 picks as 8 + 1), h[k] * scale[k // 128] per slot,
+        an fp32 partial per (slot, row) summed over K, then the routing-weighted sum over the slots in slot order.
   moe_w8a16_grouped_kernel         grid (cdiv(N, BLOCK_N), n_blocks) as grouped_gemm_kernel (grouped.py): each K
         step's [BLOCK_K, BLOCK_N] byte tile decoded and multiplied by the step's one scale (BLOCK_K and BLOCK_N
         divide 128), rounded once to bf16 -- the weights dequantizing to bf16 at load would give -- and accumulated
@@ -110,39 +110,68 @@ def moe_w8a16_decode_gate_up_kernel(x_ptr, wq_ptr, ws_ptr, ids_ptr, h_ptr, P, E,
 
 
 @triton.jit
-def moe_w8a16_decode_down_kernel(h_ptr, wq_ptr, ws_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_out, stride_h,
-                                 stride_qe, stride_qn, stride_se, stride_sn, stride_o, BLOCK_N: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, SB: tl.constexpr, NATIVE: tl.constexpr, PDL: tl.constexpr):
-    """h [P, K] bf16, wq [E, N, K] uint8, ws [E, cdiv(N, 128), cdiv(K, 128)] fp32, ids / weights [M, k_out]
-    (k_out <= SB), out [M, N] bf16. Grid (M, cdiv(N, BLOCK_N)); BLOCK_N divides 128."""
-    tl.static_assert(128 % BLOCK_N == 0, "one scale row per program: BLOCK_N must divide 128")
-    t = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    s = tl.arange(0, SB)
-    rk = tl.arange(0, BLOCK_K)
-    pdl_enter(PDL)
+def _down_slots(ids_ptr, wts_ptr, wq_ptr, ws_ptr, h_ptr, t, s, k_out, E, n, n_ok, rk, pid_n, stride_h, stride_qe,
+                stride_qn, stride_se, stride_sn, BLOCK_N: tl.constexpr):
+    """Slots s of token t's picks: (valid, routing weight, byte rows [S, BN, BK], scale rows [S], h rows
+    [S, BK], weight mask [S, BN, 1])."""
     f = t.to(tl.int64) * k_out + s
     e = tl.load(ids_ptr + f, mask=s < k_out, other=-1)
     ok = (s < k_out) & (e >= 0) & (e < E)
     wt = tl.load(wts_ptr + f, mask=ok, other=0.0)
     e = tl.where(ok, e, 0).to(tl.int64)
     w_rows = wq_ptr + e[:, None, None] * stride_qe + n.to(tl.int64)[None, :, None] * stride_qn + rk[None, None, :]
-    s_rows = ws_ptr + e * stride_se + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn       # [SB]
-    h_rows = h_ptr + tl.where(ok, f, 0)[:, None] * stride_h + rk[None, :]                        # [SB, BLOCK_K]
-    wm = ok[:, None, None] & n_ok[None, :, None]
+    s_rows = ws_ptr + e * stride_se + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
+    h_rows = h_ptr + tl.where(ok, f, 0)[:, None] * stride_h + rk[None, :]
+    return ok, wt, w_rows, s_rows, h_rows, ok[:, None, None] & n_ok[None, :, None]
+
+
+@triton.jit
+def _down_step(part, w, w_rows, s_rows, h_rows, ok, wm, rk, k0, K, BLOCK_K: tl.constexpr, NATIVE: tl.constexpr):
+    """One K step of a slot group: the next step's bytes loaded (past K: fully masked, no access), then this
+    step's decoded and reduced into part [S, BN] with h[k] * scale[k // 128]."""
+    k = k0 + rk
+    hm = ok[:, None] & (k < K)[None, :]
+    w_next = tl.load(w_rows + (k0 + BLOCK_K), mask=wm & ((k0 + BLOCK_K + rk) < K)[None, None, :], other=0)
+    hk = tl.load(h_rows + k0, mask=hm, other=0.0).to(tl.float32)
+    hk = hk * tl.load(s_rows[:, None] + (k // 128)[None, :], mask=hm, other=0.0)
+    part += tl.sum(_e4m3_f32(w, NATIVE) * hk[:, None, :], axis=2)
+    return part, w_next
+
+
+@triton.jit
+def moe_w8a16_decode_down_kernel(h_ptr, wq_ptr, ws_ptr, ids_ptr, wts_ptr, out_ptr, E, N, K, k_out, stride_h,
+                                 stride_qe, stride_qn, stride_se, stride_sn, stride_o, BLOCK_N: tl.constexpr,
+                                 BLOCK_K: tl.constexpr, SB: tl.constexpr, SBX: tl.constexpr, NATIVE: tl.constexpr,
+                                 PDL: tl.constexpr):
+    """h [P, K] bf16, wq [E, N, K] uint8, ws [E, cdiv(N, 128), cdiv(K, 128)] fp32, ids / weights [M, k_out]
+    (k_out <= SB + SBX), out [M, N] bf16. Slots [0, SB) are one tile, slots [SB, SB + SBX) a second one (SBX 0:
+    none), loaded in the same K steps. Grid (M, cdiv(N, BLOCK_N)); BLOCK_N divides 128."""
+    tl.static_assert(128 % BLOCK_N == 0, "one scale row per program: BLOCK_N must divide 128")
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    rk = tl.arange(0, BLOCK_K)
+    pdl_enter(PDL)
+    ok, wt, w_rows, s_rows, h_rows, wm = _down_slots(ids_ptr, wts_ptr, wq_ptr, ws_ptr, h_ptr, t, tl.arange(0, SB),
+                                                     k_out, E, n, n_ok, rk, pid_n, stride_h, stride_qe, stride_qn,
+                                                     stride_se, stride_sn, BLOCK_N)
     w = tl.load(w_rows, mask=wm & (rk < K)[None, None, :], other=0)
     part = tl.zeros((SB, BLOCK_N), dtype=tl.float32)
+    if SBX > 0:
+        ok2, wt2, w_rows2, s_rows2, h_rows2, wm2 = _down_slots(ids_ptr, wts_ptr, wq_ptr, ws_ptr, h_ptr, t,
+                                                               SB + tl.arange(0, SBX), k_out, E, n, n_ok, rk, pid_n,
+                                                               stride_h, stride_qe, stride_qn, stride_se, stride_sn,
+                                                               BLOCK_N)
+        w2 = tl.load(w_rows2, mask=wm2 & (rk < K)[None, None, :], other=0)
+        part2 = tl.zeros((SBX, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + rk
-        hm = ok[:, None] & (k < K)[None, :]
-        w_next = tl.load(w_rows + (k0 + BLOCK_K), mask=wm & ((k0 + BLOCK_K + rk) < K)[None, None, :], other=0)
-        hk = tl.load(h_rows + k0, mask=hm, other=0.0).to(tl.float32)
-        hk = hk * tl.load(s_rows[:, None] + (k // 128)[None, :], mask=hm, other=0.0)
-        part += tl.sum(_e4m3_f32(w, NATIVE) * hk[:, None, :], axis=2)
-        w = w_next
+        part, w = _down_step(part, w, w_rows, s_rows, h_rows, ok, wm, rk, k0, K, BLOCK_K, NATIVE)
+        if SBX > 0:
+            part2, w2 = _down_step(part2, w2, w_rows2, s_rows2, h_rows2, ok2, wm2, rk, k0, K, BLOCK_K, NATIVE)
     acc = tl.sum(tl.where(ok[:, None], wt[:, None] * part, 0.0), axis=0)
+    if SBX > 0:
+        acc += tl.sum(tl.where(ok2[:, None], wt2[:, None] * part2, 0.0), axis=0)
     if not NATIVE:
         acc = acc * 256.0
     tl.store(out_ptr + t.to(tl.int64) * stride_o + n, acc.to(tl.bfloat16), mask=n_ok)
