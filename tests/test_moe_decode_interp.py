@@ -86,13 +86,13 @@ def test_gate_up_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
 _DOWN_CASES = [(1, 9, 12, 44, 32, 2), (3, 3, 6, 64, 528, 3), (2, 16, 20, 44, 160, 3)]
 
 
-@pytest.mark.parametrize("tile,M,k,Ep,H,I,n_bad", [(t, *c) for t in [(4, 64, 9), (4, 64, 16), (4, 128, 16),
-                                                                    (2, 128, 16)] for c in _DOWN_CASES
+@pytest.mark.parametrize("tile,M,k,Ep,H,I,n_bad", [(t, *c) for t in [(8, 128, 9), (4, 128, 9), (4, 64, 16),
+                                                                    (4, 128, 16), (2, 128, 16)] for c in _DOWN_CASES
                                                    if c[1] <= t[2]])
 def test_down_vs_float64(M_, tile, M, k, Ep, H, I, n_bad):
     """k' = 9 (the 8 + 1 tile: both slot tiles live), 3 (the second slot tile of s9 all masked) or 16 (= SB:
-    every slot of the tile live); H = 44 (a tail against BLOCK_N 4, out rows strided); I = 528 or 160 > BLOCK_K
-    (K steps with a partial last one); h rows and routing weights of bad ids are NaN and must not matter."""
+    every slot of the tile live); H = 44 (a tail against BLOCK_N 4 and 8, out rows strided); I = 528 or 160 >
+    BLOCK_K (K steps with a partial last one); h rows and routing weights of bad ids are NaN and must not matter."""
     moe, reg, ar = M_
     from vkc_runtime.ops.moe import decode_ops as D
     rng = np.random.default_rng(_seed())

@@ -69,13 +69,13 @@ def test_grids_and_arguments(rec):
     (b1, g1, a1), (b2, g2, a2) = rec.calls
     assert (b1, g1) == ("moe.decode.gate_up.n8.k256", (9, 64, 1))                     # pairs x I / 8
     assert a1[4:] == (9, 257, 512, 2048, 9, 2048, 1024 * 2048, 2048, 512)            # P E N K k' strides
-    assert (b2, g2) == ("moe.decode.down.n4.k64.s9", (1, 512, 1))                    # tokens x H / 4
+    assert (b2, g2) == ("moe.decode.down.n8.k128.s9", (1, 256, 1))                   # tokens x H / 8
     assert a2[5:] == (257, 2048, 512, 9, 512, 2048 * 512, 512, 2048)                 # E N K k' strides
     rec.calls.clear()
     call_down(down_args(k=10))  # more picks than the 8 + 1 tile holds: the next tile, every slot in one
     assert rec.calls[0][0] == "moe.decode.down.n4.k64.s16"
     with pytest.raises(moe.OpError, match="holds 9 slots, fewer than k' = 10"):
-        call_down(down_args(k=10, _tile=(4, 64, 9)))
+        call_down(down_args(k=10, _tile=(8, 128, 9)))
     rec.calls.clear()
     call_gate_up(gate_up_args(M=8, x=Dev((8, 2048), strides=(4096, 1)), _tile=(16, 512)))
     call_down(down_args(M=8, _tile=(2, 128, 16)))
@@ -171,10 +171,10 @@ def test_block_path_rule(rec, monkeypatch):
         names = [b for b, _, _ in rec.calls]
         assert names[:2] == ["moe.route.logits.small", "moe.route.topk.e32"], names
         if want == "decode":
-            assert names[2:] == ["moe.decode.gate_up.n8.k256", "moe.decode.down.n4.k64.s9"], names
+            assert names[2:] == ["moe.decode.gate_up.n8.k256", "moe.decode.down.n8.k128.s9"], names
             h_ptr = ptr(ws.h)
             assert rec.calls[2][2][3] == h_ptr == rec.calls[3][2][0]  # h: the workspace's buffer
-            assert rec.calls[2][1] == (M * 3, 4, 1) and rec.calls[3][1] == (M, 16, 1)
+            assert rec.calls[2][1] == (M * 3, 4, 1) and rec.calls[3][1] == (M, 8, 1)  # H = 64 / BLOCK_N 8
         else:
             assert names[2] == "moe.align.scatter" and names[-1] == "moe.combine", names
     rec.calls.clear()
@@ -232,7 +232,7 @@ def test_workspace_loads_the_decode_kernels_before_capture(monkeypatch, fake_cu)
         moe.sparse_moe_block(Dev((4, 2048)), Dev((256, 2048)), far((257, 1024, 2048)), far((257, 2048, 512)), 8,
                              renormalize=True, shared_gate_w=Dev((1, 2048)), workspace=w, out=Dev((4, 2048)), stream=s)
     assert [c[0] for c in r.calls] == ["moe.route.logits.small", "moe.route.topk.e256", "moe.decode.gate_up.n8.k256",
-                                       "moe.decode.down.n4.k64.s9"]
+                                       "moe.decode.down.n8.k128.s9"]
 
 
 try:

@@ -19,9 +19,9 @@ all a handful of tokens needs: the time is the weight bytes, read with 16-byte l
         loads, then every expert's rows of a K step in flight at once, the next step's tile loaded before the
         current one is reduced (at M = 1 the grid is only cdiv(H, BLOCK_N) programs, and per-program memory
         parallelism is what keeps HBM busy; taking the slots a group at a time made each group a dependent id
-        -> weight round). Small BLOCK_N (2 or 4 rows, the spec's tiles) gives 1024 or 512 programs at H = 2048,
-        so even M = 1 fills a 132-SM GPU; splitting over slots with fp32 partials and a second reduce launch would add a launch and
-        a buffer for the same bytes. Per slot the dot products are summed over K (fp32), weighted, then summed
+        -> weight round). Small BLOCK_N (2 to 8 rows, the spec's tiles) gives 1024 to 256 programs at
+        H = 2048, so even M = 1 fills a 132-SM GPU; splitting over slots with fp32 partials and a second reduce
+        launch would add a launch and a buffer for the same bytes. Per slot the dot products are summed over K (fp32), weighted, then summed
         over the slots. No atomics: the same inputs give the same bits (a fixed reduction tree per compiled
         kernel), eager or replayed in a graph.
 

@@ -4,7 +4,9 @@ family's spec.py (this file defines only ``SPECS``).
 Bases (vkc_runtime/ops/moe/fp8_ops.py picks one tile per kernel; its TILES lists the same):
   w8a16.decode.gate_up.n{BN}.k{BK}       BLOCK_N rows of gate (+ as many of up) x BLOCK_K bytes of K per step
   w8a16.decode.down.n{BN}.k{BK}.s{S}     BLOCK_N rows of hidden x BLOCK_K, every slot in one tile (S 16 >= k'),
-                                         or S 9 as a tile of 8 and one of 1 (SB 8, SBX 1; the pick for k' <= 9)
+                                         or S 9 as a tile of 8 and one of 1 (SB 8, SBX 1): n4.k128.s9 with 4 warps
+                                         is the pick for k' <= 9 (H200 M = 1: 6.1 us vs 8.6 with 8 warps, n2.k128.s9
+                                         8.2, n4.k128.s16 9.1, session 21)
   w8a16.grouped.m{BM}.n{BN}.k64[.silu]   the grouped GEMM's tiles (grouped_spec.py's first choice per block_m)
 NATIVE (the hardware's e4m3 conversion) on sm_89 and later, the integer decoding on sm_80 / sm_86. The tiles are
 first choices made without a device to time them (benchmarks/bench_moe.py times the forced alternatives).
@@ -33,7 +35,7 @@ _GROUPED = [("a_ptr", "*bf16", 16), *_W, ("out_ptr", "*bf16", 16), ("sorted_ptr"
 # (BLOCK_N, BLOCK_K, num_warps), (BLOCK_N, BLOCK_K, slots, num_warps), (BLOCK_M, BLOCK_N, silu, num_warps, stages);
 # the op's TILES lists the same
 GATE_UP_TILES = ((8, 256, 4), (8, 512, 4), (4, 512, 4))
-DOWN_TILES = ((4, 128, 9, 8), (4, 64, 16, 4), (4, 128, 16, 8), (2, 128, 16, 4))
+DOWN_TILES = ((4, 128, 9, 4), (2, 128, 9, 4), (4, 64, 16, 4), (4, 128, 16, 8), (2, 128, 16, 4))
 GROUPED_TILES = ((16, 64, False, 4, 3), (16, 64, True, 4, 2), (64, 128, False, 4, 3), (64, 64, True, 4, 3),
                  (128, 128, False, 8, 3), (128, 64, True, 8, 3))
 _NO_FP8_CVT = ("sm_80", "sm_86")  # no cvt from e4m3: the integer decoding

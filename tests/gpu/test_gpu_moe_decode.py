@@ -103,7 +103,7 @@ def check_pairs_down(out, h, W2, ids, wts, k, Ep):
     assert err < 1e-2, err
 
 
-@pytest.mark.parametrize("tiles", [0, 1, 2, 3])
+@pytest.mark.parametrize("tiles", [0, 1, 2, 3, 4])
 def test_decode_kernels_bad_ids_and_guard_bytes(moe, tiles):
     """The real H and I with E' = 17 experts (the weights in sentinel arenas stay small), M = 4, k' = 9."""
     from vkc_runtime.ops.moe import decode_ops as D

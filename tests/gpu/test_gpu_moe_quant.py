@@ -141,12 +141,12 @@ def test_block_graph_replay_equals_eager(moe, weights, M):
 
 
 def _nth(tiles, i):
-    """The i-th compiled tile of a kernel, wrapping around (the kernels have 3 or 4)."""
+    """The i-th compiled tile of a kernel, wrapping around (the kernels have 3 to 5)."""
     return tiles[i % len(tiles)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("tile", [0, 1, 2, 3])
+@pytest.mark.parametrize("tile", [0, 1, 2, 3, 4])
 def test_decode_kernels_bad_ids_and_guard_bytes(moe, kind, tile):
     """The real H and I with E' = 17 experts in sentinel arenas, M = 4, k' = 9, four adversarial ids."""
     from vkc_runtime.ops.moe import decode_ops as D, experts as X

@@ -21,6 +21,10 @@
 #   the peer comparisons ~2 min cold (FLA's JIT + autotune) / ~25 s with a carried Triton cache, bench_gdn
 #   ~2 min, bench_attn ~1 min per part, a tune set ~20 s per candidate; chain steps with VKC_REUSE_BUILD=1
 #   and a separate OUT per step (a call returns at most ~8 files).
+#   The device has no network and no jsonschema, which vkc_runtime's plan cache needs once it reads its file (the
+#   engine tests and bench_engine do): carry its wheels in .whl/ (git-ignored), e.g. `pip download --only-binary=:all:
+#   --python-version 3.12 --platform manylinux2014_x86_64 -d .whl jsonschema` minus typing_extensions (the device
+#   has one), and run with carry [".whl"]; env.txt says whether it is importable.
 set -uo pipefail
 WHAT=${1:-all}
 KEXPR=${2:-}
@@ -87,6 +91,11 @@ bad = [m for m in ("torch", "triton", "cupy", "cutlass") if m in sys.modules]
 print("heavy modules imported by vkc_runtime:", bad or "none")
 from vkc_runtime import native
 print("native launcher:", native.native_available(), native.native_reason() or "")
+try:
+    import jsonschema  # noqa: F401 - the plan cache's file reader (carried in .whl/)
+    print("jsonschema importable from", jsonschema.__file__)
+except ImportError:
+    print("WARNING: jsonschema not importable: the engine tests / bench_engine will fail (carry .whl/, see above)")
 try:
     import fla
     print("peer fla", getattr(fla, "__version__", "?"), "from", fla.__file__)

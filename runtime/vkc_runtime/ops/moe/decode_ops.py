@@ -29,12 +29,12 @@ nothing to out (kernels_src/moe/decode.py states the rule), so no value makes a 
 these tensors.
 
 Tiles (``TILES``; the rule takes the first of each kernel, ``_tile=`` forces another: benchmarks): gate_up
-BLOCK_N 8 x BLOCK_K 256 (4 warps), 8 x 512 (4 warps) or 16 x 512 (8 warps); down BLOCK_N 4 x BLOCK_K 64 with
-k' <= 9 slots as a tile of 8 and one of 1 (the pick for the 35B-A3B's 8 picks + the shared expert: 8.7 vs 9.2 us at
-M = 1, 25.8 vs 29.1 at M = 4 on the H200, BENCHMARKS.md session 21), or every slot (16 >= k') in one tile: 4 x 64
-(4 warps), 4 x 128 (8 warps) or 2 x 128 (4 warps); the down rule takes the first tile holding k'. Both kernels
-load the next K step's weights before reducing the current one. Grids: gate_up (M * k', cdiv(I, BLOCK_N)), down
-(M, cdiv(H, BLOCK_N)): a pure function of the shapes, so graph-stable.
+BLOCK_N 8 x BLOCK_K 256 (4 warps), 8 x 512 (4 warps) or 16 x 512 (8 warps); down with k' <= 9 slots as a tile of 8
+and one of 1, BLOCK_N 8 x BLOCK_K 128 (8 warps; the pick for the 35B-A3B's 8 picks + the shared expert: 6.5 us at
+M = 1 vs 9.0 for the 16-slot 4 x 64 tile on the H200, BENCHMARKS.md session 21) or 4 x 128 (4 warps), or every
+slot (16 >= k') in one tile: 4 x 64 (4 warps), 4 x 128 (8 warps) or 2 x 128 (4 warps); the down rule takes the
+first tile holding k'. Both kernels load the next K step's weights before reducing the current one. Grids:
+gate_up (M * k', cdiv(I, BLOCK_N)), down (M, cdiv(H, BLOCK_N)): a pure function of the shapes, so graph-stable.
 
 Quantized experts (ops/moe/experts.py): ``w1`` / ``w2`` as :class:`~vkc_runtime.ops.moe.nvfp4_ops.Nvfp4Experts` run
 the W4A16 kernels (kernels_src/moe/nvfp4.py), as :class:`~vkc_runtime.ops.moe.fp8_ops.Fp8Experts` the W8A16 ones
@@ -63,7 +63,7 @@ def decode_max_m(kind: str | None = None) -> int:
 # kernel -> its tiles, the rule's pick first (kernels_src/moe/decode_spec.py compiles the same list):
 # gate_up (BLOCK_N, BLOCK_K), down (BLOCK_N, BLOCK_K, slots); the down rule takes the first tile holding k'
 TILES = {"gate_up": ((8, 256), (8, 512), (16, 512)),
-         "down": ((4, 64, 9), (4, 64, 16), (4, 128, 16), (2, 128, 16))}
+         "down": ((8, 128, 9), (4, 128, 9), (4, 64, 16), (4, 128, 16), (2, 128, 16))}
 
 
 def _base(kind: str, tile: tuple, weights: str | None = None) -> str:
