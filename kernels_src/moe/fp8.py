@@ -14,8 +14,8 @@ finite weights: they give NaN (NATIVE) or +-480 outputs, never an access outside
 
   moe_w8a16_decode_gate_up_kernel  grid (P, cdiv(N, BLOCK_N)) as moe_decode_gate_up_kernel (decode.py): per K
         step the [BLOCK_N, BLOCK_K] byte tiles of the gate and up rows (the next step's loaded before this one is
-        decoded), decoded to fp32 and multiplied with x[k] * scale[k // 128] (BLOCK_N divides 128: one scale row
-        per half per program) into fp32 accumulators of the tile's shape, reduced once.
+        decoded), decoded to fp32, multiplied with x[k] * scale[k // 128] (BLOCK_N divides 128: one scale row
+        per half per program) and summed over the step's k into [BLOCK_N] fp32 accumulators.
   moe_w8a16_decode_down_kernel     grid (M, cdiv(H, BLOCK_N)) as moe_decode_down_kernel: every slot's rows in one
         [SB, BLOCK_N, BLOCK_K] byte tile (or two, SB + SBX: 9 picks as 8 + 1), h[k] * scale[k // 128] per slot,
         an fp32 partial per (slot, row) summed over K, then the routing-weighted sum over the slots in slot order.
@@ -86,8 +86,8 @@ def moe_w8a16_decode_gate_up_kernel(x_ptr, wq_ptr, ws_ptr, ids_ptr, h_ptr, P, E,
     wm = n_ok[:, None] & (rk < k_end)[None, :]
     wg = tl.load(qg, mask=wm, other=0)
     wu = tl.load(qu, mask=wm, other=0)
-    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, k_end, BLOCK_K):
         k = k0 + rk
         k_ok = k < K
@@ -97,11 +97,13 @@ def moe_w8a16_decode_gate_up_kernel(x_ptr, wq_ptr, ws_ptr, ids_ptr, h_ptr, P, E,
         xk = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
         xg = xk * tl.load(sg + k // 128, mask=k_ok, other=0.0)
         xu = xk * tl.load(su + k // 128, mask=k_ok, other=0.0)
-        acc_g += _e4m3_f32(wg, NATIVE) * xg[None, :]
-        acc_u += _e4m3_f32(wu, NATIVE) * xu[None, :]
+        # each step's products summed over k at once: [BLOCK_N] accumulators (79 registers at n8.k256 on sm_90a;
+        # [BLOCK_N, BLOCK_K] ones summed at the end took 117 and 13.0 vs 11.35 us on the H200, session 21)
+        acc_g += tl.sum(_e4m3_f32(wg, NATIVE) * xg[None, :], axis=1)
+        acc_u += tl.sum(_e4m3_f32(wu, NATIVE) * xu[None, :], axis=1)
         wg, wu = wg_next, wu_next
-    gv = tl.sum(acc_g, axis=1)
-    uv = tl.sum(acc_u, axis=1)
+    gv = acc_g
+    uv = acc_u
     if not NATIVE:
         gv = gv * 256.0
         uv = uv * 256.0

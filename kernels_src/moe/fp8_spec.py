@@ -34,7 +34,7 @@ _GROUPED = [("a_ptr", "*bf16", 16), *_W, ("out_ptr", "*bf16", 16), ("sorted_ptr"
 
 # (BLOCK_N, BLOCK_K, num_warps), (BLOCK_N, BLOCK_K, slots, num_warps), (BLOCK_M, BLOCK_N, silu, num_warps, stages);
 # the op's TILES lists the same
-GATE_UP_TILES = ((8, 256, 4), (8, 512, 4), (4, 512, 4))
+GATE_UP_TILES = ((8, 256, 4), (16, 256, 8), (8, 512, 4))
 DOWN_TILES = ((4, 128, 9, 4), (2, 128, 9, 4), (4, 64, 16, 4), (4, 128, 16, 8), (2, 128, 16, 4))
 GROUPED_TILES = ((16, 64, False, 4, 3), (16, 64, True, 4, 2), (64, 128, False, 4, 3), (64, 64, True, 4, 3),
                  (128, 128, False, 8, 3), (128, 64, True, 8, 3))

@@ -189,7 +189,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       "k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)", "k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)",
       GDN_DECODE, "test_decode", "k L2 norm ignores the eps argument (hard-coded 1e-6)"),
     M("gdnd-decay-dropped", "gdn_decode/decode.py",
-      "S = tl.load(sp) * decay", "S = tl.load(sp)",
+      "S = S * decay", "S = S * 1.0",
       GDN_DECODE, "test_decode", "state not decayed by exp(g)"),
     M("gdnd-alog-exp-dropped", "gdn_decode/decode.py",
       "g = -tl.exp(tl.load(A_log_ptr + h)) *", "g = -tl.load(A_log_ptr + h) *",
