@@ -21,9 +21,9 @@ all a handful of tokens needs: the time is the weight bytes, read with 16-byte l
         parallelism is what keeps HBM busy; taking the slots a group at a time made each group a dependent id
         -> weight round). Small BLOCK_N (2 to 8 rows, the spec's tiles) gives 1024 to 256 programs at
         H = 2048, so even M = 1 fills a 132-SM GPU; splitting over slots with fp32 partials and a second reduce
-        launch would add a launch and a buffer for the same bytes. Per slot the dot products are summed over K (fp32), weighted, then summed
-        over the slots. No atomics: the same inputs give the same bits (a fixed reduction tree per compiled
-        kernel), eager or replayed in a graph.
+        launch would add a launch and a buffer for the same bytes. Per slot the dot products are summed over K
+        (fp32), weighted, then summed over the slots. No atomics: the same inputs give the same bits (a fixed
+        reduction tree per compiled kernel), eager or replayed in a graph.
 
 Device-side ids (nothing read from device memory moves an access outside the given tensors):
   - gate_up: a pair whose id e is outside [0, E) runs no K iteration (reads no weight and no x) and writes
