@@ -81,8 +81,8 @@ def test_gate_up_fp8_vs_float64(M_, tile):
 
 @pytest.mark.parametrize("tile", [(4, 128, 9), (2, 128, 9), (4, 64, 16), (4, 128, 16), (2, 128, 16)])
 def test_down_fp8_vs_float64(M_, tile):
-    """k' = 9 (the s9 tile: 8 + 1 slots, both live); H = 44 (a tail against BLOCK_N, out rows strided); I = 160 (two scale columns, a partial K step);
-    bad ids' h rows and routing weights NaN."""
+    """k' = 9 (the s9 tile: 8 + 1 slots, both live); H = 44 (a tail against BLOCK_N, out rows strided); I = 160
+    (two scale columns, a partial K step); bad ids' h rows and routing weights NaN."""
     moe, reg, ar = M_
     from vkc_runtime.ops.moe import decode_ops as D
     rng = np.random.default_rng(_seed())

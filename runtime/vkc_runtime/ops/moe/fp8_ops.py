@@ -15,8 +15,8 @@ whole scale blocks, as a fused checkpoint's per-projection grids stack). Weight 
 Tiles (``TILES``, the rule's pick first; ``_tile=`` forces another): as ops/moe/nvfp4_ops.py; the decode picks are
 the H200's fastest at M = 1 on the 35B-A3B shape (benchmarks/bench_moe.py fp8, session 17: gate_up n8.k256 12.99 us
 vs 13.35 / 14.28; down n4.k128 9.87 us vs 10.27 / 11.22; session 21, with each step's products summed at once:
-gate_up n8.k256 11.35 us vs n16.k256 11.53, n8.k512 11.84); the down tile n4.k128.s9 (k' <= 9 as 8 + 1 slots, 4 warps)
-6.1 us vs 9.1 for n4.k128.s16 (session 21): the rule's pick for k' <= 9.
+gate_up n8.k256 11.35 us vs n16.k256 11.53, n8.k512 11.84); the down tile n4.k128.s9 (k' <= 9 as 8 + 1 slots,
+4 warps) 6.1 us vs 9.1 for n4.k128.s16 (session 21): the rule's pick for k' <= 9.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class Fp8Experts(NamedTuple):
 # kernel -> its tiles, the rule's pick first (kernels_src/moe/fp8_spec.py compiles the same)
 TILES = {
     "gate_up": ((8, 256), (16, 256), (8, 512)),
-    "down": ((4, 128, 9), (2, 128, 9), (4, 128, 16), (4, 64, 16), (2, 128, 16)),  # the first holding k' (9: 8 + 1 slots)
+    # down: the rule takes the first tile holding k' (9: 8 + 1 slots)
+    "down": ((4, 128, 9), (2, 128, 9), (4, 128, 16), (4, 64, 16), (2, 128, 16)),
     "grouped": {16: {None: ((64, 64),), "silu_mul": ((64, 64),)},
                 64: {None: ((128, 64),), "silu_mul": ((64, 64),)},
                 128: {None: ((128, 64),), "silu_mul": ((64, 64),)}},
