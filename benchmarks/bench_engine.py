@@ -206,8 +206,14 @@ def main(argv=None) -> int:
                          "dequantize them to bf16 at load (LLM quantized_experts)")
     ap.add_argument("--fp8-gemv", choices=("on", "off"), default=None,
                     help="the small-M rule for FP8 linears (gemv_w8a16; default: the backend's FP8_GEMV)")
+    ap.add_argument("--fp8-block-lane", choices=("default", "triton"), default="default",
+                    help="triton: the block-scaled FP8 GEMMs on the Triton kernels even where the CuTe ones exist "
+                         "(the A/B of the CuTe lane in one process)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.fp8_block_lane == "triton":
+        from vkc_runtime.ops import gemm as _gemm
+        _gemm.has_fp8_block = lambda: False
     if a.fp8_gemv is not None:
         import vkc_engine.backend as B
         B.FP8_GEMV = a.fp8_gemv == "on"
@@ -227,6 +233,7 @@ def main(argv=None) -> int:
     import vkc_engine.backend as B
     res["gemv_max_m"] = B.GEMV_MAX_M
     res["fp8_gemv"] = B.FP8_GEMV
+    res["fp8_block_lane"] = a.fp8_block_lane
     txt = json.dumps(res, indent=1)
     print(txt)
     if a.out:

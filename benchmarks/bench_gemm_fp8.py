@@ -3,7 +3,8 @@
 out[M, N] bf16 = fp8 x[M, K] @ fp8 weight[N, K]^T over the Qwen3.5 27B / 35B-A3B projection shapes, with
   per-tensor scales:            vkc linear_fp8 vs torch._scaled_mm (scalar scales; default and use_fast_accum=True)
   per-token x per-channel:      vkc linear_fp8 vs torch._scaled_mm rowwise (scale_a [M, 1], scale_b [1, N])
-                                (linear_fp8: the op's lane pick, then the Triton and the CuTe sm_90a kernels forced)
+                                (linear_fp8 / linear_fp8_block: the op's lane pick, then the Triton and the CuTe
+                                sm_90a kernels forced)
   block-wise (1x128, 128x128):  vkc linear_fp8_block vs the per-tensor cuBLAS time (torch has no block-scaled GEMM
                                 here; the target is a ratio to per-tensor cuBLAS)
 and, per M, the activation quantizers (per token, per tensor, per token group) against the HBM floor of their
@@ -45,9 +46,10 @@ def variants(kind):
     for t in G.TILES[kind]:
         if has_kernel(G.gemm_base(kind, *t)):
             out.append((f"triton_t{t[0]}x{t[1]}", "triton", (G, "pick_tile", lambda m, n, s, tiles=None, t_=t: t_)))
-    if kind == "scaled" and G._cute_available():
-        for tn in G._cute.TILES:
-            out.append((f"cute_t128x{tn}", "cute", (G._cute, "pick_tile", lambda m, n, s, tiles=None, t_=tn: t_)))
+    cute_tiles = (G._cute.TILES if G._cute_available() else ()) if kind == "scaled" else (
+        G._cute.FP8_BLOCK_TILES if G._cute.has_fp8_block() else ())
+    for tn in cute_tiles:
+        out.append((f"cute_t128x{tn}", "cute", (G._cute, "pick_tile", lambda m, n, s, tiles=None, t_=tn: t_)))
     return out
 
 
@@ -124,7 +126,7 @@ def main(argv: list[str]) -> int:
                                                                      _lane=ln),
                             prod * xcs[0][:, None] * wcs[0][None, :]),
                 "block": ("block", lambda i, s_, ln: G.linear_fp8_block(xs[i], xbs[i], ws[i], wbs[i], out,
-                                                                        stream=s_), None),
+                                                                        stream=s_, _lane=ln), None),
             }
             row["vkc"] = {}
             for name, (kind, fn, ref) in vk.items():

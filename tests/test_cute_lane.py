@@ -24,6 +24,8 @@ SPECS = discover.cute_specs_for_arch(REPO, ARCH)
 JOB = SPECS[0].job_json()
 FP8 = next(s for s in SPECS if s.abi == "gemm_fp8")
 FP8_JOB = FP8.job_json()
+BLOCK = next(s for s in SPECS if s.abi == "gemm_fp8_block")
+BLOCK_JOB = BLOCK.job_json()
 HOST = layout.current_host_platform()
 
 
@@ -44,10 +46,12 @@ def _dsl() -> str | None:
 
 def test_specs_and_symbols():
     assert [s.base for s in SPECS] == ["gemm.bf16.t128x256", "gemm.bf16.t128x128", "gemm.bf16.t128x64",
-                                       "gemm.fp8.t128x256", "gemm.fp8.t128x128", "gemm.fp8.t128x64"]
-    assert [s.abi for s in SPECS] == ["gemm_bf16"] * 3 + ["gemm_fp8"] * 3
+                                       "gemm.fp8.t128x256", "gemm.fp8.t128x128", "gemm.fp8.t128x64",
+                                       "gemm.fp8_block.t128x128", "gemm.fp8_block.t128x64"]
+    assert [s.abi for s in SPECS] == ["gemm_bf16"] * 3 + ["gemm_fp8"] * 3 + ["gemm_fp8_block"] * 2
     assert SPECS[0].symbol == "vkc_cute_gemm_bf16_t128x256" and FP8.symbol == "vkc_cute_gemm_fp8_t128x256"
-    assert FP8_JOB["kernel_class"] == "Sm90FP8Gemm"
+    assert BLOCK.symbol == "vkc_cute_gemm_fp8_block_t128x128"
+    assert FP8_JOB["kernel_class"] == "Sm90FP8Gemm" and BLOCK_JOB["kernel_class"] == "Sm90FP8BlockGemm"
     assert JOB["export"] == "gemm_bf16_t128x256" and JOB["module"] == "kernels_src.gemm.sm90_wgmma"
     assert discover.cute_specs_for_arch(REPO, "sm_80") == []
 
@@ -69,11 +73,21 @@ def good_fp8_facts(name):
     return f
 
 
+def good_block_facts(name):
+    f = good_fp8_facts(name)
+    rows = ["void *data", "int32_t dynamic_shapes[2]", "int64_t dynamic_strides[1]"]
+    f["tensor_structs"].update({f"{name}_Tensor_{t}_t": list(rows) for t in ("scale_a", "scale_w")})
+    return f
+
+
 def test_header_check_accepts_the_expected_layout():
     assert cute_glue.check_header(JOB, good_facts(JOB["export"])) == []
     assert cute_glue.check_header(FP8_JOB, good_fp8_facts(FP8_JOB["export"])) == []
+    assert cute_glue.check_header(BLOCK_JOB, good_block_facts(BLOCK_JOB["export"])) == []
     assert cute_glue.check_header(FP8_JOB, good_facts(FP8_JOB["export"])), "the bf16 layout passed for fp8"
     assert cute_glue.check_header(JOB, good_fp8_facts(JOB["export"])), "the fp8 layout passed for bf16"
+    assert cute_glue.check_header(BLOCK_JOB, good_fp8_facts(BLOCK_JOB["export"])), "scale vectors passed for block"
+    assert cute_glue.check_header(FP8_JOB, good_block_facts(FP8_JOB["export"])), "scale matrices passed for fp8"
 
 
 @pytest.mark.parametrize("mutate", [
@@ -256,28 +270,33 @@ void _mlir_P__mlir_ciface_fn(void **args, int32_t n) {
 """
 
 
-@pytest.fixture(scope="module")
-def glue_fp8(tmp_path_factory):
+def build_scaled_glue(d, spec, stub):
+    """The glue of one scaled-FP8 launcher (gemm_fp8 / gemm_fp8_block) linked with ``stub`` and the fake driver."""
     if not shutil.which("gcc"):
         pytest.skip("no gcc")
-    d = tmp_path_factory.mktemp("glue_fp8")
+    job = spec.job_json()
     h = {"init": "_mlir_P_cuda_init", "load_to_device": "_mlir_P_cuda_load_to_device",
          "ciface": "_mlir_P__mlir_ciface_fn"}
-    (d / "glue.c").write_text(cute_glue.generate([FP8_JOB], {FP8_JOB["base"]: FP8.symbol}, {FP8_JOB["base"]: h}))
-    (d / "stub.c").write_text(FP8_STUB)
+    (d / "glue.c").write_text(cute_glue.generate([job], {job["base"]: spec.symbol}, {job["base"]: h}))
+    (d / "stub.c").write_text(stub)
     (d / "fake.c").write_text(FAKE_DRIVER)
-    (d / "exports.map").write_text(cute_glue.version_script([FP8.symbol]).replace(
+    (d / "exports.map").write_text(cute_glue.version_script([spec.symbol]).replace(
         "local: *;", "launch_calls; last_nargs; last_shapes; last_strides; last_ptrs; last_stream; local: *;"))
     flags = [f for f in cute_lane.CFLAGS if f != "-fvisibility=hidden"]
     subprocess.run(["gcc", *flags, "-shared", f"-I{REPO / cute_lane.SHIM_DIR}", "-Wl,--no-undefined",
                     "-Wl,--version-script=exports.map", "-o", "t.so", "glue.c", "fake.c", "stub.c"], cwd=d, check=True)
     lib = ctypes.CDLL(str(d / "t.so"))
-    fn = getattr(lib, FP8.symbol)
+    fn = getattr(lib, spec.symbol)
     P, I = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [P, I] * 5 + [I] * 3 + [P]
     fn.restype = ctypes.c_int32
     assert lib.vkc_cute_load(0) == 0
     return lib, fn
+
+
+@pytest.fixture(scope="module")
+def glue_fp8(tmp_path_factory):
+    return build_scaled_glue(tmp_path_factory.mktemp("glue_fp8"), FP8, FP8_STUB)
 
 
 FP8_GOOD = (0x1000, 4096, 0x2000, 4096, 0x3000, 2048, 0x4000, 1, 0x5004, 0, 300, 2048, 4096, 0x77)
@@ -313,6 +332,59 @@ def test_fp8_glue_packs_descriptors(glue_fp8):
     big_step = list(FP8_GOOD)
     big_step[7] = (2**31 - 1) // 299                             # the largest step whose last index fits
     assert fn(*big_step) == 0 and counter(lib, "launch_calls") == n + 1
+    assert fn(*([0] * 13 + [None])) == 0 and counter(lib, "launch_calls") == n + 1  # m == 0: nothing
+
+
+# ---------------------------------------------------------------- the gemm_fp8_block launcher (fake driver)
+# five row descriptors: a, w, c, sa [m, kb], sw [nb, kb]
+BLOCK_STUB = FP8_STUB.replace("for (int i = 0; i < 3; i++)", "for (int i = 0; i < 5; i++)").replace(
+    "last_shapes[8]", "last_shapes[10]").replace("""    for (int i = 3; i < 5; i++) {
+        vdesc *d = (vdesc *)args[i];
+        last_ptrs[i] = d->data; last_shapes[3 + i] = d->shape[0]; last_strides[i] = d->stride[0];
+    }
+""", "")
+
+
+@pytest.fixture(scope="module")
+def glue_block(tmp_path_factory):
+    return build_scaled_glue(tmp_path_factory.mktemp("glue_block"), BLOCK, BLOCK_STUB)
+
+
+# m = 300, n = 2048, k = 4000 (kb = 32, nb = 16): sa rows padded to 40, sw rows to 32
+BLOCK_GOOD = (0x1000, 4096, 0x2000, 4096, 0x3000, 2048, 0x4000, 40, 0x5004, 32, 300, 2048, 4000, 0x77)
+
+
+@pytest.mark.parametrize("i, value", [
+    (0, 0x1008), (2, 0x2004), (4, 0x3008),                    # fp8 / bf16 rows: 16-byte aligned
+    (6, 0), (6, 0x4002), (8, 0), (8, 0x5001),                 # scale pointers: non-null, 4-byte aligned
+    (7, 31), (9, 31), (7, -1), (9, -40),                      # scale row strides: >= kb
+    (7, 2**31), (7, 2**23), (9, 2**28),                       # (rows - 1) * ld + kb < 2^31
+    (12, 4008), (1, 4104), (3, 4104),                         # k, lda, ldw: multiples of 16 (fp8 TMA rows)
+    (11, 2044), (5, 2044), (10, -1), (12, 0),                 # the bf16 rules still hold
+])
+def test_block_glue_refuses_bad_arguments(glue_block, i, value):
+    lib, fn = glue_block
+    before = counter(lib, "launch_calls")
+    args = list(BLOCK_GOOD)
+    args[i] = value
+    assert fn(*args) == 1, (i, value)
+    assert counter(lib, "launch_calls") == before
+
+
+def test_block_glue_packs_descriptors(glue_block):
+    lib, fn = glue_block
+    assert fn(*BLOCK_GOOD) == 0
+    assert counter(lib, "last_nargs") == 7
+    shapes = list((ctypes.c_int32 * 10).in_dll(lib, "last_shapes"))
+    strides = list((ctypes.c_int64 * 5).in_dll(lib, "last_strides"))
+    ptrs = list((ctypes.c_void_p * 5).in_dll(lib, "last_ptrs"))
+    assert shapes == [300, 4000, 2048, 4000, 300, 2048, 300, 32, 16, 32]   # a, w, c, sa [m, kb], sw [nb, kb]
+    assert strides == [4096, 4096, 2048, 40, 32] and ptrs == [0x1000, 0x2000, 0x3000, 0x4000, 0x5004]
+    assert ctypes.c_void_p.in_dll(lib, "last_stream").value == 0x77
+    n = counter(lib, "launch_calls")
+    one_row = list(BLOCK_GOOD)
+    one_row[10], one_row[7] = 1, 0                              # one activation row: its stride is never used
+    assert fn(*one_row) == 0 and counter(lib, "launch_calls") == n + 1
     assert fn(*([0] * 13 + [None])) == 0 and counter(lib, "launch_calls") == n + 1  # m == 0: nothing
 
 

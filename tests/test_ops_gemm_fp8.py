@@ -17,6 +17,7 @@ U8, F32, BF = "|u1", "<f4", "<V2"
 @pytest.fixture()
 def rec(monkeypatch):
     monkeypatch.setattr(G, "_cute_available", lambda: False)  # the Triton lane (the CuTe one: test_cute_lane_*)
+    monkeypatch.setattr(G, "_cute_block_available", lambda: False)
     return install_recorder(monkeypatch, G)
 
 
@@ -25,7 +26,9 @@ def cute(monkeypatch, rec):
     """The CuTe lane available; its launches recorded (arguments as passed to the C launcher)."""
     got = []
     monkeypatch.setattr(G, "_cute_available", lambda: True)
-    monkeypatch.setattr(G._cute, "launch_fp8", lambda *a: got.append(a))
+    monkeypatch.setattr(G, "_cute_block_available", lambda: True)
+    monkeypatch.setattr(G._cute, "launch_fp8", lambda *a: got.append(("scaled",) + a))
+    monkeypatch.setattr(G._cute, "launch_fp8_block", lambda *a: got.append(("block",) + a))
     return got
 
 
@@ -83,7 +86,7 @@ def test_cute_lane_args_and_rule(rec, cute):
     x, w, y = Dev((M, K), U8), Dev((N, K), U8), Dev((M, N), BF, strides=(N + 8, 1))
     sa, sw = Dev((M, 1), F32), Dev((1,), F32)
     G.linear_fp8(x, sa, w, sw, y, stream=5)
-    assert cute == [(ptr(x), K, ptr(w), K, ptr(y), N + 8, ptr(sa), 1, ptr(sw), 0, M, N, K, 5)]
+    assert cute == [("scaled", ptr(x), K, ptr(w), K, ptr(y), N + 8, ptr(sa), 1, ptr(sw), 0, M, N, K, 5)]
     assert rec.calls == []
     # N or the out row stride not a multiple of 8: the Triton kernel runs; forcing the CuTe lane is refused
     G.linear_fp8(Dev((M, K), U8), sa, Dev((100, K), U8), sw, Dev((M, 100), BF))
@@ -96,10 +99,36 @@ def test_cute_lane_args_and_rule(rec, cute):
         G.linear_fp8(x, sa, w, sw, y, _lane="cutlass")
 
 
+def test_cute_block_lane_args(rec, cute):
+    M, N, K = 300, 2048, 4000
+    kb, nb = 32, 16
+    x, w, y = Dev((M, K), U8), Dev((N, K), U8), Dev((M, N), BF, strides=(N + 8, 1))
+    sa, sw = Dev((M, kb), F32, strides=(40, 1)), Dev((nb, kb), F32)
+    G.linear_fp8_block(x, sa, w, sw, y, stream=7)
+    assert cute == [("block", ptr(x), K, ptr(w), K, ptr(y), N + 8, ptr(sa), 40, ptr(sw), kb, M, N, K, 7)]
+    assert rec.calls == []
+    # one activation row: its scale row stride is passed as kb (never used)
+    G.linear_fp8_block(Dev((1, K), U8), Dev((1, kb), F32), w, sw, Dev((1, N), BF))
+    assert cute[-1][8] == kb
+    # N not a multiple of 8: the Triton kernel runs; forcing the CuTe lane is refused
+    G.linear_fp8_block(Dev((M, K), U8), sa, Dev((100, K), U8), Dev((1, kb), F32), Dev((M, 100), BF))
+    assert len(cute) == 2 and rec.calls[0][0].startswith("gemm_fp8.block.")
+    with pytest.raises(OpError, match="the CuTe lane needs N"):
+        G.linear_fp8_block(Dev((M, K), U8), sa, Dev((100, K), U8), Dev((1, kb), F32), Dev((M, 100), BF),
+                           _lane="cute")
+    G.linear_fp8_block(x, sa, w, sw, y, _lane="triton")
+    assert len(cute) == 2 and len(rec.calls) == 2
+    with pytest.raises(OpError, match="_lane must be"):
+        G.linear_fp8_block(x, sa, w, sw, y, _lane="cutlass")
+
+
 def test_cute_lane_missing(rec):
     with pytest.raises(MissingKernelError, match="sm_90a"):
         G.linear_fp8(Dev((5, 128), U8), Dev((1,), F32), Dev((64, 128), U8), Dev((1,), F32), Dev((5, 64), BF),
                      _lane="cute")
+    with pytest.raises(MissingKernelError, match="sm_90a"):
+        G.linear_fp8_block(Dev((5, 128), U8), Dev((5, 1), F32), Dev((64, 128), U8), Dev((1, 1), F32),
+                           Dev((5, 64), BF), _lane="cute")
 
 
 def test_linear_fp8_block_args(rec):

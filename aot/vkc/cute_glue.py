@@ -13,7 +13,11 @@ CUDA_ERROR_INVALID_VALUE (1), before touching any memory, for: null or not 16-by
 outside [0, 2^31) (n and k must be >= 8); n, k or a row stride not a multiple of 8 elements; lda < k, ldw < k,
 ldc < n or a stride >= 2^36 elements (TMA's 2^40-byte stride limit); a grid of 2^31 tiles or more. A ``gemm_fp8``
 launcher also refuses: k, lda or ldw not a multiple of 16 (fp8 TMA rows); null or not 4-byte aligned scale pointers;
-a negative scale step or one whose last element, (m - 1) * sa_step or (n - 1) * sw_step, is 2^31 or more. Before
+a negative scale step or one whose last element, (m - 1) * sa_step or (n - 1) * sw_step, is 2^31 or more. A
+``gemm_fp8_block`` launcher refuses what a ``gemm_fp8`` one does for the operands, and for its scale matrices sa
+[m, kb] / sw [nb, kb] (kb = ceil(k / 128), nb = ceil(n / 128)): null or not 4-byte aligned pointers, a row stride
+below kb (unless the matrix has one row) or at 2^31 or more, an element span ((rows - 1) * ld + kb) above 2^31 - 1.
+Before
 ``vkc_cute_load`` succeeded it returns CUDA_ERROR_NOT_INITIALIZED (3). The runtime op checks the same rules
 first and raises a Python error naming the argument; these are the last line.
 """
@@ -28,7 +32,8 @@ MAX_DEVICES = 64
 # one extent, one element step
 _GEMM_ROWS = ["void *data", "int32_t dynamic_shapes[2]", "int64_t dynamic_strides[1]"]
 _VECTOR = ["void *data", "int32_t dynamic_shapes[1]", "int64_t dynamic_strides[1]"]
-_WRAPPER_ARGS = {"gemm_bf16": "a, w, c, &stream, &ret", "gemm_fp8": "a, w, c, scale_a, scale_w, &stream, &ret"}
+_SCALED_ARGS = "a, w, c, scale_a, scale_w, &stream, &ret"
+_WRAPPER_ARGS = {"gemm_bf16": "a, w, c, &stream, &ret", "gemm_fp8": _SCALED_ARGS, "gemm_fp8_block": _SCALED_ARGS}
 
 
 def expected_structs(abi: str, export: str) -> dict[str, list[str]]:
@@ -36,6 +41,8 @@ def expected_structs(abi: str, export: str) -> dict[str, list[str]]:
     out = {f"{export}_Tensor_{t}_t": list(_GEMM_ROWS) for t in ("a", "w", "c")}
     if abi == "gemm_fp8":
         out.update({f"{export}_Tensor_{t}_t": list(_VECTOR) for t in ("scale_a", "scale_w")})
+    if abi == "gemm_fp8_block":
+        out.update({f"{export}_Tensor_{t}_t": list(_GEMM_ROWS) for t in ("scale_a", "scale_w")})
     return out
 
 
@@ -123,6 +130,12 @@ static inline int vkc_fp8_args_ok(const void *a, int64_t lda, const void *w, int
     if ((k & 15) || (lda & 15) || (ldw & 15)) return 0;
     return vkc_scale_ok(sa, sa_step, m) && vkc_scale_ok(sw, sw_step, n);
 }}
+
+/* the gemm_fp8_block scale matrices: rows x kb fp32, row stride ld */
+static inline int vkc_scale_rows_ok(const void *s, int64_t ld, int64_t rows, int64_t kb) {{
+    if (!s || ((uintptr_t)s & 3) || ld < 0 || ld > INT32_MAX || (rows > 1 && ld < kb)) return 0;
+    return (rows - 1) * ld + kb <= INT32_MAX;
+}}
 """
 
 
@@ -179,7 +192,38 @@ VKC_CUTE_EXPORT int32_t {symbol}(const void *a, int64_t lda, const void *w, int6
 """
 
 
-_LAUNCHERS = {"gemm_bf16": _gemm_launcher, "gemm_fp8": _fp8_launcher}
+def _fp8_block_launcher(job: dict[str, Any], symbol: str, h: dict[str, Any]) -> str:
+    cfg = job["config"]
+    return f"""
+/* ---- {job['base']}: C[m, n] = sum_kt (A[m, kt] @ W[n, kt]^T) * sa[m * ldsa + kt] * sw[(n / 128) * ldsw + kt],
+   fp8 A / W, 128-wide k-slices kt, tile {cfg['tile_m']}x{cfg['tile_n']} */
+void {h['init']}(void **);
+void {h['load_to_device']}(void **);
+void {h['ciface']}(void **args, int32_t num_args);
+
+VKC_CUTE_EXPORT int32_t {symbol}(const void *a, int64_t lda, const void *w, int64_t ldw, void *c, int64_t ldc,
+                                 const void *sa, int64_t ldsa, const void *sw, int64_t ldsw,
+                                 int64_t m, int64_t n, int64_t k, void *stream) {{
+    if (m == 0) return 0; /* nothing to read or write */
+    if (!vkc_fp8_args_ok(a, lda, w, ldw, c, ldc, sa, 0, sw, 0, m, n, k, {cfg['tile_m']}, {cfg['tile_n']}))
+        return VKC_INVALID_VALUE;
+    int64_t kb = (k + 127) / 128, nb = (n + 127) / 128;
+    if (!vkc_scale_rows_ok(sa, ldsa, m, kb) || !vkc_scale_rows_ok(sw, ldsw, nb, kb)) return VKC_INVALID_VALUE;
+    if (!__atomic_load_n(&vkc_loaded, __ATOMIC_ACQUIRE)) return VKC_NOT_INITIALIZED;
+    vkc_rows_desc da = {{(void *)a, {{(int32_t)m, (int32_t)k}}, {{lda}}}};
+    vkc_rows_desc dw = {{(void *)w, {{(int32_t)n, (int32_t)k}}, {{ldw}}}};
+    vkc_rows_desc dc = {{c, {{(int32_t)m, (int32_t)n}}, {{ldc}}}};
+    vkc_rows_desc dsa = {{(void *)sa, {{(int32_t)m, (int32_t)kb}}, {{ldsa}}}};
+    vkc_rows_desc dsw = {{(void *)sw, {{(int32_t)nb, (int32_t)kb}}, {{ldsw}}}};
+    int32_t ret = 0;
+    void *args[7] = {{&da, &dw, &dc, &dsa, &dsw, &stream, &ret}};
+    {h['ciface']}(args, 7);
+    return ret;
+}}
+"""
+
+
+_LAUNCHERS = {"gemm_bf16": _gemm_launcher, "gemm_fp8": _fp8_launcher, "gemm_fp8_block": _fp8_block_launcher}
 
 
 def generate(jobs: list[dict[str, Any]], symbols: dict[str, str], headers: dict[str, dict[str, Any]]) -> str:

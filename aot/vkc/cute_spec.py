@@ -41,6 +41,11 @@ ABIS: dict[str, str] = {
     "gemm_fp8": ("int32_t {symbol}(const void *a, int64_t lda, const void *w, int64_t ldw, void *c, int64_t ldc, "
                  "const void *sa, int64_t sa_step, const void *sw, int64_t sw_step, "
                  "int64_t m, int64_t n, int64_t k, void *stream)"),
+    # block-scaled fp8: C = sum_kt (A[:, kt] @ W[:, kt]^T) * sa[m * ldsa + kt] * sw[(n / 128) * ldsw + kt] over the
+    # 128-wide k-slices kt; sa [m, ceil(k / 128)], sw [ceil(n / 128), ceil(k / 128)] fp32 with row strides
+    "gemm_fp8_block": ("int32_t {symbol}(const void *a, int64_t lda, const void *w, int64_t ldw, void *c, "
+                       "int64_t ldc, const void *sa, int64_t ldsa, const void *sw, int64_t ldsw, "
+                       "int64_t m, int64_t n, int64_t k, void *stream)"),
 }
 LOAD_SYMBOL = "vkc_cute_load"            # int32_t vkc_cute_load(int32_t device)
 STATUS_SYMBOL = "vkc_cute_driver_status"  # int vkc_cute_driver_status(void)

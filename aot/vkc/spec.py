@@ -203,6 +203,16 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 PDL_ARCHS: tuple[str, ...] = tuple(a for a in ALL_ARCHS if ARCHS[a].cc >= (9, 0))  # griddepcontrol
 
 
+def pow2_split(n: int) -> dict[str, int]:
+    """``n`` (>= 1) as the largest power of two not above it plus the rest, as the constexprs ``SB`` / ``SBX`` of
+    kernels that hold n slots in a power-of-two tile and a remainder tile (the MoE decode down kernels: 9 picks
+    as 8 + 1)."""
+    if n < 1:
+        raise SpecError(f"pow2_split needs n >= 1, got {n}")
+    sb = 1 << (n.bit_length() - 1)
+    return {"SB": sb, "SBX": n - sb}
+
+
 def with_pdl(spec: KernelSpec) -> KernelSpec:
     """``spec`` launched with programmatic dependent launch where the arch has it (PDL_ARCHS): the constexpr
     PDL=True (the kernel calls kernels_src.common.pdl_enter) and the option launch_pdl=True (the runtime's

@@ -4,12 +4,16 @@
     C[M, N] = (A[M, K] @ W[N, K]^T) * sa[m * sa_step] * sw[n * sw_step]
                                                             Sm90FP8Gemm: A, W fp8 e4m3, C bf16, sa / sw fp32 scales
                                                             (per tensor: step 0; per token / per channel: step >= 1)
+    C[M, N] = sum_kt (A[:, kt] @ W[:, kt]^T) * sa[m, kt] * sw[n // 128, kt]
+                                                            Sm90FP8BlockGemm: block-scaled FP8 (128-wide k-slices kt,
+                                                            128 x 128 weight blocks), each slice promoted
 
 W is [N, K] as Hugging Face stores a Linear weight, so both operands are K-major and feed WGMMA straight from
 shared memory. M, N, K and the three row strides are runtime values (one compiled kernel per tile
 configuration); the host guarantees K, N and the strides are multiples of 8 elements (16-byte TMA row pitch) and
-K >= 8 (FP8: K and the A / W row strides multiples of 16 elements). The tensor-memory accelerator clips every load and store to the tensor bounds (zero-filled loads past M,
-N or K, no stores past M or N), so any such shape is safe and a partial last k-slice adds zeros.
+K >= 8 (FP8: K and the A / W row strides multiples of 16 elements). The tensor-memory accelerator clips every load
+and store to the tensor bounds (zero-filled loads past M, N or K, no stores past M or N), so any such shape is safe
+and a partial last k-slice adds zeros.
 
 CTA organisation (one output tile per CTA, not persistent, so nothing depends on the SM count):
 
@@ -43,6 +47,7 @@ LOADER_REGS = 40           # registers per thread kept by the loader warp group
 MATH_REGS = 232            # registers per thread granted to each math warp group
 EPI_BARRIER_ID = 1         # named barrier among the math threads (0 is __syncthreads)
 SMEM_ALIGN = 1024          # 128B-swizzled tiles want 1 KiB-aligned buffers
+SCALE_BLOCK = 128          # block-scaled FP8: one scale per 128 x 128 weight block and per 1 x 128 activations
 
 
 class _Tile(NamedTuple):
@@ -53,11 +58,33 @@ class _Tile(NamedTuple):
     group_m: int
 
 
+def _issue(mma, part, frag_a, frag_w, stage):
+    """The WGMMAs of one k-slice (shared-memory stage ``stage``) into a fresh partial product ``part``, committed
+    as one group (block-scaled FP8; traced inline). Returns ``mma``: its ACCUMULATE field changes here, and the
+    caller rebinds it so that the tracer carries it through the staged loop."""
+    warpgroup.fence()
+    for kb in range(cute.size(frag_a, mode=[2])):  # a plain (trace-time) loop: this helper is not preprocessed
+        mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+        cute.gemm(mma, part, frag_a[(None, None, kb, stage)], frag_w[(None, None, kb, stage)], part)
+    warpgroup.commit_group()
+    return mma
+
+
+def _promote(acc, part, a_lo, a_hi, s_w):
+    """acc += part * (sa * sw): a thread's accumulators lie on two rows, 8 apart (the WGMMA f32 accumulator layout:
+    value i is on the second row when bit 1 of i is set), with activation scales a_lo / a_hi."""
+    s_lo = a_lo * s_w
+    s_hi = a_hi * s_w
+    for i in range(cute.size(acc)):
+        acc[i] = acc[i] + part[i] * (s_hi if (i // 2) % 2 else s_lo)
+
+
 class Sm90BF16Gemm:
     """Callable with ``(a, w, c, stream)``; pass it to ``cute.compile`` with fake tensors."""
 
     TILE_K = 64  # one 128-byte swizzle row of bf16 per k-slice
     SCALED = False  # the FP8 subclass scales the accumulators in the epilogue
+    BLOCK_SCALED = False  # the block-scaled FP8 subclass promotes each k-slice's product with its scales
 
     @staticmethod
     def operand_type():
@@ -210,28 +237,93 @@ class Sm90BF16Gemm:
             take = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             give = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
 
-            # the first k-slice has no predecessor to hand back
-            ring.consumer_wait(take)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(k_blocks):
-                cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)], frag_w[(None, None, kb, take.index)], acc)
-            warpgroup.commit_group()
-            take.advance()
+            if cutlass.const_expr(self.BLOCK_SCALED):
+                # one k-slice is one 128-wide scale block: its WGMMAs start a fresh fp32 partial product, which is
+                # then promoted, acc += part * (sa[row, kt] * sw[n block, kt]).
+                parts = (cute.make_rmem_tensor(acc.shape, cutlass.Float32),
+                         cute.make_rmem_tensor(acc.shape, cutlass.Float32))
+                coords = mma.get_slice(mtid).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+                m_last = tma_c.shape[0] - 1
+                # the two rows of this thread's accumulators (_promote); rows past M read row M - 1's scales
+                # (never stored)
+                row_lo = cutlass.min(tile_m_idx * cfg.tile_m + coords[0][0], m_last)
+                row_hi = cutlass.min(tile_m_idx * cfg.tile_m + coords[2][0], m_last)
+                n_blk = cutlass.min(tile_n_idx * cfg.tile_n // SCALE_BLOCK, scale_w.shape[0] - 1)
 
-            for _ in cutlass.range(1, k_tiles, unroll=1):
+                # two partial products in turn: slice kt + 1's WGMMAs run while slice kt is promoted; each
+                # slice's scales are loaded when its WGMMAs are issued, a slice before they are used
+                lo0 = scale_a[row_lo, 0]
+                hi0 = scale_a[row_hi, 0]
+                w0 = scale_w[n_blk, 0]
+                ring.consumer_wait(take)
+                mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
+                take.advance()
+                lo1, hi1, w1 = lo0, hi0, w0
+                for j in cutlass.range((k_tiles - 1) // 2, unroll=1):
+                    lo1 = scale_a[row_lo, 2 * j + 1]
+                    hi1 = scale_a[row_hi, 2 * j + 1]
+                    w1 = scale_w[n_blk, 2 * j + 1]
+                    ring.consumer_wait(take)
+                    mma = _issue(mma, parts[1], frag_a, frag_w, take.index)
+                    take.advance()
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(give)
+                    give.advance()
+                    _promote(acc, parts[0], lo0, hi0, w0)
+                    lo0 = scale_a[row_lo, 2 * j + 2]
+                    hi0 = scale_a[row_hi, 2 * j + 2]
+                    w0 = scale_w[n_blk, 2 * j + 2]
+                    ring.consumer_wait(take)
+                    mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
+                    take.advance()
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(give)
+                    give.advance()
+                    _promote(acc, parts[1], lo1, hi1, w1)
+                if (k_tiles - 1) % 2 == 1:
+                    lo1 = scale_a[row_lo, k_tiles - 1]
+                    hi1 = scale_a[row_hi, k_tiles - 1]
+                    w1 = scale_w[n_blk, k_tiles - 1]
+                    ring.consumer_wait(take)
+                    mma = _issue(mma, parts[1], frag_a, frag_w, take.index)
+                    take.advance()
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(give)
+                    give.advance()
+                    _promote(acc, parts[0], lo0, hi0, w0)
+                    warpgroup.wait_group(0)
+                    ring.consumer_release(give)
+                    give.advance()
+                    _promote(acc, parts[1], lo1, hi1, w1)
+                else:
+                    warpgroup.wait_group(0)
+                    ring.consumer_release(give)
+                    give.advance()
+                    _promote(acc, parts[0], lo0, hi0, w0)
+            else:
+                # the first k-slice has no predecessor to hand back
                 ring.consumer_wait(take)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(k_blocks):
                     cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
                               frag_w[(None, None, kb, take.index)], acc)
                 warpgroup.commit_group()
-                # at most this slice's WGMMAs still run: the previous slice's buffers are free
-                warpgroup.wait_group(1)
-                ring.consumer_release(give)
-                give.advance()
                 take.advance()
-            warpgroup.wait_group(0)
-            ring.consumer_release(give)
+
+                for _ in cutlass.range(1, k_tiles, unroll=1):
+                    ring.consumer_wait(take)
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
+                                  frag_w[(None, None, kb, take.index)], acc)
+                    warpgroup.commit_group()
+                    # at most this slice's WGMMAs still run: the previous slice's buffers are free
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(give)
+                    give.advance()
+                    take.advance()
+                warpgroup.wait_group(0)
+                ring.consumer_release(give)
 
             if cutlass.const_expr(self.SCALED):
                 # acc *= sa[row] * sw[col]; coordinates of this thread's accumulators within the tile
@@ -305,3 +397,23 @@ class Sm90FP8Gemm(Sm90BF16Gemm):
     def __call__(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor, scale_w: cute.Tensor,
                  stream: cuda.CUstream):
         self._launch(a, w, c, scale_a, scale_w, stream)
+
+
+class Sm90FP8BlockGemm(Sm90FP8Gemm):
+    """Block-scaled FP8 e4m3 (Qwen's FP8 checkpoints): C = sum_kt (A[:, kt] @ W[:, kt]^T) * sa[m, kt] *
+    sw[n // 128, kt] over the 128-wide k-slices kt. Callable with ``(a, w, c, sa, sw, stream)``: sa [M, cdiv(K,
+    128)] and sw [cdiv(N, 128), cdiv(K, 128)] fp32, row-major with runtime row strides. A k-slice is exactly one
+    scale block, so each slice's WGMMAs accumulate into a fresh fp32 partial product that is scaled into the
+    accumulators (the promotion of the Triton kernel ``gemm_fp8_block_kernel``, same rounding order; it also keeps
+    Hopper's FP8 WGMMA accumulation, which holds fewer bits than fp32, to 128 products). Two partial products are
+    used in turn, so that a slice's WGMMAs run while the previous slice is promoted (H200: 1.05-1.3x the one-buffer
+    form). Tiles are 128 rows by 64 or 128 columns (one weight-scale block per tile; three fp32 tiles of registers
+    per thread: no 256-column tile)."""
+
+    SCALED = False
+    BLOCK_SCALED = True
+
+    def __init__(self, **config):
+        super().__init__(**config)
+        if self.cfg.tile_n not in (64, 128):
+            raise ValueError("block-scaled tiles are 64 or 128 columns wide (one weight-scale block per tile)")

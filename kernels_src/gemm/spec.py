@@ -13,7 +13,9 @@ Tiles (sm_90a WGMMA, 128-row tiles: two math warp groups of 64 rows each):
 * 128x64, 8 stages: narrow outputs (N <= 64) and small grids, where wider tiles leave most SMs idle.
 
 The FP8 kernels use the same tiles and stages: a k-slice is 128 fp8 values (one 128-byte swizzle row, as 64 bf16
-are), so the shared-memory ring has the same bytes.
+are), so the shared-memory ring has the same bytes. The block-scaled FP8 kernels (``fp8_block.t128x{128,64}``, ABI
+``gemm_fp8_block``: Qwen's 128 x 128 weight blocks and 1 x 128 activation groups) promote every k-slice's partial
+product with its scales, which takes a second fp32 tile of registers: no 128x256 tile.
 
 The Triton BF16 GEMM (``bf16.mma.t<bm>x<bn>``, all seven archs; the op runs it where no CuTe kernel exists and
 tests / benchmarks force it on sm_90a): BLOCK_K 32, 4 stages (64 / 48 KB of shared memory, inside the 99 KB of
@@ -72,4 +74,11 @@ CUTE_SPECS = [
         config={"tile_m": tm, "tile_n": tn, "stages": st, "epi_stages": 2, "group_m": 8},
     )
     for tm, tn, st in _SM90_TILES
+] + [
+    CuteKernelSpec(
+        name=f"fp8_block.t{tm}x{tn}", source="sm90_wgmma.py", kernel_class="Sm90FP8BlockGemm",
+        abi="gemm_fp8_block", archs=("sm_90a",),
+        config={"tile_m": tm, "tile_n": tn, "stages": st, "epi_stages": 2, "group_m": 8},
+    )
+    for tm, tn, st in _SM90_TILES if tn <= 128  # one weight-scale block per tile
 ]

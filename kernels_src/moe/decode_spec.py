@@ -31,7 +31,7 @@ on the H200 (above); the others are first choices (benchmarks/bench_moe.py times
 
 Grids (axis 0 first): gate_up (P, cdiv(N, BLOCK_N)); down (M, cdiv(H, BLOCK_N)).
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, pow2_split
 
 _GATE_UP = [
     ("x_ptr", "*bf16", 16), ("w_ptr", "*bf16", 16), ("ids_ptr", "*i32", None), ("h_ptr", "*bf16", 16),
@@ -58,7 +58,6 @@ SPECS = [KernelSpec(name=f"decode.gate_up.n{bn}.k{bk}", source="decode.py", entr
                     args=_args(_GATE_UP), constexprs={"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=1)
          for bn, bk, w in GATE_UP_TILES]
 SPECS += [KernelSpec(name=f"decode.down.n{bn}.k{bk}.s{sb}", source="decode.py", entry="moe_decode_down_kernel",
-                     args=_args(_DOWN), constexprs={"BLOCK_N": bn, "BLOCK_K": bk, "SB": 1 << (sb.bit_length() - 1),
-                                 "SBX": sb - (1 << (sb.bit_length() - 1))}, num_warps=w,
+                     args=_args(_DOWN), constexprs={"BLOCK_N": bn, "BLOCK_K": bk, **pow2_split(sb)}, num_warps=w,
                      num_stages=1, options={"maxnreg": 128})
           for bn, bk, sb, w in DOWN_TILES]

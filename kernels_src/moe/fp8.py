@@ -102,12 +102,10 @@ def moe_w8a16_decode_gate_up_kernel(x_ptr, wq_ptr, ws_ptr, ids_ptr, h_ptr, P, E,
         acc_g += tl.sum(_e4m3_f32(wg, NATIVE) * xg[None, :], axis=1)
         acc_u += tl.sum(_e4m3_f32(wu, NATIVE) * xu[None, :], axis=1)
         wg, wu = wg_next, wu_next
-    gv = acc_g
-    uv = acc_u
     if not NATIVE:
-        gv = gv * 256.0
-        uv = uv * 256.0
-    hv = gv / (1.0 + tl.exp(-gv)) * uv  # 0 for an invalid id
+        acc_g = acc_g * 256.0
+        acc_u = acc_u * 256.0
+    hv = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # 0 for an invalid id
     tl.store(h_ptr + f.to(tl.int64) * stride_h + n, hv.to(tl.bfloat16), mask=n_ok)
 
 

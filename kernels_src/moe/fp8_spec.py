@@ -16,7 +16,7 @@ and codes (the runtime checks them); the scale strides (cdiv(K, 128) elements a 
 k_out, a_rows and a_row_div (N of the grouped kernel: div=16, its store promise). Grids as decode_spec.py /
 grouped_spec.py.
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, pow2_split
 
 _W = [("wq_ptr", "*u8", 16), ("ws_ptr", "*fp32", 16)]
 _WSTRIDES = [("stride_qe", "i32", 16), ("stride_qn", "i32", 16), ("stride_se", "i32", None),
@@ -63,9 +63,8 @@ SPECS = [KernelSpec(name=f"w8a16.decode.gate_up.n{bn}.k{bk}", source="fp8.py",
          for bn, bk, w in GATE_UP_TILES]
 SPECS += [KernelSpec(name=f"w8a16.decode.down.n{bn}.k{bk}.s{sb}", source="fp8.py",
                      entry="moe_w8a16_decode_down_kernel", args=_args(_DOWN),
-                     constexprs={"BLOCK_N": bn, "BLOCK_K": bk, "SB": 1 << (sb.bit_length() - 1),
-                                 "SBX": sb - (1 << (sb.bit_length() - 1)), "NATIVE": True}, num_warps=w, num_stages=1,
-                     options={"maxnreg": 128}, overrides=_overrides(False))
+                     constexprs={"BLOCK_N": bn, "BLOCK_K": bk, **pow2_split(sb), "NATIVE": True}, num_warps=w,
+                     num_stages=1, options={"maxnreg": 128}, overrides=_overrides(False))
           for bn, bk, sb, w in DOWN_TILES]
 SPECS += [KernelSpec(name=f"w8a16.grouped.m{bm}.n{bn}.k64" + (".silu" if silu else ""), source="fp8.py",
                      entry="moe_w8a16_grouped_kernel", args=_args(_GROUPED),

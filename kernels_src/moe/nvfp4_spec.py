@@ -10,14 +10,16 @@ Bases (vkc_runtime/ops/moe/nvfp4_ops.py picks one tile per kernel; its TILES lis
                                          gate, and as many of up) per program, WK warps along K each (WK * R warps)
   w4a16.mma.down.r{R}.k{WK}              R row blocks of hidden per program, the k' picks' k blocks over WK warps
   w4a16.mma.grouped.m{BM}.n{BN}.k64[.silu]  the grouped tiles reading the MMA layout (MMA=True in nvfp4.py)
-The linear-layout kernels with the packed-word decoder (PRMT: inline PTX; the interpreter runs PRMT=False in the CPU tests). The tiles
-are first choices made without a device to time them (benchmarks/bench_moe.py times the forced alternatives).
+The linear-layout kernels with the packed-word decoder (PRMT: inline PTX; the interpreter runs PRMT=False in the CPU
+tests). The tiles are first choices made without a device to time them (benchmarks/bench_moe.py times the forced
+alternatives).
 
 Byte pointers carry div=16, as do K, the code strides (K / 2 bytes a row: the runtime asks K % 32 == 0) and the
 activations' strides; the scale strides (K / 16 bytes a row) carry none, nor do the alpha, ids and weights
-pointers, P, E, N, k_out, a_rows, a_row_div and n_alpha (N of the grouped kernel: div=16, its store promise). Grids as decode_spec.py / grouped_spec.py.
+pointers, P, E, N, k_out, a_rows, a_row_div and n_alpha (N of the grouped kernel: div=16, its store promise). Grids
+as decode_spec.py / grouped_spec.py.
 """
-from vkc.spec import Arg, KernelSpec
+from vkc.spec import Arg, KernelSpec, pow2_split
 
 _W = [("wq_ptr", "*u8", 16), ("ws_ptr", "*u8", 16), ("alpha_ptr", "*fp32", None)]
 _W_MMA = [("wq_ptr", "*i32", 16), ("ws_ptr", "*i32", 16), ("alpha_ptr", "*fp32", None)]  # words, scale words
@@ -61,8 +63,7 @@ SPECS = [KernelSpec(name=f"w4a16.decode.gate_up.n{bn}.k{bk}", source="nvfp4.py",
          for bn, bk, w in GATE_UP_TILES]
 SPECS += [KernelSpec(name=f"w4a16.decode.down.n{bn}.k{bk}.s{sb}", source="nvfp4.py",
                      entry="moe_w4a16_decode_down_kernel", args=_args(_DOWN),
-                     constexprs={"BLOCK_N": bn, "BLOCK_K": bk, "SB": 1 << (sb.bit_length() - 1),
-                                 "SBX": sb - (1 << (sb.bit_length() - 1)), "PRMT": True},
+                     constexprs={"BLOCK_N": bn, "BLOCK_K": bk, **pow2_split(sb), "PRMT": True},
                      num_warps=w, num_stages=1, options={"maxnreg": 128})
           for bn, bk, sb, w in DOWN_TILES]
 SPECS += [KernelSpec(name=f"w4a16.{'mma.' if mma else ''}grouped.m{bm}.n{bn}.k64" + (".silu" if silu else ""),

@@ -106,6 +106,23 @@ def scaled_variants(G, all_tiles: bool):
     return out
 
 
+def block_variants(G, all_tiles: bool):
+    """(label, lane, tile forcer or None) of linear_fp8_block, as :func:`scaled_variants` (CuTe: its block tiles)."""
+    out = [("picked", None, None)]
+    if all_tiles:
+        out += [(f"triton t{t[0]}x{t[1]}", "triton", (lambda mp, t=t: forced(G, mp, t)))
+                for t in tiles_here(G, "block")]
+        cute = G._cute
+        if cute.has_fp8_block():
+            out += [(f"cute t128x{tn}", "cute", (lambda mp, tn=tn: mp.setattr(
+                cute, "pick_tile", lambda m, n, sms, tiles=None: tn))) for tn in cute.FP8_BLOCK_TILES]
+    return out
+
+
+def block_lanes(G):
+    return ["triton"] + (["cute"] if G._cute.has_fp8_block() else [])
+
+
 def cases():
     for n, k in NKS:
         for m in MS:
@@ -141,15 +158,14 @@ def test_block_matches_float64(G, monkeypatch, m, n, k):
     sw = pos_scales(g, -(-n // 128), -(-k // 128), lo=-10, hi=-6)
     ref = ref_block(a, sa, w, sw)
     s = torch.cuda.current_stream()
-    tiles = (None, *tiles_here(G, "block")) if m in (7, 255, 2048) else (None,)
-    for tile in tiles:
+    for label, lane, force in block_variants(G, m in (7, 255, 2048)):
         with monkeypatch.context() as mp:
-            if tile is not None:
-                forced(G, mp, tile)
+            if force is not None:
+                force(mp)
             buf, out = guarded_out(m, n)
-            G.linear_fp8_block(a, sa, w, sw, out, stream=s)
+            assert G.linear_fp8_block(a, sa, w, sw, out, stream=s, _lane=lane) is out
             torch.cuda.synchronize()
-            check(out, ref, buf, f"block M={m} N={n} K={k} tile {tile or 'picked'}")
+            check(out, ref, buf, f"block M={m} N={n} K={k} {label}")
 
 
 @pytest.mark.parametrize("m,n,k", ODD)
@@ -168,13 +184,15 @@ def test_odd_legal_shapes(G, monkeypatch, m, n, k):
             G.linear_fp8(a, sa, w, sw, out, stream=torch.cuda.current_stream(), _lane=lane)
             torch.cuda.synchronize()
             check(out, ref_scaled(a, sa, w, sw), buf, f"odd scaled M={m} N={n} K={k} {label}")
-    for tile in tiles_here(G, "block"):
+    for label, lane, force in block_variants(G, True)[1:]:
+        if lane == "cute" and n % 8:
+            continue
         with monkeypatch.context() as mp:
-            forced(G, mp, tile)
+            force(mp)
             buf, out = guarded_out(m, n)
-            G.linear_fp8_block(a, ba, w, bw, out, stream=torch.cuda.current_stream())
+            G.linear_fp8_block(a, ba, w, bw, out, stream=torch.cuda.current_stream(), _lane=lane)
             torch.cuda.synchronize()
-            check(out, ref_block(a, ba, w, bw), buf, f"odd block M={m} N={n} K={k} tile {tile}")
+            check(out, ref_block(a, ba, w, bw), buf, f"odd block M={m} N={n} K={k} {label}")
 
 
 @pytest.mark.parametrize("m,k", [(1, 5120), (7, 2048), (255, 6144), (2048, 17408), (5, 400)])
@@ -258,15 +276,18 @@ def test_graph_capture_replay_equals_eager(G):
     xg = torch.empty(m, -(-k // 128), device="cuda")
     xq2 = torch.empty_like(xq)
     lanes = ["triton"] + (["cute"] if G._cute_available() else [])
-    outs = [[torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(1 + len(lanes))]
-            for _ in range(2)]  # [eager, graph] x [block, per-token per lane]
+    blanes = block_lanes(G)
+    nb = len(blanes)
+    outs = [[torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(nb + len(lanes))]
+            for _ in range(2)]  # [eager, graph] x [block per lane, per-token per lane]
 
     def step(o):
         G.quantize_fp8_per_token(x, xq, xs, stream=s)
-        for lane, oi in zip(lanes, o[1:]):
+        for lane, oi in zip(lanes, o[nb:]):
             G.linear_fp8(xq, xs, w, sw, oi, stream=s, _lane=lane)
         G.quantize_fp8_per_token_group(x, xq2, xg, stream=s)
-        G.linear_fp8_block(xq2, xg, w, bsw, o[0], stream=s)
+        for lane, oi in zip(blanes, o[:nb]):
+            G.linear_fp8_block(xq2, xg, w, bsw, oi, stream=s, _lane=lane)
 
     with torch.cuda.stream(s):
         step(outs[0])                             # eager warm-up: loads the kernels
@@ -287,9 +308,10 @@ def test_graph_capture_replay_equals_eager(G):
     x.copy_(torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16))  # same buffers, new values
     graph.replay()
     torch.cuda.synchronize()
-    for lane, o in zip(lanes, outs[1][1:]):
+    for lane, o in zip(lanes, outs[1][nb:]):
         check(o, ref_scaled(xq, xs, w, sw), None, f"graph replay, new x (per token, {lane})")
-    check(outs[1][0], ref_block(xq2, xg, w, bsw), None, "graph replay, new x (block)")
+    for lane, o in zip(blanes, outs[1][:nb]):
+        check(o, ref_block(xq2, xg, w, bsw), None, f"graph replay, new x (block, {lane})")
 
 
 def test_vkc_inputs_and_allocated_outputs(G):
@@ -366,3 +388,30 @@ def test_cute_launcher_refuses_bad_arguments(G):
     assert fn(*good) == 0
     torch.cuda.synchronize()
     check(out, ref_scaled(a, sa, w, sw), None, "raw CuTe launcher")
+
+
+def test_cute_block_launcher_refuses_bad_arguments(G):
+    """The CuTe block-scaled FP8 C launcher re-checks its scale matrices and returns CUDA_ERROR_INVALID_VALUE before
+    touching memory."""
+    if not G._cute.has_fp8_block():
+        pytest.skip("no CuTe block-scaled FP8 GEMM on this arch")
+    from vkc_runtime.kernels import get_kernel
+    fn = get_kernel(G._cute.fp8_block_base(G._cute.FP8_BLOCK_TILES[0])).load()
+    g = gen()
+    m, n, k = 16, 2048, 4096
+    kb = k // 128
+    a, w = fp8_rand(g, m, k), fp8_rand(g, n, k)
+    sa, sw = pos_scales(g, m, kb), pos_scales(g, n // 128, kb, lo=-8, hi=-6)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    st = torch.cuda.current_stream().cuda_stream
+    good = [a.data_ptr(), k, w.data_ptr(), k, out.data_ptr(), n, sa.data_ptr(), kb, sw.data_ptr(), kb, m, n, k, st]
+    for i, v in [(0, a.data_ptr() + 8), (6, 0), (6, sa.data_ptr() + 2), (8, 0), (8, sw.data_ptr() + 1),
+                 (7, kb - 1), (9, kb - 1), (7, -1), (7, 2**31), (9, 2**31), (7, 2**28), (12, 4088), (1, 4104)]:
+        args = list(good)
+        args[i] = v
+        assert fn(*args) == 1, (i, v)
+    torch.cuda.synchronize()
+    assert torch.isnan(out.float()).all()
+    assert fn(*good) == 0
+    torch.cuda.synchronize()
+    check(out, ref_block(a, sa, w, sw), None, "raw CuTe block launcher")

@@ -14,6 +14,8 @@ Launcher ABIs (the manifest's ``launch.abi``; C signatures from ``vkc.cute_spec.
   the arguments through and raises :class:`~vkc_runtime.errors.LaunchError` on a non-zero result.
 * ``gemm_fp8``: ``(a, lda, w, ldw, c, ldc, sa, sa_step, sw, sw_step, m, n, k, stream) -> CUresult`` (fp8 A / W,
   fp32 scale vectors with element steps, 0 = one scale), likewise.
+* ``gemm_fp8_block``: ``(a, lda, w, ldw, c, ldc, sa, ldsa, sw, ldsw, m, n, k, stream) -> CUresult`` (fp8 A / W,
+  block scales: fp32 sa [m, ceil(k / 128)] and sw [ceil(n / 128), ceil(k / 128)] with row strides), likewise.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 ABI_ARGTYPES: dict[str, list] = {
     "gemm_bf16": [_P, _I64, _P, _I64, _P, _I64, _I64, _I64, _I64, _P],
     "gemm_fp8": [_P, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _I64, _I64, _P],
+    "gemm_fp8_block": [_P, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _I64, _I64, _P],
 }
 CU_ERRORS = {1: "CUDA_ERROR_INVALID_VALUE", 3: "CUDA_ERROR_NOT_INITIALIZED", 100: "CUDA_ERROR_NO_DEVICE",
              201: "CUDA_ERROR_INVALID_CONTEXT", 209: "CUDA_ERROR_NO_BINARY_FOR_GPU",

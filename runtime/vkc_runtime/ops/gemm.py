@@ -6,9 +6,10 @@
     dequantize_nvfp4(weight_packed, weight_scale, global_scale, out)
                                                 out[N, K] bf16 = the NVFP4 weights times the multiplier
 
-and the launcher of the CuTe FP8 GEMM (:func:`launch_fp8`: fp8 e4m3 operands, per-tensor or per-token x
-per-channel fp32 scales in the epilogue), which :func:`vkc_runtime.ops.gemm_fp8.linear_fp8` validates for and calls
-on sm_90a (that module owns the FP8 API and its checks).
+and the launchers of the CuTe FP8 GEMMs (:func:`launch_fp8`: fp8 e4m3 operands, per-tensor or per-token x
+per-channel fp32 scales in the epilogue; :func:`launch_fp8_block`: 128 x 128 weight-block and 1 x 128 activation
+scales promoted per k-slice), which :func:`vkc_runtime.ops.gemm_fp8.linear_fp8` / ``linear_fp8_block`` validate
+for and call on sm_90a (that module owns the FP8 API and its checks).
 
 Two lanes (``kernels_src/gemm/``; M, N and K are runtime values in both):
 
@@ -61,13 +62,15 @@ from ._check import OpError, bindable, cdiv, fits_i32, row_stride, same_device, 
 from ._check import sm_count as _sm_count
 
 __all__ = ["linear", "linear_w4a16", "dequantize_nvfp4", "DEQUANT_MIN_M", "pick_tile", "pick_mn_tile", "plan_tactic",
-           "gemm_base", "mma_base", "w4a16_base", "fp8_base", "has_fp8", "has_cute", "launch_fp8", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR", "LANES", "BASES",
-           "OPTIONAL_BASES", "OpError"]
+           "gemm_base", "mma_base", "w4a16_base", "fp8_base", "fp8_block_base", "has_fp8", "has_fp8_block", "has_cute",
+           "launch_fp8", "launch_fp8_block", "FP8_BLOCK_TILES", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR",
+           "LANES", "BASES", "OPTIONAL_BASES", "OpError"]
 
 BF16 = "bfloat16"
 TILE_M = 128
 TILES = (256, 128, 64)  # tile widths (N) of the compiled kernels, all 128 rows
 TILE_FACTOR = {256: 1.0, 128: 0.93, 64: 0.72}
+FP8_BLOCK_TILES = (128, 64)  # the block-scaled FP8 kernels' widths (a second fp32 tile of registers: no 256)
 MAX_DIM = 2**31 - 1
 # the Triton lane's (BLOCK_M, BLOCK_N) tiles, widest first (kernels_src/gemm/spec.py MMA_TILES)
 MMA_TILES = ((128, 256), (128, 128), (64, 128))
@@ -89,6 +92,11 @@ def fp8_base(tile_n: int) -> str:
     return f"gemm.fp8.t{TILE_M}x{tile_n}"
 
 
+def fp8_block_base(tile_n: int) -> str:
+    """The base name of the block-scaled FP8 GEMM kernel with a 128 x ``tile_n`` tile."""
+    return f"gemm.fp8_block.t{TILE_M}x{tile_n}"
+
+
 def mma_base(bm: int, bn: int) -> str:
     """The base name of the Triton bf16 GEMM kernel with a ``bm`` x ``bn`` tile."""
     return f"gemm.bf16.mma.t{bm}x{bn}"
@@ -101,7 +109,9 @@ def w4a16_base(bm: int, bn: int) -> str:
 
 DEQUANT_BASE = "gemm.nvfp4_dequant"
 BASES = tuple(mma_base(*t) for t in MMA_TILES) + tuple(w4a16_base(*t) for t in W4A16_TILES) + (DEQUANT_BASE,)
-OPTIONAL_BASES = tuple(gemm_base(t) for t in TILES) + tuple(fp8_base(t) for t in TILES)  # the CuTe lane: sm_90a
+# the CuTe lane: sm_90a
+OPTIONAL_BASES = (tuple(gemm_base(t) for t in TILES) + tuple(fp8_base(t) for t in TILES)
+                  + tuple(fp8_block_base(t) for t in FP8_BLOCK_TILES))
 
 _calls = CallCache(per_key=8)
 
@@ -340,3 +350,20 @@ def launch_fp8(x_ptr: int, lda: int, w_ptr: int, ldw: int, out_ptr: int, ldc: in
     tn = pick_tile(M, N, _sm_count(k0.device))
     k = k0 if tn == TILES[0] else get_kernel(fp8_base(tn))
     k.launch(x_ptr, lda, w_ptr, ldw, out_ptr, ldc, sa_ptr, sa_step, sw_ptr, sw_step, M, N, K, stream)
+
+
+def has_fp8_block() -> bool:
+    """Whether this device's arch has the CuTe block-scaled FP8 GEMM (sm_90a)."""
+    return has_kernel(fp8_block_base(FP8_BLOCK_TILES[0]))
+
+
+def launch_fp8_block(x_ptr: int, lda: int, w_ptr: int, ldw: int, out_ptr: int, ldc: int, sa_ptr: int, ldsa: int,
+                     sw_ptr: int, ldsw: int, M: int, N: int, K: int, stream: int) -> None:
+    """out = sum_kt (x[:, kt] @ w[:, kt]^T) * sa[m, kt] * sw[n // 128, kt] with the CuTe block-scaled FP8 GEMM, on
+    arguments the caller validated (vkc_runtime.ops.gemm_fp8.linear_fp8_block: as :func:`launch_fp8`, with fp32
+    sa [M, cdiv(K, 128)] / sw [cdiv(N, 128), cdiv(K, 128)] of row strides ldsa / ldsw); the C launcher re-checks.
+    Tile: :func:`pick_tile` over :data:`FP8_BLOCK_TILES`."""
+    k0 = get_kernel(fp8_block_base(FP8_BLOCK_TILES[0]))
+    tn = pick_tile(M, N, _sm_count(k0.device), FP8_BLOCK_TILES)
+    k = k0 if tn == FP8_BLOCK_TILES[0] else get_kernel(fp8_block_base(tn))
+    k.launch(x_ptr, lda, w_ptr, ldw, out_ptr, ldc, sa_ptr, ldsa, sw_ptr, ldsw, M, N, K, stream)

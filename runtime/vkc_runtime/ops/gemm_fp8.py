@@ -32,16 +32,18 @@ M == 0 (or N == 0) returns without launching. Without ``out`` / ``scale`` the re
 output passed and torch tensors are bound calls (vkc_runtime.bound), except the CuTe lane (below).
 
 Tile rule of the Triton kernels (:func:`pick_tile`): among the compiled tiles of the arch (scaled: 128x256 on
-sm_90a / sm_100a only, 128x128, 64x128; block: 128x128 (not on sm_100a), 64x128) the highest ``useful fraction of the padded M x N
-x last-wave efficiency x tile factor`` (:data:`TILE_FACTOR`: the narrower tiles' lower MMA work per byte loaded);
-ties go to the earlier (wider) tile. The factors are first guesses: benchmarks/bench_gemm_fp8.py times every tile
+sm_90a / sm_100a only, 128x128, 64x128; block: 128x128 (not on sm_100a), 64x128) the highest ``useful fraction of
+the padded M x N x last-wave efficiency x tile factor`` (:data:`TILE_FACTOR`: the narrower tiles' lower MMA work
+per byte loaded); ties go to the earlier (wider) tile. The factors are first guesses: benchmarks/bench_gemm_fp8.py times every tile
 next to the rule's pick. The CuTe kernels use ops.gemm's rule.
 
-Lanes of :func:`linear_fp8`: on sm_90a the CuTe DSL WGMMA kernel of family gemm (``gemm.fp8.*``, launched through
-:func:`vkc_runtime.ops.gemm.launch_fp8`; it also needs N and the out row stride to be multiples of 8, else the
-Triton kernel runs), elsewhere the Triton kernels (``gemm_fp8.scaled.*``). ``_lane="cute"`` / ``"triton"`` forces
+Lanes of :func:`linear_fp8` and :func:`linear_fp8_block`: on sm_90a the CuTe DSL WGMMA kernels of family gemm
+(``gemm.fp8.*`` / ``gemm.fp8_block.*``, launched through :func:`vkc_runtime.ops.gemm.launch_fp8` /
+``launch_fp8_block``; they also need N and the out row stride to be multiples of 8, else the Triton kernel runs),
+elsewhere the Triton kernels (``gemm_fp8.scaled.*`` / ``gemm_fp8.block.*``). ``_lane="cute"`` / ``"triton"`` forces
 one. The CuTe launch is one C call on the explicit stream (capturable, allocation-free) but not a bound call: it
-validates on every call. The block-wise GEMM and the quantizers are Triton everywhere.
+validates on every call. The CuTe block-scaled kernel promotes each 128-wide k-slice as the Triton one does (H200:
+1.7-2.1x the Triton kernel at M >= 2048, BENCHMARKS.md session 22). The quantizers are Triton everywhere.
 
 Small M (decode): these GEMMs run for any M >= 1, but no FP8 GEMV (weights read once at M <= 16) exists yet.
 """
@@ -205,6 +207,11 @@ def _cute_available() -> bool:
     return _cute.has_fp8()
 
 
+def _cute_block_available() -> bool:
+    """Whether the CuTe block-scaled FP8 GEMM (family gemm, sm_90a) exists on this device's arch."""
+    return _cute.has_fp8_block()
+
+
 def linear_fp8(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane: str | None = None):
     """out[M, N] bf16 = (x_q [M, K] @ w_q [N, K]^T) * x_scale[m] * w_scale[n]; x_scale: 1 or M float32 elements,
     w_scale: 1 or N (module docstring). Returns ``out`` (allocated when None). ``_lane`` forces "cute" or
@@ -246,13 +253,15 @@ def linear_fp8(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane: str 
     return res
 
 
-def linear_fp8_block(x_q, x_scale, w_q, w_scale, out=None, *, stream=None):
+def linear_fp8_block(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane: str | None = None):
     """out[M, N] bf16 = sum over 128-wide k-blocks kb of (x_q[:, kb] @ w_q[:, kb]^T) * x_scale[m, kb] *
     w_scale[n // 128, kb]; x_scale [M, cdiv(K, 128)], w_scale [cdiv(N, 128), cdiv(K, 128)] float32 (module
-    docstring). Returns ``out`` (allocated when None)."""
+    docstring). Returns ``out`` (allocated when None). ``_lane`` as in :func:`linear_fp8`."""
     op = "linear_fp8_block"
     s = stream_of(stream)
-    if out is not None and _calls.run(op, (x_q, x_scale, w_q, w_scale, out), (), s):
+    if _lane not in (None, "cute", "triton"):
+        raise OpError(f"{op}: _lane must be None, 'cute' or 'triton', got {_lane!r}")
+    if out is not None and _lane != "cute" and _calls.run((op, _lane), (x_q, x_scale, w_q, w_scale, out), (), s):
         return out
     xt, wt, yt, res, M, N, K = _operands(op, x_q, w_q, out)
     kb = cdiv(K, GROUP)
@@ -272,12 +281,23 @@ def linear_fp8_block(x_q, x_scale, w_q, w_scale, out=None, *, stream=None):
     _f32_aligned(op, "x_scale", at)
     _f32_aligned(op, "w_scale", bt)
     _no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt)
+    fits_i32(op, M=M, N=N, K=K, stride_x=sx, stride_w=sw, stride_out=so, x_scale_stride=ssa,
+             w_scale_stride=ssb, x_scale_span=(M - 1) * ssa + kb, w_scale_span=(bt.shape[0] - 1) * ssb + kb)
+    cute_ok = N % 8 == 0 and so % 8 == 0  # the TMA store of the bf16 output: 16-byte rows
+    lane = _lane or ("cute" if cute_ok and _cute_block_available() else "triton")
+    if lane == "cute":
+        if not cute_ok:
+            raise OpError(f"{op}: the CuTe lane needs N ({N}) and the out row stride ({so}) to be multiples of 8")
+        if not _cute_block_available():
+            raise MissingKernelError(f"{op}: no CuTe block-scaled FP8 GEMM for this device's arch (built for "
+                                     f"sm_90a)", missing=[_cute.fp8_block_base(_cute.FP8_BLOCK_TILES[0])])
+        _cute.launch_fp8_block(xt.ptr, sx, wt.ptr, sw, yt.ptr, so, at.ptr, ssa, bt.ptr, ssb, M, N, K, s)
+        return res
     k, bm, bn = _gemm_kernel(op, "block", M, N, dev)
     grid = cdiv(M, bm) * cdiv(N, bn)
-    fits_i32(op, M=M, N=N, K=K, stride_x=sx, stride_w=sw, stride_out=so, x_scale_stride=ssa,
-             w_scale_stride=ssb, grid=grid)
+    fits_i32(op, grid=grid)
     launch = Launch(k, (grid, 1, 1), (xt, wt, yt, at, bt, M, N, K, sx, sw, so, ssa, ssb))
-    _calls.launch(op, bindable(out, xt, at, wt, bt, yt), (), [launch], s,
+    _calls.launch((op, _lane), bindable(out, xt, at, wt, bt, yt), (), [launch], s,
                   relations=[disjoint(t, yt) for t in (xt, wt, at, bt)])
     return res
 
