@@ -69,8 +69,12 @@ def prefill(K, variant, x, w, y, cu, state, slots, T, C, sub=None):
     else:
         st, sl, ss, sr, ns = state, slots, state.stride(0), state.stride(1), state.shape[0]
     grid = (triton.cdiv(T, s["BLOCK_T"] * s["SUB"]), triton.cdiv(C, s["BLOCK_C"]))
-    launch(K, f"prefill.w4.{variant}", grid, x, w, y, st, cu, sl, x.stride(0), w.stride(0), y.stride(0), ss, sr,
-           T, C, N, ns, SUB=s["SUB"])
+    launch(K, f"prefill.w4.{variant}", grid, x, w, y, cu, x.stride(0), w.stride(0), y.stride(0), T, C, N,
+           SUB=s["SUB"])
+    if N:
+        grid = (N, triton.cdiv(C, K.specs[f"heads.w4.{variant}"].constexprs["BLOCK_C"]))
+        launch(K, f"heads.w4.{variant}", grid, x, w, y, st, cu, sl, x.stride(0), w.stride(0), y.stride(0), ss, sr,
+               T, C, N, ns)
 
 
 LENS = [15, 4, 0, 10, 2, 3, 7, 1]  # cu: 0 15 19 19 29 31 34 41 42; blocks of 16 rows: seq 5 starts at 31

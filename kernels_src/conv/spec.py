@@ -5,7 +5,8 @@ Conv state layout: ``[slots, W-1, C]`` bf16, channels contiguous (see conv.py). 
 ``.any`` (no hints). C never carries a hint; the kernels branch on ``C % 16`` internally.
 
 Grids (axis 0 first):
-  prefill.w4.*   (cdiv(T, SUB * BLOCK_T), cdiv(C, BLOCK_C))
+  prefill.w4.*   (cdiv(T, SUB * BLOCK_T), cdiv(C, BLOCK_C))   the body of a varlen prefill (x taps only)
+  heads.w4.*     (N, cdiv(C, BLOCK_C))                        then each sequence's first 3 rows and its state
   update.w4.*    (B, cdiv(C, BLOCK_C))
 """
 from vkc.spec import Arg, KernelSpec, with_pdl
@@ -14,6 +15,11 @@ _VARIANTS = (("a16", True), ("any", False))
 
 # (name, type, gets div=16 in .a16)
 _PREFILL = [
+    ("x_ptr", "*bf16", True), ("w_ptr", "*bf16", False), ("y_ptr", "*bf16", True), ("cu_ptr", "*i32", False),
+    ("stride_x", "i32", True), ("stride_w", "i32", False), ("stride_y", "i32", True),
+    ("T", "i32", False), ("C", "i32", False), ("N", "i32", False),
+]
+_HEADS = [
     ("x_ptr", "*bf16", True), ("w_ptr", "*bf16", False), ("y_ptr", "*bf16", True), ("state_ptr", "*bf16", True),
     ("cu_ptr", "*i32", False), ("slot_ptr", "*i32", False),
     ("stride_x", "i32", True), ("stride_w", "i32", False), ("stride_y", "i32", True),
@@ -35,13 +41,16 @@ def _args(params, aligned):
 
 SPECS = []
 for _sfx, _al in _VARIANTS:
-    # tiles of 16 tokens x 128 channels (16 B per thread per row segment), 4 warps (32-token tiles used
-    # 200+ registers and spilled on sm_90a); SUB tiles per program amortize its set-up.
+    # the body: tiles of 16 tokens x 256 channels (16 B per thread per row segment), 4 warps, SUB = 8 tiles per
+    # program (their taps re-read the previous tile's last rows from cache). H200, T = 8192, C = 8192, this build
+    # (pinned Triton): 134 us; 8 x 512 x 16 147 us (BENCHMARKS.md session 22)
     SPECS.append(KernelSpec(
         name=f"prefill.w4.{_sfx}", source="conv.py", entry="conv_prefill_kernel", args=_args(_PREFILL, _al),
-        constexprs={"W": 4, "BLOCK_T": 16, "BLOCK_C": 128, "SUB": 8}, num_warps=4, num_stages=1,
-        # the unhinted variant spills 16 B with 4 warps on sm_120a/sm_121a (ptxas); 8 warps halve its tile
-        overrides={} if _al else {a: {"num_warps": 8} for a in ("sm_120a", "sm_121a")}))
+        constexprs={"W": 4, "BLOCK_T": 16, "BLOCK_C": 256, "SUB": 8}, num_warps=4, num_stages=1))
+    # the heads: 512 channels of one sequence per program, 4 warps
+    SPECS.append(KernelSpec(
+        name=f"heads.w4.{_sfx}", source="conv.py", entry="conv_heads_kernel", args=_args(_HEADS, _al),
+        constexprs={"W": 4, "BLOCK_C": 512}, num_warps=4, num_stages=1))
     # 512 channels of one sequence per program, 4 warps (4 bf16 = 8 B per thread per row; 8 per thread
     # spilled on sm_90a with the bundled ptxas).
     SPECS.append(with_pdl(KernelSpec(  # decode steps: programmatic dependent launch (common.py pdl_enter)

@@ -10,8 +10,10 @@ and are not checked on the host (that would need a sync); the kernels skip out-o
 distinct within one call (duplicates: unspecified results for those sequences and slots, nothing else touched).
 ``cu_seqlens`` int32 [N + 1]: 0 = cu[0] <= ... <= cu[N] <= T (rows at or past cu[N] get zeros); its values are
 device data, clamped on the device (each sequence to [clamp(cu[s], 0, T), clamp(cu[s+1], that, T)); rows past T
-are never touched, rows in no sequence get zeros), so no offset makes the kernel leave x, y or the state. When every pointer is 16-byte aligned and every row/slot stride a multiple of 16 elements the
-vectorized ``.a16`` specialization runs, else ``.any``. Pass ``out=`` inside graph capture. With ``out=`` and
+are never touched, rows in no sequence get zeros), so no offset makes the kernels leave x, y or the state. The
+prefill is two launches on the caller's stream (kernels_src/conv/conv.py): every row from x alone, then each
+sequence's first 3 rows from its conv state and the final states. When every pointer is 16-byte aligned and every
+row/slot stride a multiple of 16 elements the vectorized ``.a16`` specialization runs, else ``.any``. Pass ``out=`` inside graph capture. With ``out=`` and
 torch tensors, a call whose inputs have the layout of a recent call (and the same aliasing of out and x) is a
 bound call (vkc_runtime.bound): no revalidation, the recorded launch with the new pointers.
 """
@@ -34,7 +36,7 @@ def _base(kind: str, variant: str) -> str:
     return f"conv.{kind}.w4.{variant}"
 
 
-BASES = tuple(_base(k, v) for k in ("prefill", "update") for v in _VARIANTS)
+BASES = tuple(_base(k, v) for k in ("prefill", "heads", "update") for v in _VARIANTS)
 _calls = CallCache()  # bound calls, keyed by op (+ whether a state is passed)
 
 def _weight(op, weight, C):
@@ -111,13 +113,17 @@ def causal_conv1d(x, weight, cu_seqlens, *, conv_state=None, slot_idx=None, out=
     st_ptr = st_ref.ptr
     fits_i32(op, T=T, C=C, N=N, num_slots=S, stride_x=sx, stride_w=sw, stride_y=sy, stride_ss=ss, stride_sr=sr)
     v = "a16" if aligned((xt.ptr, yt.ptr, st_ptr), (sx, sy, ss, sr)) else "any"
-    k = get_kernel(_base("prefill", v))
-    gy = cdiv(C, k.constexprs["BLOCK_C"])
-    if gy > 65535:
-        raise OpError(f"{op}: C={C} needs {gy} programs on grid axis y (limit 65535)")
-    launch = Launch(k, (cdiv(T, k.constexprs["BLOCK_T"] * k.constexprs["SUB"]), gy, 1),
-                    (xt, wt, yt, st_ref, ct, sl_ref, sx, sw, sy, ss, sr, T, C, N, S))
-    _calls.launch(key, None if out is None else tuple(ts), (), [launch], s, relations=[disjoint(xt, yt)])
+    body = get_kernel(_base("prefill", v))
+    heads = get_kernel(_base("heads", v))
+    gy, hy = cdiv(C, body.constexprs["BLOCK_C"]), cdiv(C, heads.constexprs["BLOCK_C"])
+    if max(gy, hy) > 65535:
+        raise OpError(f"{op}: C={C} needs {max(gy, hy)} programs on grid axis y (limit 65535)")
+    # every row from x alone, then (same stream) each sequence's first 3 rows and its state (kernels_src/conv)
+    launches = [Launch(body, (cdiv(T, body.constexprs["BLOCK_T"] * body.constexprs["SUB"]), gy, 1),
+                       (xt, wt, yt, ct, sx, sw, sy, T, C, N))]
+    if N > 0:
+        launches.append(Launch(heads, (N, hy, 1), (xt, wt, yt, st_ref, ct, sl_ref, sx, sw, sy, ss, sr, T, C, N, S)))
+    _calls.launch(key, None if out is None else tuple(ts), (), launches, s, relations=[disjoint(xt, yt)])
     return res
 
 

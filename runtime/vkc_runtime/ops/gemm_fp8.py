@@ -212,6 +212,20 @@ def _cute_block_available() -> bool:
     return _cute.has_fp8_block()
 
 
+def _lane_for(op, _lane, N, so, available, what, base) -> str:
+    """The lane of an FP8 GEMM call: ``_lane`` if forced (checked), else the CuTe kernel where ``available()`` and
+    the bf16 output's TMA store allows it (N and the out row stride multiples of 8), else Triton."""
+    cute_ok = N % 8 == 0 and so % 8 == 0
+    lane = _lane or ("cute" if cute_ok and available() else "triton")
+    if lane == "cute":
+        if not cute_ok:
+            raise OpError(f"{op}: the CuTe lane needs N ({N}) and the out row stride ({so}) to be multiples of 8")
+        if not available():
+            raise MissingKernelError(f"{op}: no CuTe {what} for this device's arch (built for sm_90a)",
+                                     missing=[base])
+    return lane
+
+
 def linear_fp8(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane: str | None = None):
     """out[M, N] bf16 = (x_q [M, K] @ w_q [N, K]^T) * x_scale[m] * w_scale[n]; x_scale: 1 or M float32 elements,
     w_scale: 1 or N (module docstring). Returns ``out`` (allocated when None). ``_lane`` forces "cute" or
@@ -234,14 +248,7 @@ def linear_fp8(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane: str 
     _no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt)
     fits_i32(op, M=M, N=N, K=K, stride_x=sx, stride_w=sw, stride_out=so, x_scale_step=sa_step,
              w_scale_step=sb_step, x_scale_span=(M - 1) * sa_step, w_scale_span=(N - 1) * sb_step)
-    cute_ok = N % 8 == 0 and so % 8 == 0  # the TMA store of the bf16 output: 16-byte rows
-    lane = _lane or ("cute" if cute_ok and _cute_available() else "triton")
-    if lane == "cute":
-        if not cute_ok:
-            raise OpError(f"{op}: the CuTe lane needs N ({N}) and the out row stride ({so}) to be multiples of 8")
-        if not _cute_available():
-            raise MissingKernelError(f"{op}: no CuTe FP8 GEMM for this device's arch (built for sm_90a)",
-                                     missing=[_cute.fp8_base(_cute.TILES[0])])
+    if _lane_for(op, _lane, N, so, _cute_available, "FP8 GEMM", _cute.fp8_base(_cute.TILES[0])) == "cute":
         _cute.launch_fp8(xt.ptr, sx, wt.ptr, sw, yt.ptr, so, at.ptr, sa_step, bt.ptr, sb_step, M, N, K, s)
         return res
     k, bm, bn = _gemm_kernel(op, "scaled", M, N, dev)
@@ -283,14 +290,8 @@ def linear_fp8_block(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane
     _no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt)
     fits_i32(op, M=M, N=N, K=K, stride_x=sx, stride_w=sw, stride_out=so, x_scale_stride=ssa,
              w_scale_stride=ssb, x_scale_span=(M - 1) * ssa + kb, w_scale_span=(bt.shape[0] - 1) * ssb + kb)
-    cute_ok = N % 8 == 0 and so % 8 == 0  # the TMA store of the bf16 output: 16-byte rows
-    lane = _lane or ("cute" if cute_ok and _cute_block_available() else "triton")
-    if lane == "cute":
-        if not cute_ok:
-            raise OpError(f"{op}: the CuTe lane needs N ({N}) and the out row stride ({so}) to be multiples of 8")
-        if not _cute_block_available():
-            raise MissingKernelError(f"{op}: no CuTe block-scaled FP8 GEMM for this device's arch (built for "
-                                     f"sm_90a)", missing=[_cute.fp8_block_base(_cute.FP8_BLOCK_TILES[0])])
+    if _lane_for(op, _lane, N, so, _cute_block_available, "block-scaled FP8 GEMM",
+                 _cute.fp8_block_base(_cute.FP8_BLOCK_TILES[0])) == "cute":
         _cute.launch_fp8_block(xt.ptr, sx, wt.ptr, sw, yt.ptr, so, at.ptr, ssa, bt.ptr, ssb, M, N, K, s)
         return res
     k, bm, bn = _gemm_kernel(op, "block", M, N, dev)
