@@ -181,7 +181,7 @@ def test_every_op_call_passes_the_real_validation(fake_vkc, ckpt):
     assert "attn.prefill.d256.gate.tma" in names["attn"]  # block 64 on sm_90a: the TMA kernel
     assert any(n.startswith("attn.decode") for n in names["attn"])
     assert any(n.startswith("attn.cache_write") or "cache" in n for n in names["attn"])
-    assert {n.split(".")[1] for n in names["conv"]} == {"prefill", "update"}
+    assert {n.split(".")[1] for n in names["conv"]} == {"prefill", "heads", "update"}
     assert {n.split(".")[1] for n in names["gdn"]} == {"chunk_index", "prep", "kkt_wy", "delta_h", "chunk_o"}
     assert names["gdn_decode"]
     assert {n.split(".")[1] for n in names["sample"]} == {"row", "stats"}  # the device sampler, every step
