@@ -23,7 +23,8 @@ backend=...)`` is the same measurement on any backend (the CPU test drives it on
 shape). ``--quant fp8``: the config gets Qwen's block-wise FP8 ``quantization_config`` and the dummy weights of the
 projections an *-FP8 release quantizes are random e4m3 bytes with float32 block scales (vkc_engine.dummy), so those
 linears run ops.gemm_fp8 (quantize_fp8_per_token_group + linear_fp8_block) at every M, and a MoE model's experts
-stay FP8 (ops.moe's W8A16 expert kernels); ``--quant nvfp4``: an llm-compressor NVFP4 config and NVFP4 dummy weights
+stay FP8 (ops.moe's W8A16 expert kernels, W8A8 on the grouped prefill path; ``--moe-fp8 w8a16``: W8A16
+everywhere); ``--quant nvfp4``: an llm-compressor NVFP4 config and NVFP4 dummy weights
 for the same projections (W4A16 from the MMA layout: ops.nvfp4.linear_nvfp4 at every M, dequantize + bf16 GEMM above
 its MMA_MAX_M; MoE experts stay NVFP4: ops.moe's W4A16 expert kernels); the JSON gets "quant".
 ``--fp8-gemv on`` turns vkc_engine.backend.FP8_GEMV on: the captured steps' FP8 linears at M <= GEMV_MAX_M take
@@ -209,8 +210,14 @@ def main(argv=None) -> int:
     ap.add_argument("--fp8-block-lane", choices=("default", "triton"), default="default",
                     help="triton: the block-scaled FP8 GEMMs on the Triton kernels even where the CuTe ones exist "
                          "(the A/B of the CuTe lane in one process)")
+    ap.add_argument("--moe-fp8", choices=("default", "w8a16"), default="default",
+                    help="w8a16: FP8 experts on the W8A16 kernels at every M (ops.moe.W8A8_MIN_BLOCK_M out of "
+                         "reach; the A/B of the W8A8 grouped path in one process)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.moe_fp8 == "w8a16":
+        from vkc_runtime.ops.moe import block as _block
+        _block.W8A8_MIN_BLOCK_M = 1 << 30
     if a.fp8_block_lane == "triton":
         from vkc_runtime.ops import gemm as _gemm
         _gemm.has_fp8_block = lambda: False
@@ -234,6 +241,7 @@ def main(argv=None) -> int:
     res["gemv_max_m"] = B.GEMV_MAX_M
     res["fp8_gemv"] = B.FP8_GEMV
     res["fp8_block_lane"] = a.fp8_block_lane
+    res["moe_fp8"] = a.moe_fp8
     txt = json.dumps(res, indent=1)
     print(txt)
     if a.out:

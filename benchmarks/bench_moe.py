@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from vkc_runtime.ops import moe
+from vkc_runtime.ops.moe.w8a8_ops import TILES as W8A8_TILES
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as BC  # noqa: E402
@@ -344,7 +345,7 @@ def bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs):
     row = {"op": f"moe_block_{kind}", "M": M, "E": E, "top_k": K, "shared": True, "H": H, "I": I, "n_sets": n_sets,
            "active_experts": active, "bytes": nbytes, "floor_us": nbytes / (FLOOR_TBS * 1e12) * 1e6,
            "floor_copy_us": BC.floor_ms(nbytes, copy_tbs) * 1e3, "path": moe.choose_path(M, kind)}
-    ws = moe.moe_workspace(M, E, K, H, I, shared=True)
+    ws = moe.moe_workspace(M, E, K, H, I, shared=True, w8a8=kind == "fp8")
     out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
     outs = {}
     for name, w1, w2 in ((kind, q1, q2), ("bf16", d1, d2)):
@@ -388,6 +389,8 @@ def bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs):
                 _time(sub, "t", fn, True, n_sets)
                 alts[X.module(kind).base(part, tile)] = sub.get("t_graph_us", sub.get("t_graph_error"))
         row["alternatives"] = alts
+    if kind == "fp8" and M >= 256:
+        row["fp8_modes"] = _fp8_modes(M, gw, sg, q1, q2, ws, xs, out, outs.get("bf16"), n_sets)
     if M >= 256:  # each compiled grouped tile of the kind forced, both GEMMs, on the first set's grouping
         row["grouped_alternatives"] = _grouped_tiles(kind, M, ws, xs, routes, q1, q2, n_sets)
     print(kind, {k: v for k, v in row.items() if k in ("M", "floor_us", f"{kind}_graph_us", "bf16_graph_us",
@@ -395,6 +398,32 @@ def bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs):
                                                       f"{kind}_decode_graph_us", f"{kind}_grouped_graph_us",
                                                       "alternatives")})
     return row
+
+
+def _fp8_modes(M, gw, sg, q1, q2, ws, xs, out, ref, n_sets) -> dict:
+    """The grouped path with FP8 experts in each mode (W8A16, W8A8 with h quantized in the gate_up epilogue or by its
+    own launch) at block_m 64 and 128, forced: graph device time and the relative error vs the bf16 block."""
+    res = {}
+    for bm in (64, 128):
+        for mode in moe.FP8_MODES:
+            if mode == "w8a8" and not W8A8_TILES[bm]["gate_up_q"]:
+                continue
+
+            def blk(i, s, bm=bm, mode=mode):
+                moe.sparse_moe_block(xs[i], gw, q1, q2, K, renormalize=True, shared_gate_w=sg, workspace=ws, out=out,
+                                     stream=s, path="grouped", _fp8_mode=mode, _block_m=bm)
+            sub = {}
+            _time(sub, "t", blk, True, n_sets)
+            r = res[f"{mode}.m{bm}"] = {"graph_us": sub.get("t_graph_us", sub.get("t_graph_error"))}
+            try:
+                blk(0, None)
+                torch.cuda.synchronize()
+                if ref is not None:
+                    r["rel_err_vs_bf16"] = BC.rel_err(out, ref)
+            except Exception as e:  # noqa: BLE001
+                r["run_error"] = BC.err(e)
+    print("fp8 modes", M, res)
+    return res
 
 
 def _grouped_tiles(kind, M, ws, xs, routes, q1, q2, n_sets) -> dict:

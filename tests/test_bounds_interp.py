@@ -23,7 +23,7 @@ from tests.kernel_testing import interpreter_active, specs  # noqa: E402
 
 ARCH = "sm_90a"
 _TORCH = {"*bf16": torch.bfloat16, "*fp32": torch.float32, "*i32": torch.int32, "*i64": torch.int64,
-          "*fp16": torch.float16, "*u8": torch.uint8}
+          "*fp16": torch.float16, "*u8": torch.uint8, "*fp8e4nv": torch.float8_e4m3fn}
 _TYPESTR = {torch.bfloat16: "<V2", torch.float32: "<f4", torch.int32: "<i4", torch.float16: "<f2", torch.uint8: "|u1",
             torch.int8: "|i1", torch.float64: "<f8"}
 

@@ -47,8 +47,9 @@ class _FakeMoe:
     def __init__(self):
         self.calls, self.workspaces = [], []
 
-    def moe_workspace(self, max_tokens, num_experts, top_k, hidden, intermediate, *, shared, device=None):
-        ws = dict(max_tokens=max_tokens, E=num_experts, k=top_k, H=hidden, I=intermediate, shared=shared)
+    def moe_workspace(self, max_tokens, num_experts, top_k, hidden, intermediate, *, shared, w8a8=False,
+                      device=None):
+        ws = dict(max_tokens=max_tokens, E=num_experts, k=top_k, H=hidden, I=intermediate, shared=shared, w8a8=w8a8)
         self.workspaces.append(ws)
         return ws
 
@@ -235,7 +236,7 @@ def test_moe_model_calls_the_moe_block_per_contract(fake_vkc, tmp_path):
     be = FakeDeviceBackend(moe=moe)
     llm = LLM(tmp_path, backend=be, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
               block_size=64)
-    assert moe.workspaces == [dict(max_tokens=40, E=8, k=2, H=256, I=128, shared=True)]
+    assert moe.workspaces == [dict(max_tokens=40, E=8, k=2, H=256, I=128, shared=True, w8a8=False)]  # bf16 experts
     outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert all(len(o.token_ids) == 3 for o in outs)
     # steps: the first 40-token chunk of the long prompt, its last 10 + the two short prompts, then decode

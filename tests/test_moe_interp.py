@@ -31,19 +31,27 @@ class Registry:
 
     def __init__(self, constexprs: dict | None = None):
         self.specs = specs("moe")
+        self._families = {"moe": self.specs}  # gemm_fp8 too: the W8A8 path's activation quantizer
         self.launched = []
         self.constexprs = dict(constexprs or {})
 
-    def __call__(self, base, device=None):
+    def _spec(self, base):
         fam, name = base.split(".", 1)
-        assert fam == "moe", base
+        assert fam in ("moe", "gemm_fp8"), base
+        if fam not in self._families:
+            self._families[fam] = specs(fam)
+        return self._families[fam].get(name)
+
+    def __call__(self, base, device=None):
+        spec = self._spec(base)
+        assert spec is not None, base
         self.launched.append(base)
-        k = InterpKernel(base, self.specs[name])
+        k = InterpKernel(base, spec)
         k.constexprs.update({c: v for c, v in self.constexprs.items() if c in k.constexprs})
         return k
 
     def has(self, base, device=None):
-        return base.split(".", 1)[1] in self.specs
+        return self._spec(base) is not None
 
 
 @pytest.fixture()
@@ -69,9 +77,9 @@ def np64(t):
     return t.float().numpy().astype(np.float64)
 
 
-def workspace(moe, ar, M, E, k, H, I, shared, part=None, keep=None):
+def workspace(moe, ar, M, E, k, H, I, shared, part=None, keep=None, w8a8=False):
     """A MoeWorkspace whose buffers are poisoned arena views (Cai-wrapped), sized like moe_workspace's
-    (``keep``: a dict that gets the views themselves, by field name)."""
+    (``keep``: a dict that gets the views themselves, by field name; ``w8a8``: W8A8's buffers too)."""
     kout = k + int(shared)
     Ep = E + int(shared)
     Pk = M * kout
@@ -85,12 +93,16 @@ def workspace(moe, ar, M, E, k, H, I, shared, part=None, keep=None):
         if keep is not None and name:
             keep[name], keep[name + ".before"] = t, t.clone()
         return Cai(t)
+    q8 = {}
+    if w8a8:
+        q8 = dict(xq=buf(M * H, torch.uint8, "xq"), xs=buf(M * -(-H // 128), torch.float32, "xs"),
+                  hq=buf(Pk * I, torch.uint8, "hq"), hs=buf(Pk * -(-I // 128), torch.float32, "hs"))
     return moe.MoeWorkspace(max_tokens=M, num_experts=E, top_k=k, hidden=H, intermediate=I, shared=shared,
                             topk_ids=buf(Pk, torch.int32), topk_weights=buf(Pk, torch.float32),
                             part=buf(part, torch.float32, "part"), hist=buf(hist_chunks(Pk) * HIST_BINS, torch.int32),
                             sorted_ids=buf(cap, torch.int32), block_expert=buf(nblk, torch.int32),
                             num_padded=buf(1, torch.int32), h=buf(Pk * I, torch.bfloat16),
-                            y=buf(Pk * H, torch.bfloat16))
+                            y=buf(Pk * H, torch.bfloat16), **q8)
 
 
 def run_route(moe, ar, x, gw, k, renorm, sg=None, keep=None):

@@ -41,13 +41,14 @@ def test_optional_bases_exist_where_the_fast_path_is_built():
     opt = registry.optional()
     assert opt and not (opt & registry.required())
     have = {m.stem: _kernels(m) for m in MANIFESTS}
-    # the CuTe GEMM (sm_90a so far); the FP8 GEMMs where FP8 tensor cores exist (their 128x256 tile: the 228 KB
-    # shared-memory archs); the rest: the TMA prefill, sm_90a and sm_100a
+    # the CuTe GEMM (sm_90a so far); the FP8 GEMMs and the MoE's W8A8 experts where FP8 tensor cores exist (the
+    # 128x256 tile: the 228 KB shared-memory archs); the rest: the TMA prefill, sm_90a and sm_100a
     fp8 = ["sm_100a", "sm_120a", "sm_121a", "sm_89", "sm_90a"]
     where = {"gemm": ["sm_90a"], "gemm_fp8": fp8, "gemm_fp8.scaled.t128x256": ["sm_100a", "sm_90a"],
-             "gemm_fp8.block.t128x128": [a for a in fp8 if a != "sm_100a"]}
+             "gemm_fp8.block.t128x128": [a for a in fp8 if a != "sm_100a"], "moe.w8a8": fp8}
     for b in opt:
-        want = where.get(b, where.get(b.split(".")[0], ["sm_100a", "sm_90a"]))
+        parts = b.split(".")
+        want = where.get(b, where.get(".".join(parts[:2]), where.get(parts[0], ["sm_100a", "sm_90a"])))
         assert sorted(a for a, ks in have.items() if b in ks) == want, b
 
 

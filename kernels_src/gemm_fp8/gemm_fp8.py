@@ -118,7 +118,8 @@ def gemm_fp8_block_kernel(a_ptr, w_ptr, out_ptr, sa_ptr, sw_ptr, M, N, K, stride
 
 
 @triton.jit
-def _to_fp8(x, scale):
+def to_fp8(x, scale):
+    """satfinite(rn(x / scale)) as e4m3 (the quantizers' formula; kernels_src/moe/w8a8.py's epilogue uses it too)."""
     q = tl.math.div_rn(x, scale)
     return tl.clamp(q, -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
 
@@ -140,7 +141,7 @@ def quant_token_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK: tl.c
     for k0 in range(0, K, BLOCK):
         mask = k0 + offs < K
         x = tl.load(xr + k0 + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(qr + k0 + offs, _to_fp8(x, scale), mask=mask)
+        tl.store(qr + k0 + offs, to_fp8(x, scale), mask=mask)
 
 
 @triton.jit
@@ -151,7 +152,7 @@ def quant_tensor_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK: tl.
     mask = offs < K
     scale = tl.load(s_ptr)
     x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(q_ptr + row * stride_qm + offs, _to_fp8(x, scale), mask=mask)
+    tl.store(q_ptr + row * stride_qm + offs, to_fp8(x, scale), mask=mask)
 
 
 @triton.jit
@@ -167,4 +168,4 @@ def quant_group_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, 
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE)
     tl.store(s_ptr + row * stride_sm + g, scale, mask=g * 128 < K)
-    tl.store(q_ptr + row * stride_qm + col, _to_fp8(x, scale[:, None]), mask=mask)
+    tl.store(q_ptr + row * stride_qm + col, to_fp8(x, scale[:, None]), mask=mask)

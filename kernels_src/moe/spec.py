@@ -1,6 +1,7 @@
 """AOT specs of the moe family: the router, the grouping by expert and the combine (route.py, align.py,
 combine.py); the grouped GEMMs' specs come from grouped_spec.py, the decode kernels' from decode_spec.py, the
-NVFP4 (W4A16) and block-FP8 (W8A16) expert kernels' from nvfp4_spec.py and fp8_spec.py, appended.
+NVFP4 (W4A16) and block-FP8 (W8A16, W8A8) expert kernels' from nvfp4_spec.py, fp8_spec.py and w8a8_spec.py,
+appended.
 
 Bases:
   route.logits.small   BM 16, BE 32, BK 128 (decode: many programs over E tiles and K splits)
@@ -79,6 +80,7 @@ SPECS = [
     *_grouped_specs("decode_spec.py"),
     *_grouped_specs("nvfp4_spec.py"),
     *_grouped_specs("fp8_spec.py"),
+    *_grouped_specs("w8a8_spec.py"),
 ]
 # the router and the decode kernels run in every decode step: programmatic dependent launch (common.py pdl_enter)
 SPECS = [with_pdl(s) if s.entry in _PDL_ENTRIES else s for s in SPECS]

@@ -215,7 +215,7 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
         if cfg.is_moe:
             self._moe_ws = self._moe_ops().moe_workspace(max_tokens, cfg.num_experts, cfg.num_experts_per_tok,
                                                          cfg.hidden_size, cfg.moe_intermediate_size, shared=True,
-                                                         device=d)
+                                                         w8a8=_fp8(cfg), device=d)
 
     def warm_gemm_plans(self, nks, max_m: int) -> dict:
         """Resolve the GEMM plan (vkc_runtime.plans, ARCHITECTURE.md section 13) of every (M bucket <= ``max_m``,

@@ -16,6 +16,7 @@ ATTN = "tests/test_attn_interp.py"
 GDN = "tests/test_gdn_interp.py"
 GDN_DECODE = "tests/test_gdn_decode_interp.py"
 CONV = "tests/test_conv_interp.py"
+MOE_W8A8 = "tests/test_moe_w8a8_interp.py"
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("conv-final-state-row", "conv/conv.py",
       "tl.store(srow + 2 * stride_sr, n2, mask=m)", "tl.store(srow + 2 * stride_sr, n1, mask=m)",
       CONV, "prefill_varlen", "final conv state's newest row holds the second newest input"),
+    # ------------------------------------------------------------------------------------ moe / w8a8.py
+    M("moe-w8a8-act-scale-slice", "moe/w8a8.py",
+      "s_a = tl.load(sa_rows + kb, mask=row_ok, other=0.0)", "s_a = tl.load(sa_rows + 0, mask=row_ok, other=0.0)",
+      MOE_W8A8, "grouped_w8a8", "every k-slice promoted with the first slice's activation multiplier"),
+    M("moe-w8a8-weight-scale-slice", "moe/w8a8.py",
+      "s_a, tl.load(sg + kb))", "s_a, tl.load(sg + 0))",
+      MOE_W8A8, "grouped_w8a8", "every k-slice promoted with the first slice's weight multiplier"),
+    M("moe-w8a8-weight-scale-row", "moe/w8a8.py",
+      "sg = s_e + ((pid_n * BLOCK_N) // 128)", "sg = s_e + ((pid_n * BLOCK_N) // 256)",
+      MOE_W8A8, "grouped_w8a8", "output columns read the weight multipliers of the wrong 128-row block"),
+    M("moe-w8a8-quant-max", "moe/w8a8.py",
+      "tl.math.div_rn(tl.max(tl.abs(h), axis=1), FP8_MAX)", "tl.math.div_rn(tl.max(tl.abs(h), axis=1), 240.0)",
+      MOE_W8A8, "grouped_w8a8", "the epilogue's h multipliers for e4m3's 240 instead of 448"),
+    M("moe-w8a8-quant-silu-dropped", "moe/w8a8.py",
+      "h = acc / (1.0 + tl.exp(-acc)) * acc_u", "h = acc * acc_u",
+      MOE_W8A8, "grouped_w8a8", "the quantizing epilogue multiplies gate and up without SiLU"),
 )
 
 # Not a bug but a probe: proves the runner's subprocess imports the mutated copy (it must fail with MARKER).
@@ -237,4 +254,4 @@ SANITY = Mutation(
     f"from kernels_src.common import floor16, pdl_enter, silu_f32\nraise ImportError({SANITY_MARKER!r})\n",
     NORM, "test_rmsnorm_small", "importing the mutated copy raises")
 
-FAMILIES = ("norm", "rope", "act", "embedding", "attn", "gdn", "gdn_decode", "conv")
+FAMILIES = ("norm", "rope", "act", "embedding", "attn", "gdn", "gdn_decode", "conv", "moe")

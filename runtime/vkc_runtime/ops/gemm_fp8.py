@@ -96,7 +96,7 @@ def pick_tile(m: int, n: int, sms: int, tiles=TILES["scaled"]) -> tuple[int, int
 
 # ---------------------------------------------------------------- validation helpers
 
-def _fp8(op, name, obj, shape=None):
+def fp8_tensor(op, name, obj, shape=None):
     """A 2-D float8_e4m3fn tensor, or its uint8 bytes."""
     try:
         return tensor(op, name, obj, FP8, ndim=2, shape=shape)
@@ -177,9 +177,9 @@ def _gemm_kernel(op, kind, M, N, dev):
 
 
 def _operands(op, x_q, w_q, out):
-    xt = _fp8(op, "x_q", x_q)
+    xt = fp8_tensor(op, "x_q", x_q)
     M, K = xt.shape
-    wt = _fp8(op, "w_q", w_q)
+    wt = fp8_tensor(op, "w_q", w_q)
     N, Kw = wt.shape
     if Kw != K:
         raise OpError(f"{op}: w_q has shape {tuple(wt.shape)}, expected dim 1 == K = {K} (x_q is {tuple(xt.shape)})")
@@ -309,7 +309,7 @@ def _quant_io(op, x, out):
     xt = tensor(op, "x", x, BF16, ndim=2)
     M, K = xt.shape
     res = out if out is not None else memory.DeviceArray.empty((M, K), FP8, device=xt.device)
-    qt = _fp8(op, "out", res, shape=(M, K))
+    qt = fp8_tensor(op, "out", res, shape=(M, K))
     return xt, qt, res, M, K
 
 

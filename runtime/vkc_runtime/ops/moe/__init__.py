@@ -18,7 +18,8 @@ Layouts (device arrays, row-major; P = M * k' (token, pick) pairs, flat pair ind
                ops/moe/fp8_ops.py) W8A16, in the decode and grouped kernels (kernels_src/moe/nvfp4.py, fp8.py), on
                both paths of the block; NVFP4 experts packed once into the MMA layout (:func:`pack_experts` ->
                :class:`Nvfp4MmaExperts`, ops/moe/nvfp4_mma_ops.py) decode on tensor cores
-               (kernels_src/moe/nvfp4_mma.py)
+               (kernels_src/moe/nvfp4_mma.py); FP8 experts run W8A8 on the grouped path's prefill tiles where the
+               workspace allows it (:func:`grouped_gemm_w8a8`, ops/moe/w8a8_ops.py, kernels_src/moe/w8a8.py)
 
 Ops: :func:`route` (2 launches: split-K fp32 logits, then softmax / top-k / renormalise / shared fold in a
 fixed-order sum of the splits), :func:`align` (1 launch for P <= 2048, else 2), :func:`grouped_gemm` (ops/moe/grouped_ops.py), :func:`combine` (1),
@@ -39,14 +40,16 @@ With torch tensors, a workspace (route, align) and the same layout as a recent c
 are bound calls (vkc_runtime.bound). The results are deterministic (no atomics; fixed summation orders).
 """
 from .._check import OpError
-from .block import (BLOCK_MS, GROUPED_BASES, GROUPED_OPTIONAL_BASES, PATHS, MoeWorkspace, block_m_for, choose_path,
-                    moe_workspace, sparse_moe_block)
+from .block import (BLOCK_MS, FP8_MODES, FUSED_H_QUANT, GROUPED_BASES, GROUPED_OPTIONAL_BASES, PATHS,
+                    W8A8_BLOCK_M, W8A8_MIN_BLOCK_M, MoeWorkspace, block_m_for, choose_path, fp8_mode, moe_workspace,
+                    sparse_moe_block)
 from .decode_ops import DECODE_BASES, DECODE_MAX_M, decode_down, decode_gate_up
 from .common import BASES as ROUTE_BASES, MAX_EXPERTS, MAX_TOPK, align_capacity
 from .route_ops import align, combine, route
 from .fp8_ops import Fp8Experts
 from .nvfp4_ops import Nvfp4Experts
 from .nvfp4_mma_ops import Nvfp4MmaExperts, mma_shapes as nvfp4_mma_shapes, pack_experts
+from .w8a8_ops import W8A8_BASES, grouped_gemm_w8a8
 
 try:  # the grouped GEMMs (ops/moe/grouped_ops.py)
     from .grouped_ops import choose_block_m, grouped_gemm
@@ -57,9 +60,10 @@ except ModuleNotFoundError as _e:  # pragma: no cover - a tree without them
 __all__ = ["route", "align", "combine", "align_capacity", "moe_workspace", "MoeWorkspace", "sparse_moe_block",
            "grouped_gemm", "choose_block_m", "decode_gate_up", "decode_down", "DECODE_MAX_M", "DECODE_BASES",
            "choose_path", "PATHS", "Nvfp4Experts", "Nvfp4MmaExperts", "pack_experts", "nvfp4_mma_shapes", "Fp8Experts",
+           "grouped_gemm_w8a8", "fp8_mode", "FP8_MODES", "FUSED_H_QUANT", "W8A8_MIN_BLOCK_M", "W8A8_BLOCK_M",
            "block_m_for", "BLOCK_MS", "MAX_EXPERTS", "MAX_TOPK", "OpError", "BASES", "OPTIONAL_BASES"]
 
 # every kernel the family's ops may launch: the routing ones, the decode path's and, where ops/moe/grouped_ops.py
 # is built in, its grouped GEMMs
 BASES = ROUTE_BASES + GROUPED_BASES + DECODE_BASES
-OPTIONAL_BASES = GROUPED_OPTIONAL_BASES
+OPTIONAL_BASES = GROUPED_OPTIONAL_BASES + W8A8_BASES  # W8A8: the FP8 archs only

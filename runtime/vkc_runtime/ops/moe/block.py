@@ -7,6 +7,15 @@ one stream, no host sync, every buffer from the workspace (graph-capturable):
   grouped (larger M): route -> align -> grouped GEMM (gate_up, SiLU-and-mul) -> grouped GEMM (down) -> combine,
           five ops and six or seven launches.
 
+Block-wise FP8 experts (``Fp8Experts``) on the grouped path where the M rule gives block_m >= ``W8A8_MIN_BLOCK_M``
+(the prefill tiles) run W8A8, grouped by ``W8A8_BLOCK_M`` rows, when the workspace was made with ``w8a8=True`` on an
+FP8 arch (ops/moe/w8a8_ops.py): x quantized per row per 128 columns (ops.gemm_fp8.quantize_fp8_per_token_group, one
+launch), the gate_up GEMM on the FP8 tensor cores writing h as bf16, h quantized likewise, the down GEMM on the FP8
+tensor cores: two launches more than W8A16. ``FUSED_H_QUANT`` (off: measured slower, see the constants) would have
+the gate_up epilogue write h quantized (the ``.q`` tile, block_m 64 only: the 128-row one spills).
+Elsewhere (the decode path, block_m 16: the GEMMs stream the weights) they run W8A16. ``_fp8_mode=`` forces
+"w8a16", "w8a8" (the fused epilogue) or "w8a8_unfused", ``_block_m=`` the row tile (benchmarks and tests).
+
 ``path=`` forces one ("decode" / "grouped"; benchmarks and tests); the default is the M rule, a pure function of
 the call's M, so a captured graph replays the path it was captured with. Both give the same function within
 bf16 rounding (the decode path rounds h to bf16 like the grouped GEMM's epilogue, but sums the k' weighted
@@ -27,12 +36,14 @@ from typing import Any
 from ... import memory
 from ...kernels import get_kernel, has_kernel
 from ...tensor import TensorRef
-from .._check import BF16, OpError, same_device, stream_of, tensor
+from .. import gemm_fp8 as _gemm_fp8
+from .._check import BF16, OpError, cdiv, same_device, stream_of, tensor
 from .common import BASES as _ROUTE_BASES, MAX_TOPK, align_capacity, check_experts, contiguous, hist_chunks, HIST_BINS
 from . import decode_ops as _decode
 from . import experts as _xk
 from .decode_ops import DECODE_BASES, decode_down, decode_gate_up
 from .route_ops import align, combine, route, route_scratch_floats
+from . import w8a8_ops as _w8a8
 
 try:
     _grouped = importlib.import_module(f"{__package__}.grouped_ops")
@@ -41,9 +52,17 @@ except ModuleNotFoundError as _e:  # the grouped GEMMs' module (helper moegemm's
         raise
     _grouped = None
 
-__all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS", "PATHS", "choose_path"]
+__all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS", "PATHS", "choose_path",
+           "fp8_mode", "FP8_MODES", "W8A8_MIN_BLOCK_M", "W8A8_BLOCK_M", "FUSED_H_QUANT"]
 
 PATHS = ("decode", "grouped")
+FP8_MODES = ("w8a16", "w8a8", "w8a8_unfused")
+W8A8_MIN_BLOCK_M = 64
+# W8A8 groups by 64 rows at every M it runs at, and quantizes h in its own launch: on the H200 (bench_moe.py, 35B-A3B
+# shapes, graph) the m64 block is 1.1-1.55x the m128 one at M 512-8192, and the n64 gate_up tile + the quantizer
+# 1.05-1.17x the fused .q tile (BN 128 on 8 warps)
+W8A8_BLOCK_M = 64
+FUSED_H_QUANT = False
 
 BLOCK_MS = tuple(_grouped.BLOCK_MS) if _grouped is not None else (16, 64)
 
@@ -64,6 +83,9 @@ class MoeWorkspace:
       hist int32 [cdiv(Pk, 2048) * 512] (>= 1)           align's per-chunk histograms
       sorted_ids int32, block_expert int32 (largest align_capacity over BLOCK_MS), num_padded int32 [1]
       h bf16 [Pk * intermediate], y bf16 [Pk * hidden]    GEMM outputs (h: the decode path's too)
+      xq u8 [max_tokens * hidden], xs fp32 [max_tokens * cdiv(hidden, 128)], hq u8 [Pk * intermediate],
+      hs fp32 [Pk * cdiv(intermediate, 128)]             W8A8's quantized x and h (None unless made with w8a8=True
+                                                         on an FP8 arch)
     One workspace must not serve two streams at the same time."""
     max_tokens: int
     num_experts: int   # routed experts E
@@ -80,6 +102,10 @@ class MoeWorkspace:
     num_padded: Any
     h: Any
     y: Any
+    xq: Any = None
+    xs: Any = None
+    hq: Any = None
+    hs: Any = None
 
     @property
     def experts_total(self) -> int:
@@ -95,9 +121,10 @@ GROUPED_OPTIONAL_BASES = tuple(getattr(_grouped, "OPTIONAL_BASES", ())) if _grou
 
 
 def moe_workspace(max_tokens: int, num_experts: int, top_k: int, hidden: int, intermediate: int, *, shared: bool,
-                  device: int | None = None) -> MoeWorkspace:
+                  w8a8: bool = False, device: int | None = None) -> MoeWorkspace:
     """Allocate a :class:`MoeWorkspace` and load every kernel the block can launch (call it before any graph
-    capture). ``num_experts``: the routed experts E (the shared expert, when ``shared``, is expert E)."""
+    capture). ``num_experts``: the routed experts E (the shared expert, when ``shared``, is expert E). ``w8a8``:
+    the buffers and kernels of the W8A8 path of FP8 experts (module doc), where the device has its kernels."""
     op = "moe.moe_workspace"
     for n, v in (("max_tokens", max_tokens), ("num_experts", num_experts), ("top_k", top_k), ("hidden", hidden),
                  ("intermediate", intermediate)):
@@ -121,12 +148,22 @@ def moe_workspace(max_tokens: int, num_experts: int, top_k: int, hidden: int, in
         if has_kernel(b, device=device):
             get_kernel(b, device=device).load()
     part = max(route_scratch_floats(m, num_experts, hidden, device=device) for m in range(1, max_tokens + 1))
+    q8 = {}
+    if w8a8 and _w8a8.available(device) and has_kernel(_quant_group_base(), device=device):
+        for b in _w8a8.W8A8_BASES + (_quant_group_base(),):
+            get_kernel(b, device=device).load()
+        q8 = dict(xq=e(max_tokens * hidden, "uint8"), xs=e(max_tokens * cdiv(hidden, 128), "float32"),
+                  hq=e(Pk * intermediate, "uint8"), hs=e(Pk * cdiv(intermediate, 128), "float32"))
     return MoeWorkspace(max_tokens=max_tokens, num_experts=num_experts, top_k=top_k, hidden=hidden,
                         intermediate=intermediate, shared=bool(shared), topk_ids=ids,
                         topk_weights=e(Pk, "float32"), part=e(part, "float32"),
                         hist=e(hist_chunks(Pk) * HIST_BINS, "int32"), sorted_ids=e(cap, "int32"),
                         block_expert=e(nblk, "int32"), num_padded=e(1, "int32"), h=e(Pk * intermediate, BF16),
-                        y=e(Pk * hidden, BF16))
+                        y=e(Pk * hidden, BF16), **q8)
+
+
+def _quant_group_base() -> str:
+    return _gemm_fp8.quant_base("group")
 
 
 def _prefix(op: str, name: str, buf, shape: tuple, dtype: str) -> TensorRef:
@@ -144,6 +181,24 @@ def _prefix(op: str, name: str, buf, shape: tuple, dtype: str) -> TensorRef:
     return TensorRef(t.ptr, tuple(shape), tuple(strides), dtype, t.device, buf)
 
 
+def fp8_mode(kind: str | None, block_m: int, ws: MoeWorkspace, forced: str | None = None) -> str:
+    """How the grouped path runs experts of ``kind`` at ``block_m`` with workspace ``ws``: "w8a16", "w8a8" or
+    "w8a8_unfused" (module doc); ``forced`` one of them (an OpError where it cannot run)."""
+    op = "moe.sparse_moe_block"
+    if forced is not None and forced not in FP8_MODES:
+        raise OpError(f"{op}: _fp8_mode must be None or one of {FP8_MODES}, got {forced!r}")
+    can = kind == "fp8" and ws.xq is not None and block_m in _w8a8.BLOCK_MS
+    fused = can and bool(_w8a8.TILES[block_m]["gate_up_q"])
+    if forced is None:
+        if not can or block_m < W8A8_MIN_BLOCK_M:
+            return "w8a16"
+        return "w8a8" if FUSED_H_QUANT and fused else "w8a8_unfused"
+    if forced != "w8a16" and not (fused if forced == "w8a8" else can):
+        raise OpError(f"{op}: _fp8_mode={forced!r} needs Fp8Experts, a workspace made with w8a8=True on an FP8 arch "
+                      f"and block_m in {_w8a8.BLOCK_MS} (got {kind or 'bf16'} experts, block_m {block_m})")
+    return forced
+
+
 def choose_path(M: int, kind: str | None = None) -> str:
     """The block's path for M tokens with experts of ``kind`` (None: bf16; ops/moe/experts.py): "decode" for M <=
     decode_ops.decode_max_m(kind) (read at each call: the one place the limits live), else "grouped" (module
@@ -152,14 +207,15 @@ def choose_path(M: int, kind: str | None = None) -> str:
 
 
 def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=None, workspace, out, stream=None,
-                     path: str | None = None):
+                     path: str | None = None, _fp8_mode: str | None = None, _block_m: int | None = None):
     """The MoE block of Qwen3.5/3.6 MoE for ``x`` bf16 [M, H] -> ``out`` bf16 [M, H]: router ``gate_w`` [E, H],
     experts ``w1`` [E', 2I, H] (gate rows then up rows) and ``w2`` [E', H, I], with the shared expert stacked
     as expert E (E' = E + 1) and ``shared_gate_w`` [1, H] when given (its weight sigmoid(x . shared_gate_w)).
     ``w1`` / ``w2`` may both be quantized experts of one kind (ops/moe/experts.py: ``Nvfp4Experts``, W4A16, or
-    ``Fp8Experts``, W8A16; either path).
+    ``Fp8Experts``, W8A16, or W8A8 on the grouped path: module doc; either path).
     ``workspace``: :func:`moe_workspace` for at least M tokens, the same E, top_k, H, I and shared. ``path``:
-    None (the M rule, :func:`choose_path`), "decode" or "grouped" (module doc)."""
+    None (the M rule, :func:`choose_path`), "decode" or "grouped" (module doc). ``_fp8_mode`` / ``_block_m`` force
+    the grouped path's FP8 mode / row tile (benchmarks, tests)."""
     op = "moe.sparse_moe_block"
     if path is not None and path not in PATHS:
         raise OpError(f"{op}: path must be None or one of {PATHS}, got {path!r}")
@@ -202,6 +258,13 @@ def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=Non
     path = path or choose_path(M, kind)
     if path == "grouped" and _grouped is None:
         raise OpError(f"{op}: the grouped GEMM ops (vkc_runtime.ops.moe.grouped_ops) are not in this build")
+    if path == "grouped":
+        bm = _block_m if _block_m is not None else block_m_for(M, kout, Ep)
+        if bm not in BLOCK_MS:
+            raise OpError(f"{op}: _block_m must be one of {BLOCK_MS}, got {bm!r}")
+        if _block_m is None and fp8_mode(kind, bm, ws) != "w8a16":
+            bm = W8A8_BLOCK_M
+        mode = fp8_mode(kind, bm, ws, _fp8_mode)  # refused here, before any launch
     route(x, gate_w, top_k, renormalize=renormalize, shared_gate_w=shared_gate_w, topk_ids=ids, topk_weights=wts,
           workspace=ws, stream=s)
     h = _prefix(op, "h", ws.h, (P, I), BF16)
@@ -209,14 +272,28 @@ def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=Non
         decode_gate_up(x, w1, ids, out=h, stream=s)
         decode_down(h, w2, ids, wts, out=out, stream=s)
         return out
-    bm = block_m_for(M, kout, Ep)
     cap = align_capacity(P, Ep, bm)
     sid = _prefix(op, "sorted_ids", ws.sorted_ids, (cap,), "int32")
     bex = _prefix(op, "block_expert", ws.block_expert, (cap // bm,), "int32")
     npad = _prefix(op, "num_padded", ws.num_padded, (1,), "int32")
     align(ids, Ep, bm, sorted_ids=sid, block_expert=bex, num_padded=npad, workspace=ws, stream=s)
     y = _prefix(op, "y", ws.y, (P, H), BF16)
-    _grouped.grouped_gemm(x, w1, sid, bex, npad, a_row_div=kout, out=h, block_m=bm, act="silu_mul", stream=s)
-    _grouped.grouped_gemm(h, w2, sid, bex, npad, a_row_div=1, out=y, block_m=bm, act=None, stream=s)
+    if mode == "w8a16":
+        _grouped.grouped_gemm(x, w1, sid, bex, npad, a_row_div=kout, out=h, block_m=bm, act="silu_mul", stream=s)
+        _grouped.grouped_gemm(h, w2, sid, bex, npad, a_row_div=1, out=y, block_m=bm, act=None, stream=s)
+    else:
+        xq = _prefix(op, "xq", ws.xq, (M, H), "uint8")
+        xs = _prefix(op, "xs", ws.xs, (M, cdiv(H, 128)), "float32")
+        hq = _prefix(op, "hq", ws.hq, (P, I), "uint8")
+        hs = _prefix(op, "hs", ws.hs, (P, cdiv(I, 128)), "float32")
+        _gemm_fp8.quantize_fp8_per_token_group(x, xq, xs, stream=s)
+        if mode == "w8a8":
+            _w8a8.grouped_gemm_w8a8(xq, xs, w1, sid, bex, npad, a_row_div=kout, out=hq, out_scale=hs, block_m=bm,
+                                    act="silu_mul", stream=s)
+        else:
+            _w8a8.grouped_gemm_w8a8(xq, xs, w1, sid, bex, npad, a_row_div=kout, out=h, block_m=bm, act="silu_mul",
+                                    stream=s)
+            _gemm_fp8.quantize_fp8_per_token_group(h, hq, hs, stream=s)
+        _w8a8.grouped_gemm_w8a8(hq, hs, w2, sid, bex, npad, a_row_div=1, out=y, block_m=bm, stream=s)
     combine(y, ids, wts, Ep, out=out, stream=s)
     return out

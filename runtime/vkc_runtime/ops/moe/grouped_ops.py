@@ -131,7 +131,8 @@ def _span(t) -> tuple[int, int]:
     return t.ptr, t.ptr + sum((s - 1) * st for s, st in zip(t.shape, t.strides)) * t.itemsize + t.itemsize
 
 
-def _no_overlap(op, out, others):
+def no_overlap(op, out, others):
+    """Refuse ``out`` overlapping any (name, ref) of ``others``."""
     o0, o1 = _span(out)
     for name, t in others:
         a0, a1 = _span(t)
@@ -150,12 +151,26 @@ def _index(op, name, obj, dtype, n=None):
     return t
 
 
-def _aligned(op, name, t, strides):
+def aligned(op, name, t, strides):
+    """A 16-byte aligned ref whose ``strides`` are multiples of 16 elements."""
     if t.ptr % 16:
         raise OpError(f"{op}: {name} must be 16-byte aligned")
     for s in strides:
         if s % 16:
             raise OpError(f"{op}: {name} strides {tuple(t.strides)} must be multiples of 16 elements")
+
+
+def grouping(op, sorted_ids, block_expert, num_padded, block_m: int):
+    """The grouping arrays' refs (module doc's layouts: cap a multiple of block_m, block_expert >= cap // block_m
+    entries, num_padded one)."""
+    st = _index(op, "sorted_ids", sorted_ids, "int32")
+    cap = st.shape[0]
+    if cap % block_m:
+        raise OpError(f"{op}: sorted_ids has {cap} entries, not a multiple of block_m={block_m}")
+    bt = _index(op, "block_expert", block_expert, "int32")
+    if bt.shape[0] < cap // block_m:
+        raise OpError(f"{op}: block_expert has {bt.shape[0]} entries, sorted_ids needs {cap // block_m}")
+    return st, bt, _index(op, "num_padded", num_padded, "int32", 1)
 
 
 def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, out, block_m: int,
@@ -204,14 +219,8 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
                       + (" (w.shape[1] // 2 with act='silu_mul')" if act else ""))
     if N % 16:
         raise OpError(f"{op}: N={N} output columns must be a multiple of 16 (the kernels' store promise)")
-    st = _index(op, "sorted_ids", sorted_ids, "int32")
+    st, bt, nt = grouping(op, sorted_ids, block_expert, num_padded, block_m)
     cap = st.shape[0]
-    if cap % block_m:
-        raise OpError(f"{op}: sorted_ids has {cap} entries, not a multiple of block_m={block_m}")
-    bt = _index(op, "block_expert", block_expert, "int32")
-    if bt.shape[0] < cap // block_m:
-        raise OpError(f"{op}: block_expert has {bt.shape[0]} entries, sorted_ids needs {cap // block_m}")
-    nt = _index(op, "num_padded", num_padded, "int32", 1)
     refs = [at, *(q.tensors if kind else (wt,)), ot, st, bt, nt]
     rt = None
     if row_scale is not None:
@@ -230,13 +239,13 @@ def grouped_gemm(a, w, sorted_ids, block_expert, num_padded, *, a_row_div: int, 
         swn = int(wt.strides[1]) if R > 1 else K
         if wt.strides[2] != 1 and K > 1:
             raise OpError(f"{op}: w must be contiguous in its last dim")
-        _aligned(op, "w", wt, (swe, swn))
+        aligned(op, "w", wt, (swe, swn))
         wnamed = [("w", wt)]
-    _aligned(op, "a", at, (sa,))
-    _aligned(op, "out", ot, (so,))
+    aligned(op, "a", at, (sa,))
+    aligned(op, "out", ot, (so,))
     if P > 1 and so < N:
         raise OpError(f"{op}: out rows overlap (row stride {so} < N={N})")
-    _no_overlap(op, ot, [("a", at), *wnamed, ("sorted_ids", st), ("block_expert", bt), ("num_padded", nt)]
+    no_overlap(op, ot, [("a", at), *wnamed, ("sorted_ids", st), ("block_expert", bt), ("num_padded", nt)]
                 + ([("row_scale", rt)] if rt is not None else []))
     fits_i32(op, P=P, N=N, K=K, a_rows=a_rows, a_row_div=a_row_div, stride_a=sa, stride_we=swe, stride_wn=swn,
              stride_out=so, cap=cap)
