@@ -129,11 +129,12 @@ def moe_ckpt(tmp_path_factory):
     return d
 
 
-def quantized_moe_engine(launches, ckpt, monkeypatch, prefix: str):
+def quantized_moe_engine(launches, ckpt, monkeypatch, prefix: str, grouped: str | None = None, tokens: int = 40):
     """An LLM on a MoE checkpoint whose experts stay quantized, every MoE block of every step -- eager prefill chunks
-    on the grouped path, captured and replayed decode steps on the decode path -- through the real host validation
-    of ops.moe.sparse_moe_block (kernels recorded against the sm_90a manifest): only the ``moe.<prefix>.*`` expert
-    kernels launch, on the backend's stream, with no allocation inside a capture. Returns the LLM."""
+    (of ``tokens``) on the grouped path, captured and replayed decode steps on the decode path -- through the real
+    host validation of ops.moe.sparse_moe_block (kernels recorded against the sm_90a manifest): only the
+    ``moe.<prefix>.*`` expert kernels launch (``moe.<grouped>.grouped.*`` on the grouped path where given), on the
+    backend's stream, with no allocation inside a capture. Returns the LLM."""
     from vkc_runtime.ops import moe
     r = _Rec(declared=declared_bases(moe))
     patch_ops(monkeypatch, moe, "get_kernel", r)
@@ -141,15 +142,16 @@ def quantized_moe_engine(launches, ckpt, monkeypatch, prefix: str):
     patch_ops(monkeypatch, moe, "_sm_count", lambda dev: 132)
     _record_streams(r, launches)
     be = Fp8StreamBackend(monkeypatch)
-    llm = LLM(ckpt, backend=be, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=256, num_blocks=32,
+    llm = LLM(ckpt, backend=be, max_num_seqs=4, max_num_batched_tokens=tokens, max_model_len=256, num_blocks=32,
               block_size=64)
     n0 = len(launches)
-    outs = llm.generate([[5] * 50, [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    outs = llm.generate([[5] * (tokens + 10), [7] * 3, [9]], SamplingParams(temperature=0, max_tokens=3,
+                                                                            ignore_eos=True))
     assert all(len(o.token_ids) == 3 for o in outs) and be.replays > 0
     bases = [b for b, _ in launches[n0:] if b.startswith("moe.")]
     decode = (f"moe.{prefix}.gate_up.", f"moe.{prefix}.down.") if prefix.endswith(".mma") else (f"moe.{prefix}.decode.",)
     assert any(b.startswith(decode) for b in bases)
-    assert any(b.startswith(f"moe.{prefix}.grouped.") for b in bases)
+    assert any(b.startswith(f"moe.{grouped or prefix}.grouped.") for b in bases)
     assert not [b for b in bases if b.startswith(("moe.decode.", "moe.grouped."))]
     assert not [(b, s) for b, s in launches if s != STREAM]
     assert not be.allocs_in_capture, be.allocs_in_capture[:5]

@@ -84,6 +84,15 @@ def quant_base(kind: str) -> str:
     return f"gemm_fp8.quant_{kind}"
 
 
+def load_quantizer(kind: str, device: int | None = None) -> bool:
+    """Load the ``kind`` activation quantizer's kernel ("token" / "group") for ``device`` ahead of a graph capture
+    (another op's workspace, e.g. ops.moe's W8A8 path); False where this arch has none."""
+    if not has_kernel(quant_base(kind), device=device):
+        return False
+    get_kernel(quant_base(kind), device=device).load()
+    return True
+
+
 BASES: tuple[str, ...] = ()  # nothing on sm_80 / sm_86
 OPTIONAL_BASES = tuple(gemm_base(k, bm, bn) for k in KINDS for bm, bn in TILES[k]) + \
     tuple(quant_base(q) for q in QUANTS)

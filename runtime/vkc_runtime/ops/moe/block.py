@@ -149,8 +149,8 @@ def moe_workspace(max_tokens: int, num_experts: int, top_k: int, hidden: int, in
             get_kernel(b, device=device).load()
     part = max(route_scratch_floats(m, num_experts, hidden, device=device) for m in range(1, max_tokens + 1))
     q8 = {}
-    if w8a8 and _w8a8.available(device) and has_kernel(_quant_group_base(), device=device):
-        for b in _w8a8.W8A8_BASES + (_quant_group_base(),):
+    if w8a8 and _w8a8.available(device) and _gemm_fp8.load_quantizer("group", device):
+        for b in _w8a8.W8A8_BASES:
             get_kernel(b, device=device).load()
         q8 = dict(xq=e(max_tokens * hidden, "uint8"), xs=e(max_tokens * cdiv(hidden, 128), "float32"),
                   hq=e(Pk * intermediate, "uint8"), hs=e(Pk * cdiv(intermediate, 128), "float32"))
@@ -160,10 +160,6 @@ def moe_workspace(max_tokens: int, num_experts: int, top_k: int, hidden: int, in
                         hist=e(hist_chunks(Pk) * HIST_BINS, "int32"), sorted_ids=e(cap, "int32"),
                         block_expert=e(nblk, "int32"), num_padded=e(1, "int32"), h=e(Pk * intermediate, BF16),
                         y=e(Pk * hidden, BF16), **q8)
-
-
-def _quant_group_base() -> str:
-    return _gemm_fp8.quant_base("group")
 
 
 def _prefix(op: str, name: str, buf, shape: tuple, dtype: str) -> TensorRef:
