@@ -67,4 +67,4 @@ def test_grouped_standin_follows_the_contract():
     R.grouped_gemm_standin(a, w, sid, bex, np.array([pos]), a_row_div=2, out=out, block_m=bm, act="silu_mul")
     for f in range(P):
         r = w[ids[f]] @ a[f // 2]
-        np.testing.assert_allclose(out[f], R.silu(r[:N]) * r[N:], rtol=1e-6)
+        np.testing.assert_allclose(out[f], R.silu(r[:N]) * r[N:], rtol=1e-5)  # the stand-in sums in float32
