@@ -391,6 +391,7 @@ def bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs):
         row["alternatives"] = alts
     if kind == "fp8" and M >= 256:
         row["fp8_modes"] = _fp8_modes(M, gw, sg, q1, q2, ws, xs, out, outs.get("bf16"), n_sets)
+        row["w8a8_kernels"] = _w8a8_kernels(M, ws, xs, routes, q1, q2, n_sets)
     if M >= 256:  # each compiled grouped tile of the kind forced, both GEMMs, on the first set's grouping
         row["grouped_alternatives"] = _grouped_tiles(kind, M, ws, xs, routes, q1, q2, n_sets)
     print(kind, {k: v for k, v in row.items() if k in ("M", "floor_us", f"{kind}_graph_us", "bf16_graph_us",
@@ -426,15 +427,60 @@ def _fp8_modes(M, gw, sg, q1, q2, ws, xs, out, ref, n_sets) -> dict:
     return res
 
 
+def _grouping(M, bm, ws, routes):
+    """sorted_ids, block_expert, num_padded of the first input set's routing at block_m ``bm``."""
+    cap = moe.align_capacity(M * KOUT, EP, bm)
+    st, bt = (torch.empty(n, dtype=torch.int32, device="cuda") for n in (cap, cap // bm))
+    nt = torch.empty(1, dtype=torch.int32, device="cuda")
+    moe.align(routes[0][0].int().contiguous(), EP, bm, sorted_ids=st, block_expert=bt, num_padded=nt, workspace=ws)
+    return st, bt, nt
+
+
+def _w8a8_kernels(M, ws, xs, routes, q1, q2, n_sets) -> dict:
+    """Graph device time of each W8A8 launch alone (the x / h quantizer, each compiled gate_up and down tile) at
+    block_m 64 and 128 on the first input set's grouping (the block's own per-launch split)."""
+    from vkc_runtime.ops import gemm_fp8 as G8
+    from vkc_runtime.ops.moe import w8a8_ops as W
+    P = M * KOUT
+    xq = torch.empty(M, H, dtype=torch.uint8, device="cuda")
+    xsc = torch.empty(M, H // 128, dtype=torch.float32, device="cuda")
+    h = torch.empty(P, I, dtype=torch.bfloat16, device="cuda")
+    hq = torch.empty(P, I, dtype=torch.uint8, device="cuda")
+    hs = torch.empty(P, I // 128, dtype=torch.float32, device="cuda")
+    y = torch.empty(P, H, dtype=torch.bfloat16, device="cuda")
+    G8.quantize_fp8_per_token_group(xs[0], xq, xsc)
+    G8.quantize_fp8_per_token_group(h.normal_(), hq, hs)
+    res = {}
+    for name, fn in (("quant_x", lambda i, s: G8.quantize_fp8_per_token_group(xs[i], xq, xsc, stream=s)),
+                     ("quant_h", lambda i, s: G8.quantize_fp8_per_token_group(h, hq, hs, stream=s))):
+        sub = {}
+        _time(sub, "t", fn, True, n_sets)
+        res[name] = sub.get("t_graph_us", sub.get("t_graph_error"))
+    for bm, per in W.TILES.items():
+        st, bt, nt = _grouping(M, bm, ws, routes)
+        for kn, bns in per.items():
+            for bn in bns:
+                def fn(i, s, bm=bm, kn=kn, bn=bn, st=st, bt=bt, nt=nt):
+                    if kn == "down":
+                        W.grouped_gemm_w8a8(hq, hs, q2, st, bt, nt, a_row_div=1, out=y, block_m=bm, stream=s, _tile=bn)
+                    else:
+                        q = kn == "gate_up_q"
+                        W.grouped_gemm_w8a8(xq, xsc, q1, st, bt, nt, a_row_div=KOUT, out=hq if q else h,
+                                            out_scale=hs if q else None, block_m=bm, act="silu_mul", stream=s,
+                                            _tile=bn)
+                sub = {}
+                _time(sub, "t", fn, True, n_sets)
+                res[W.base(bm, bn, kn)] = sub.get("t_graph_us", sub.get("t_graph_error"))
+    print("w8a8 kernels", M, res)
+    return res
+
+
 def _grouped_tiles(kind, M, ws, xs, routes, q1, q2, n_sets) -> dict:
     """Graph device time of each compiled grouped tile of ``kind`` (gate_up with SiLU-and-mul, then down) at the
     rule's block_m, on the grouping of the first input set."""
     from vkc_runtime.ops.moe import experts as X, grouped_ops as G
     bm = moe.block_m_for(M, KOUT, EP)
-    cap = moe.align_capacity(M * KOUT, EP, bm)
-    st, bt = (torch.empty(n, dtype=torch.int32, device="cuda") for n in (cap, cap // bm))
-    nt = torch.empty(1, dtype=torch.int32, device="cuda")
-    moe.align(routes[0][0].int().contiguous(), EP, bm, sorted_ids=st, block_expert=bt, num_padded=nt, workspace=ws)
+    st, bt, nt = _grouping(M, bm, ws, routes)
     h = torch.empty(M * KOUT, I, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(M * KOUT, H, dtype=torch.bfloat16, device="cuda")
     alts = {}
