@@ -211,13 +211,13 @@ def main(argv=None) -> int:
                     help="triton: the block-scaled FP8 GEMMs on the Triton kernels even where the CuTe ones exist "
                          "(the A/B of the CuTe lane in one process)")
     ap.add_argument("--moe-fp8", choices=("default", "w8a16"), default="default",
-                    help="w8a16: FP8 experts on the W8A16 kernels at every M (ops.moe.W8A8_MIN_BLOCK_M out of "
-                         "reach; the A/B of the W8A8 grouped path in one process)")
+                    help="w8a16: FP8 experts on the W8A16 kernels at every M (ops.moe.W8A8_GROUPED off; the A/B "
+                         "of the W8A8 grouped path in one process)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.moe_fp8 == "w8a16":
         from vkc_runtime.ops.moe import block as _block
-        _block.W8A8_MIN_BLOCK_M = 1 << 30
+        _block.W8A8_GROUPED = False
     if a.fp8_block_lane == "triton":
         from vkc_runtime.ops import gemm as _gemm
         _gemm.has_fp8_block = lambda: False

@@ -140,9 +140,12 @@ def moe_ckpt(tmp_path_factory):
 
 def test_fp8_experts_through_the_real_moe_validation(fp8_launches, fake_vkc, moe_ckpt, monkeypatch):  # noqa: F811
     """Per-expert FP8 experts stay FP8 (backend.experts_fp8 -> ops.moe.Fp8Experts) and run the W8A16 expert kernels
-    (tests/test_engine_nvfp4_fake.py quantized_moe_engine)."""
+    on both paths with the W8A8 grouped rule switched off (ops.moe.W8A8_GROUPED; tests/test_engine_nvfp4_fake.py
+    quantized_moe_engine)."""
     from tests.test_engine_nvfp4_fake import quantized_moe_engine
     from vkc_runtime.ops import moe
+    from vkc_runtime.ops.moe import block
+    monkeypatch.setattr(block, "W8A8_GROUPED", False)
     llm = quantized_moe_engine(fp8_launches, moe_ckpt, monkeypatch, "w8a16")
     E, H, I = llm.cfg.num_experts, llm.cfg.hidden_size, llm.cfg.moe_intermediate_size
     mlp = llm.model.layers[0].mlp
@@ -154,12 +157,12 @@ def test_fp8_experts_through_the_real_moe_validation(fp8_launches, fake_vkc, moe
 def test_fp8_experts_w8a8_prefill(fp8_launches, fake_vkc, moe_ckpt, monkeypatch):  # noqa: F811
     """A 64-token prefill chunk of the small MoE (k' = 3 over E' = 9: block_m 64) runs the W8A8 grouped GEMMs (the
     engine makes its MoE workspace with w8a8=True for FP8 experts), the activations quantized by gemm_fp8's group
-    quantizer on the same stream; decode steps and block_m 16 chunks stay W8A16."""
+    quantizer on the same stream; decode-path steps stay W8A16 (the GEMVs), no grouped launch is W8A16."""
     from tests.test_engine_nvfp4_fake import quantized_moe_engine
     from vkc_runtime.ops import moe
     n0 = len(fp8_launches)
     llm = quantized_moe_engine(fp8_launches, moe_ckpt, monkeypatch, "w8a16", grouped="w8a8", tokens=64)
     assert moe.fp8_mode("fp8", moe.W8A8_BLOCK_M, llm.backend._moe_ws) != "w8a16"
     bases = [b for b, _ in fp8_launches[n0:]]
-    assert all(".m16." in b for b in bases if b.startswith("moe.w8a16.grouped."))  # W8A16 only at block_m 16
+    assert not [b for b in bases if b.startswith("moe.w8a16.grouped.")]  # W8A8 at every grouped M
     assert bases.count("gemm_fp8.quant_group") >= 2 * len(llm.model.layers)  # x and h, per layer of the chunk

@@ -136,24 +136,25 @@ def _ref_block_w8a8(x, gw, sg, W1, W2, k, fused):
     return out
 
 
-@pytest.mark.parametrize("mode", ["w8a8", "w8a8_unfused"])
-def test_block_w8a8_vs_float64(M_, mode):
-    """M = 64 tokens, k' = 3 over E' = 9 experts: block_m 64, the grouped path; H = 256, I = 128."""
+@pytest.mark.parametrize("mode,M", [("w8a8", 64), ("w8a8_unfused", 64), (None, 8)])
+def test_block_w8a8_vs_float64(M_, mode, M):
+    """M = 64 tokens, k' = 3 over E' = 9 experts: block_m 64, the grouped path; H = 256, I = 128. M = 8 with the
+    default mode: the M rule says block_m 16, the block still runs W8A8 grouped by W8A8_BLOCK_M rows."""
     moe, reg, ar = M_
     rng = np.random.default_rng(_seed())
     g = torch.Generator().manual_seed(_seed())
-    M, E, k, H, I = 64, 8, 2, 256, 128
+    E, k, H, I = 8, 2, 256, 128
     x, gw, sg = bf16(g, M, H), bf16(g, E, H, scale=0.3), bf16(g, 1, H, scale=0.2)
     p1, W1 = experts(rng, E + 1, 2 * I, H)
     p2, W2 = experts(rng, E + 1, H, I)
     ws = workspace(moe, ar, M, E, k, H, I, True, w8a8=True)
-    assert moe.block_m_for(M, k + 1, E + 1) == 64 and moe.choose_path(M, "fp8") == "grouped"
+    assert moe.block_m_for(M, k + 1, E + 1) == (64 if M == 64 else 16) and moe.choose_path(M, "fp8") == "grouped"
     assert moe.fp8_mode("fp8", 64, ws) == ("w8a8" if moe.FUSED_H_QUANT else "w8a8_unfused")
     out = ar.poison((M, H), torch.bfloat16)
     moe.sparse_moe_block(Cai(ar.put(x)), Cai(ar.put(gw)), put_experts(moe, ar, p1), put_experts(moe, ar, p2), k,
                          renormalize=True, shared_gate_w=Cai(ar.put(sg)), workspace=ws, out=Cai(out), _fp8_mode=mode)
     ar.check()
-    fused = mode == "w8a8"
+    fused = (mode or moe.fp8_mode("fp8", moe.W8A8_BLOCK_M, ws)) == "w8a8"
     w8 = [b for b in reg.launched if ".w8a8." in b]
     assert w8 == ["moe.w8a8.grouped.m64.n128.k128.silu.q" if fused else "moe.w8a8.grouped.m64.n64.k128.silu",
                   "moe.w8a8.grouped.m64.n128.k128"], reg.launched
@@ -165,12 +166,13 @@ def test_block_w8a8_vs_float64(M_, mode):
     np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
-def test_fp8_mode_rule():
+def test_fp8_mode_rule(monkeypatch):
     from vkc_runtime.ops import moe
+    from vkc_runtime.ops.moe import block
     q8, plain = SimpleNamespace(xq=object()), SimpleNamespace(xq=None)
     pick = "w8a8" if moe.FUSED_H_QUANT else "w8a8_unfused"
     assert moe.fp8_mode("fp8", 64, q8) == pick and moe.fp8_mode("fp8", 128, q8) == "w8a8_unfused"
-    assert moe.fp8_mode("fp8", 16, q8) == "w8a16"          # decode-size groups: the W8A16 kernels stream weights
+    assert moe.fp8_mode("fp8", 16, q8) == "w8a16"          # no W8A8 tile at block_m 16 (the block groups by 64)
     assert moe.fp8_mode("fp8", 128, plain) == "w8a16"      # no W8A8 buffers (bf16 workspace, or not an FP8 arch)
     assert moe.fp8_mode(None, 128, q8) == "w8a16" and moe.fp8_mode("nvfp4", 128, q8) == "w8a16"
     assert moe.fp8_mode("fp8", 16, q8, "w8a16") == "w8a16"
@@ -179,6 +181,8 @@ def test_fp8_mode_rule():
             moe.fp8_mode(kind, bm, ws, "w8a8")
     with pytest.raises(moe.OpError, match="_fp8_mode must be"):
         moe.fp8_mode("fp8", 64, q8, "w4a4")
+    monkeypatch.setattr(block, "W8A8_GROUPED", False)    # the switch (bench_engine --moe-fp8 w8a16): W8A16 by default
+    assert moe.fp8_mode("fp8", 64, q8) == "w8a16" and moe.fp8_mode("fp8", 64, q8, "w8a8_unfused") == "w8a8_unfused"
 
 
 def test_w8a8_refused_before_launch(M_):

@@ -1,10 +1,10 @@
 """GPU (H200) checks of the W8A8 path of block-wise FP8 experts (ops/moe/w8a8_ops.py, kernels_src/moe/w8a8.py; the
-MoE block's grouped path at block_m >= 64 with a workspace made with w8a8=True) on Qwen3.6-35B-A3B's shapes (E = 256
+MoE block's grouped path at every M with a workspace made with w8a8=True) on Qwen3.6-35B-A3B's shapes (E = 256
 routed + the shared expert as expert 256, k = 8, H = 2048, I = 512):
 
-- sparse_moe_block at M in {512, 2048, 8192} in each mode ("w8a8": h quantized in the gate_up epilogue, block_m 64;
-  "w8a8_unfused": h written as bf16 then quantized, block_m 64 and 128; the default, bitwise equal to its mode
-  forced at W8A8_BLOCK_M) vs a float64 block that quantizes x and h per row per 128 columns as the kernels do (the
+- sparse_moe_block at M in {8, 200, 512, 2048, 8192} (8 and 200: the M rule's block_m 16) in each mode ("w8a8":
+  h quantized in the gate_up epilogue, block_m 64; "w8a8_unfused": h written as bf16 then quantized, block_m 64 and
+  128; the default, bitwise equal to its mode forced at W8A8_BLOCK_M) vs a float64 block that quantizes x and h per row per 128 columns as the kernels do (the
   quantizers' formula, torch's e4m3 rounding) and vs the unquantized float64 block (what W8A16 computes): the
   emulated quantization must explain most of the error (check_quantized); two runs into a poisoned workspace
   bitwise equal;
@@ -106,7 +106,7 @@ def check_quantized(out, emu, full, ok, tag):
     assert e_emu < 1.5e-2 and e_emu < 0.5 * e_full, (tag, e_emu, e_full)
 
 
-@pytest.mark.parametrize("M", (512, 2048, 8192))
+@pytest.mark.parametrize("M", (8, 200, 512, 2048, 8192))  # 8 / 200: the M rule's block_m 16, W8A8 still runs
 @pytest.mark.parametrize("mode,bm", [(None, None), ("w8a8", 64), ("w8a8_unfused", 64), ("w8a8_unfused", 128)])
 def test_block_w8a8_vs_float64(moe, weights, M, mode, bm):
     w1, W1, w2, W2 = weights
@@ -114,7 +114,7 @@ def test_block_w8a8_vs_float64(moe, weights, M, mode, bm):
     ws = moe.moe_workspace(M, E, K, H, I, shared=True, w8a8=True)
     assert ws.xq is not None
     got_mode = moe.fp8_mode("fp8", bm or moe.W8A8_BLOCK_M, ws, mode)
-    assert got_mode != "w8a16" and moe.block_m_for(M, K + 1, E + 1) >= moe.W8A8_MIN_BLOCK_M
+    assert got_mode != "w8a16" and moe.choose_path(M, "fp8") == "grouped"
     _poison(ws)
     out = _run(moe, x, gw, sg, w1, w2, ws, mode, bm)
     ok = ~near_ties(ref_route(x, gw, K, True, sg)[2], K)

@@ -41,7 +41,7 @@ are bound calls (vkc_runtime.bound). The results are deterministic (no atomics; 
 """
 from .._check import OpError
 from .block import (BLOCK_MS, FP8_MODES, FUSED_H_QUANT, GROUPED_BASES, GROUPED_OPTIONAL_BASES, PATHS,
-                    W8A8_BLOCK_M, W8A8_MIN_BLOCK_M, MoeWorkspace, block_m_for, choose_path, fp8_mode, moe_workspace,
+                    W8A8_BLOCK_M, W8A8_GROUPED, MoeWorkspace, block_m_for, choose_path, fp8_mode, moe_workspace,
                     sparse_moe_block)
 from .decode_ops import DECODE_BASES, DECODE_MAX_M, decode_down, decode_gate_up
 from .common import BASES as ROUTE_BASES, MAX_EXPERTS, MAX_TOPK, align_capacity
@@ -60,7 +60,7 @@ except ModuleNotFoundError as _e:  # pragma: no cover - a tree without them
 __all__ = ["route", "align", "combine", "align_capacity", "moe_workspace", "MoeWorkspace", "sparse_moe_block",
            "grouped_gemm", "choose_block_m", "decode_gate_up", "decode_down", "DECODE_MAX_M", "DECODE_BASES",
            "choose_path", "PATHS", "Nvfp4Experts", "Nvfp4MmaExperts", "pack_experts", "nvfp4_mma_shapes", "Fp8Experts",
-           "grouped_gemm_w8a8", "fp8_mode", "FP8_MODES", "FUSED_H_QUANT", "W8A8_MIN_BLOCK_M", "W8A8_BLOCK_M",
+           "grouped_gemm_w8a8", "fp8_mode", "FP8_MODES", "FUSED_H_QUANT", "W8A8_GROUPED", "W8A8_BLOCK_M",
            "block_m_for", "BLOCK_MS", "MAX_EXPERTS", "MAX_TOPK", "OpError", "BASES", "OPTIONAL_BASES"]
 
 # every kernel the family's ops may launch: the routing ones, the decode path's and, where ops/moe/grouped_ops.py

@@ -1,19 +1,20 @@
 """The whole MoE block (:func:`sparse_moe_block`) and its workspace (:func:`moe_workspace`), two paths, each on
 one stream, no host sync, every buffer from the workspace (graph-capturable):
 
-  decode  (M <= ``DECODE_MAX_M`` tokens, or the experts' kind's own limit: decode_ops.decode_max_m): route -> decode_gate_up (gate_up GEMV + SwiGLU
-          per (token, pick) pair) -> decode_down (down GEMV + the weighted sum per token): four launches, no
-          grouping by expert, no MMA tile padded to 16 rows for one real row;
+  decode  (M <= ``DECODE_MAX_M`` tokens, or the experts' kind's own limit: decode_ops.decode_max_m): route ->
+          decode_gate_up (gate_up GEMV + SwiGLU per (token, pick) pair) -> decode_down (down GEMV + the weighted
+          sum per token): four launches, no grouping by expert, no MMA tile padded to 16 rows for one real row;
   grouped (larger M): route -> align -> grouped GEMM (gate_up, SiLU-and-mul) -> grouped GEMM (down) -> combine,
           five ops and six or seven launches.
 
-Block-wise FP8 experts (``Fp8Experts``) on the grouped path where the M rule gives block_m >= ``W8A8_MIN_BLOCK_M``
-(the prefill tiles) run W8A8, grouped by ``W8A8_BLOCK_M`` rows, when the workspace was made with ``w8a8=True`` on an
-FP8 arch (ops/moe/w8a8_ops.py): x quantized per row per 128 columns (ops.gemm_fp8.quantize_fp8_per_token_group, one
-launch), the gate_up GEMM on the FP8 tensor cores writing h as bf16, h quantized likewise, the down GEMM on the FP8
-tensor cores: two launches more than W8A16. ``FUSED_H_QUANT`` (off: measured slower, see the constants) would have
-the gate_up epilogue write h quantized (the ``.q`` tile, block_m 64 only: the 128-row one spills).
-Elsewhere (the decode path, block_m 16: the GEMMs stream the weights) they run W8A16. ``_fp8_mode=`` forces
+Block-wise FP8 experts (``Fp8Experts``) on the grouped path (every M past the decode path's limit, while
+``W8A8_GROUPED``) run W8A8, grouped by ``W8A8_BLOCK_M`` rows whatever the M rule says, when the workspace was made
+with ``w8a8=True`` on an FP8 arch (ops/moe/w8a8_ops.py): x quantized per row per 128 columns
+(ops.gemm_fp8.quantize_fp8_per_token_group, one launch), the gate_up GEMM on the FP8 tensor cores writing h as bf16,
+h quantized likewise, the down GEMM on the FP8 tensor cores: two launches more than W8A16. ``FUSED_H_QUANT`` (off:
+measured slower, see the constants) would have the gate_up epilogue write h quantized (the ``.q`` tile, block_m 64
+only: the 128-row one spills).
+On the decode path (its GEMVs stream the weights) and without those buffers they run W8A16. ``_fp8_mode=`` forces
 "w8a16", "w8a8" (the fused epilogue) or "w8a8_unfused", ``_block_m=`` the row tile (benchmarks and tests).
 
 ``path=`` forces one ("decode" / "grouped"; benchmarks and tests); the default is the M rule, a pure function of
@@ -53,11 +54,14 @@ except ModuleNotFoundError as _e:  # the grouped GEMMs' module (helper moegemm's
     _grouped = None
 
 __all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "BLOCK_MS", "PATHS", "choose_path",
-           "fp8_mode", "FP8_MODES", "W8A8_MIN_BLOCK_M", "W8A8_BLOCK_M", "FUSED_H_QUANT"]
+           "fp8_mode", "FP8_MODES", "W8A8_GROUPED", "W8A8_BLOCK_M", "FUSED_H_QUANT"]
 
 PATHS = ("decode", "grouped")
 FP8_MODES = ("w8a16", "w8a8", "w8a8_unfused")
-W8A8_MIN_BLOCK_M = 64
+# W8A8 on the grouped path at every M: on the H100 (bench_moe.py fp8, 35B-A3B shapes, graph) the block at block_m 64
+# with W8A8 takes 0.70-0.84x the time of W8A16 at the rule's block_m 16 from M = 8 to 456 tokens (e.g. 100.9 vs
+# 120.7 us at M = 8, 339 vs 440 at 256), and 0.50-0.69x W8A16 at block_m 64 / 128 from 512 up
+W8A8_GROUPED = True
 # W8A8 groups by 64 rows at every M it runs at, and quantizes h in its own launch: on the H200 (bench_moe.py, 35B-A3B
 # shapes, graph) the m64 block is 1.1-1.55x the m128 one at M 512-8192, and the n64 gate_up tile + the quantizer
 # 1.05-1.17x the fused .q tile (BN 128 on 8 warps)
@@ -186,7 +190,7 @@ def fp8_mode(kind: str | None, block_m: int, ws: MoeWorkspace, forced: str | Non
     can = kind == "fp8" and ws.xq is not None and block_m in _w8a8.BLOCK_MS
     fused = can and bool(_w8a8.TILES[block_m]["gate_up_q"])
     if forced is None:
-        if not can or block_m < W8A8_MIN_BLOCK_M:
+        if not can or not W8A8_GROUPED:
             return "w8a16"
         return "w8a8" if FUSED_H_QUANT and fused else "w8a8_unfused"
     if forced != "w8a16" and not (fused if forced == "w8a8" else can):
@@ -258,7 +262,7 @@ def sparse_moe_block(x, gate_w, w1, w2, top_k, *, renormalize, shared_gate_w=Non
         bm = _block_m if _block_m is not None else block_m_for(M, kout, Ep)
         if bm not in BLOCK_MS:
             raise OpError(f"{op}: _block_m must be one of {BLOCK_MS}, got {bm!r}")
-        if _block_m is None and fp8_mode(kind, bm, ws) != "w8a16":
+        if _block_m is None and fp8_mode(kind, W8A8_BLOCK_M, ws) != "w8a16":
             bm = W8A8_BLOCK_M
         mode = fp8_mode(kind, bm, ws, _fp8_mode)  # refused here, before any launch
     route(x, gate_w, top_k, renormalize=renormalize, shared_gate_w=shared_gate_w, topk_ids=ids, topk_weights=wts,
