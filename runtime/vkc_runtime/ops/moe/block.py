@@ -59,8 +59,8 @@ __all__ = ["MoeWorkspace", "moe_workspace", "sparse_moe_block", "block_m_for", "
 PATHS = ("decode", "grouped")
 FP8_MODES = ("w8a16", "w8a8", "w8a8_unfused")
 # W8A8 on the grouped path at every M: on the H100 (bench_moe.py fp8, 35B-A3B shapes, graph) the block at block_m 64
-# with W8A8 takes 0.70-0.84x the time of W8A16 at the rule's block_m 16 from M = 8 to 456 tokens (e.g. 100.9 vs
-# 120.7 us at M = 8, 339 vs 440 at 256), and 0.50-0.69x W8A16 at block_m 64 / 128 from 512 up
+# with W8A8 takes 0.71-0.84x the time of W8A16 at the rule's block_m 16 at M = 8 to 384 tokens (e.g. 100.9 vs
+# 120.7 us at M = 8, 339 vs 440 at 256), and 0.54-0.82x W8A16 at block_m 64 or 128 from 256 up
 W8A8_GROUPED = True
 # W8A8 groups by 64 rows at every M it runs at, and quantizes h in its own launch: on the H200 (bench_moe.py, 35B-A3B
 # shapes, graph) the m64 block is 1.1-1.55x the m128 one at M 512-8192, and the n64 gate_up tile + the quantizer
