@@ -389,7 +389,7 @@ def bench_quant(kind, M, gw, sg, q1, q2, d1, d2, copy_tbs):
                 _time(sub, "t", fn, True, n_sets)
                 alts[X.module(kind).base(part, tile)] = sub.get("t_graph_us", sub.get("t_graph_error"))
         row["alternatives"] = alts
-    if kind == "fp8" and row["path"] == "grouped":  # every mode forced where the block groups (the W8A8 rule's data)
+    if kind == "fp8" and M >= 2:  # every grouped mode forced (the W8A8 rule's data; M 2-4: vs the decode path)
         row["fp8_modes"] = _fp8_modes(M, gw, sg, q1, q2, ws, xs, out, outs.get("bf16"), n_sets)
     if kind == "fp8" and M >= 256:
         row["w8a8_kernels"] = _w8a8_kernels(M, ws, xs, routes, q1, q2, n_sets)

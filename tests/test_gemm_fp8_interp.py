@@ -116,10 +116,9 @@ def test_quant_tensor_saturates():
     assert (bits_of(buf[:, K:]) == NAN_BYTE).all()
 
 
-@pytest.mark.parametrize("K", [400, 2064])
-def test_quant_group_bit_exact(K):
+@pytest.mark.parametrize("M,K", [(4, 400), (6, 2064), (9, 512)])  # M % ROWS != 0: the last program's rows masked
+def test_quant_group_bit_exact(M, K):
     g = rng()
-    M = 4
     kb = R.group_cols(K)
     x = g.standard_normal((M, K)).astype(np.float32) * 2.0 ** g.uniform(-4, 4, (M, 1))
     x[0, 128:256] = 0.0                            # one zero group: the floor
@@ -130,7 +129,8 @@ def test_quant_group_bit_exact(K):
     sbuf = torch.full((M, kb + 5), float("nan"), dtype=torch.float32, device=DEV)
     sc = sbuf[:, :kb]
     sp = SPECS["quant_group"]
-    launch_spec(sp, (M, triton.cdiv(kb, sp.constexprs["GROUPS"])), bf16(x), q, sc, K, K, q.stride(0), sc.stride(0))
+    grid = (triton.cdiv(M, sp.constexprs["ROWS"]), triton.cdiv(kb, sp.constexprs["GROUPS"]))
+    launch_spec(sp, grid, bf16(x), q, sc, K, K, q.stride(0), sc.stride(0), M)
     rq, rs = R.quant_group(x)
     np.testing.assert_array_equal(f32(sc), rs)
     np.testing.assert_array_equal(bits_of(q), R.fp8_bits(rq))

@@ -156,7 +156,7 @@ def test_quantizer_args(rec):
     (b0, g0, a0), (b1, g1, a1), (b2, g2, a2) = rec.calls
     assert (b0, g0, a0) == (G.quant_base("token"), (M, 1, 1), (ptr(x), ptr(q), ptr(s), K, K, K))
     assert (b1, g1, a1) == (G.quant_base("tensor"), (M, 3, 1), (ptr(x), ptr(q), ptr(st), K, K, K))
-    assert (b2, g2, a2) == (G.quant_base("group"), (M, 3, 1), (ptr(x), ptr(q), ptr(sg), K, K, K, 20))
+    assert (b2, g2, a2) == (G.quant_base("group"), (3, 5, 1), (ptr(x), ptr(q), ptr(sg), K, K, K, 20, M))
 
 
 def test_empty_does_not_launch(rec):

@@ -156,16 +156,22 @@ def quant_tensor_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK: tl.
 
 
 @triton.jit
-def quant_group_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, GROUPS: tl.constexpr):
-    """x [M, K] bf16 -> q [M, K] fp8, s [M, cdiv(K, 128)] fp32 (row stride stride_sm). Grid (M, cdiv(cdiv(K,
-    128), GROUPS)): each program quantizes GROUPS groups of 128 columns of one row."""
-    row = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+def quant_group_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, M, ROWS: tl.constexpr,
+                       GROUPS: tl.constexpr):
+    """x [M, K] bf16 -> q [M, K] fp8, s [M, cdiv(K, 128)] fp32 (row stride stride_sm). Grid (cdiv(M, ROWS),
+    cdiv(cdiv(K, 128), GROUPS)): each program quantizes GROUPS groups of 128 columns of ROWS rows (a tile of
+    ROWS * GROUPS groups, one per line), so narrow rows such as the MoE's h [M * k', 512] still give a program
+    several KB."""
+    i = tl.arange(0, ROWS * GROUPS)
+    row = tl.program_id(0) * ROWS + i // GROUPS
+    g = tl.program_id(1) * GROUPS + i % GROUPS
+    row_ok = row < M
+    row64 = tl.where(row_ok, row, 0).to(tl.int64)
     c = tl.arange(0, 128)
     col = g[:, None] * 128 + c[None, :]
-    mask = col < K
-    x = tl.load(x_ptr + row * stride_xm + col, mask=mask, other=0.0).to(tl.float32)
+    mask = row_ok[:, None] & (col < K)
+    x = tl.load(x_ptr + row64[:, None] * stride_xm + col, mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE)
-    tl.store(s_ptr + row * stride_sm + g, scale, mask=g * 128 < K)
-    tl.store(q_ptr + row * stride_qm + col, to_fp8(x, scale[:, None]), mask=mask)
+    tl.store(s_ptr + row64 * stride_sm + g, scale, mask=row_ok & (g * 128 < K))
+    tl.store(q_ptr + row64[:, None] * stride_qm + col, to_fp8(x, scale[:, None]), mask=mask)

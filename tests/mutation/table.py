@@ -17,6 +17,7 @@ GDN = "tests/test_gdn_interp.py"
 GDN_DECODE = "tests/test_gdn_decode_interp.py"
 CONV = "tests/test_conv_interp.py"
 MOE_W8A8 = "tests/test_moe_w8a8_interp.py"
+GEMM_FP8 = "tests/test_gemm_fp8_interp.py"
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("moe-w8a8-quant-silu-dropped", "moe/w8a8.py",
       "h = acc / (1.0 + tl.exp(-acc)) * acc_u", "h = acc * acc_u",
       MOE_W8A8, "grouped_w8a8", "the quantizing epilogue multiplies gate and up without SiLU"),
+    # ------------------------------------------------------------------------------------ gemm_fp8 / gemm_fp8.py
+    M("gemm-fp8-quant-group-tile-map", "gemm_fp8/gemm_fp8.py",
+      "g = tl.program_id(1) * GROUPS + i % GROUPS", "g = tl.program_id(1) * GROUPS + i // ROWS",
+      GEMM_FP8, "quant_group", "the group quantizer's 4 x 4 tile gives each row one group (the tile's row index)"),
+    M("gemm-fp8-quant-group-rows", "gemm_fp8/gemm_fp8.py",
+      "row = tl.program_id(0) * ROWS + i // GROUPS", "row = tl.program_id(0) + i // GROUPS",
+      GEMM_FP8, "quant_group", "the group quantizer's programs overlap by rows (rows past the first tile unwritten)"),
 )
 
 # Not a bug but a probe: proves the runner's subprocess imports the mutated copy (it must fail with MARKER).

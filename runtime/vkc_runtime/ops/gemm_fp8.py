@@ -401,7 +401,8 @@ def quantize_fp8_per_token_group(x, out=None, scale=None, *, stream=None):
     _no_overlap(op, "out", qt, x=xt, scale=st)
     _no_overlap(op, "scale", st, x=xt)
     k = get_kernel(quant_base("group"))
-    launch = Launch(k, (M, grid_y(op, cdiv(kb, k.constexprs["GROUPS"])), 1), (xt, qt, st, K, sx, sq, ss))
+    grid = (cdiv(M, k.constexprs["ROWS"]), grid_y(op, cdiv(kb, k.constexprs["GROUPS"])), 1)
+    launch = Launch(k, grid, (xt, qt, st, K, sx, sq, ss, M))
     _calls.launch(op, None if out is None or scale is None else (xt, qt, st), (), [launch], s,
                   relations=[disjoint(xt, qt), disjoint(xt, st), disjoint(qt, st)])
     return res, sres
