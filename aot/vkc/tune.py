@@ -62,7 +62,7 @@ def build(root: Path, arch: str, family: str, knob: str, values: list[int], patt
             tuning[n] = _overlay(tuning.get(n, {}), {**(fixed or {}), knob: v})
         with tempfile.TemporaryDirectory(prefix="vkc-tune-") as tmp:
             tree = Path(tmp) / "tree"
-            for rel in ("aot", "contract", "runtime", "kernels_src"):
+            for rel in ("aot", "contract", "runtime", "kernels_src", "csrc"):  # csrc: the CuTe lane's shim
                 shutil.copytree(root / rel, tree / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
             (tree / "manifests").mkdir()
             shutil.copy2(root / "manifests/schema.json", tree / "manifests/schema.json")
