@@ -8,7 +8,8 @@ prefill: causal, one sequence whose cache holds exactly its T tokens, Hq/Hkv in 
          timing, capture, replays), never inside a timed call; the kernels each peer ran eagerly and in its
          graph are recorded (*_kernels_*, *_backend_*). vkc at block size 64 (the TMA kernel on sm_90a) through
          prefill() and a PrefillPlan, and at block size 16 (the gather kernel, eager only).
-decode:  B x context from bench_common.attn_decode_cases(), 24/4 x 256, block 16; peers SDPA FLASH, EFFICIENT
+decode:  B x context from bench_common.attn_decode_cases(), 24/4 x 256, block 16 (BENCH_ATTN_DECODE_BS=64: the
+         engine's block size, the TMA kernels on sm_90a; row "tma" says which ran); peers SDPA FLASH, EFFICIENT
          and CUDNN (native GQA, q [B, Hq, 1, D]); vkc through decode() and a DecodePlan. HBM floor = K + V +
          q + out bytes at the nominal 4.8 TB/s (pct_limit) and at the copy bandwidth measured in this
          process (*_pct_copy). At B*L <= 16*4096 also host times, VKC_FASTPATH=0 (validated) times and the
@@ -28,7 +29,6 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from vkc_runtime.kernels import get_kernel
 from vkc_runtime.ops import attn as A
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,7 +37,7 @@ import timing  # noqa: E402
 
 DEVICE = "cuda"  # the CPU dry run (tests/test_bench_logic.py) sets "cpu"
 
-BS = 16  # decode block size
+BS = int(os.environ.get("BENCH_ATTN_DECODE_BS", "16"))  # decode block size (64: the TMA kernels on sm_90a)
 PREFILL_BS = 64
 EAGER = {"inner": 1, "reps": 20, "warm": 3}   # events around single calls
 HOST_N = 50
@@ -218,7 +218,6 @@ def bench_prefill(rows, copy_tbs):
 def bench_decode(rows, copy_tbs):
     Hq, Hkv, D = 24, 4, C.ATTN_HEAD_DIM
     warm_host()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for B, L in C.attn_decode_cases(Hkv, D):
         nbytes = C.attn_decode_bytes(B, L, Hq, Hkv, D)
         n = C.n_sets_for(nbytes, lo=1, hi=64)  # small batches: rotate over caches that together exceed the L2
@@ -229,9 +228,7 @@ def bench_decode(rows, copy_tbs):
             sets.append({"kc": kc, "vc": vc, "k": k, "v": v, "q": q, "out": out, "q4": q.unsqueeze(2)})
         ws = A.decode_workspace(B, Hq, D, 64)
         r = {"kind": "decode", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "bytes": nbytes, "n_sets": n,
-             "floor_ms": C.floor_ms(nbytes, C.HBM_NOMINAL_TBS), "floor_copy_ms": C.floor_ms(nbytes, copy_tbs),
-             "splits": A.num_splits_for(B, Hkv, L, sms,
-                                        ctas_per_sm=get_kernel(f"attn.decode_split.d{D}").max_active_blocks())}
+             "floor_ms": C.floor_ms(nbytes, C.HBM_NOMINAL_TBS), "floor_copy_ms": C.floor_ms(nbytes, copy_tbs)}
         host = B * L <= C.HOST_VISIBLE_DECODE
 
         def op(i, st=None, **kw):
@@ -240,6 +237,7 @@ def bench_decode(rows, copy_tbs):
                      stream=st, **kw)
         plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=BS, workspace=ws,
                             max_seq_len=L)
+        r["splits"], r["tma"] = plan.num_splits, plan.batch.tma  # what decode() picks for this batch too
 
         def prun(i, st=None):
             x = sets[i]
@@ -308,6 +306,9 @@ def host_profile(B=1, L=512):
         def max_active_blocks(self):
             return self.k.max_active_blocks()
 
+        def scratch_bytes(self, grid):
+            return self.k.scratch_bytes(grid)
+
         def load(self):
             return self
 
@@ -361,7 +362,7 @@ def main(path):
               "peer's whole measurement; after all timings, sdpa_<be>_kernels_eager/_graph record the kernels one "
               "eager call and one graph replay ran (torch.profiler) and _backend_eager/_graph the backend they "
               "belong to",
-        vkc="prefill at block size 64 (TMA on sm_90a), decode at block size 16; eager calls with out= are bound "
+        vkc=f"prefill at block size 64 (TMA on sm_90a), decode at block size {BS}; eager calls with out= are bound "
             "calls after the first; *_validated_*: VKC_FASTPATH=0",
         inputs="bf16 torch.randn; a case whose bytes are under 2.5 x the 60 MB L2 rotates over n_sets copies "
                "(row n_sets; graphs hold max(inner, n_sets) calls so every copy is read)")

@@ -256,32 +256,39 @@ def check_prefill_bad_lengths(env: Env, A, use_tma: bool, D=256, Hq=2, Hkv=1):
 
 # ----------------------------------------------------------------------------------------- attention: decode
 
-def check_decode(env: Env, A, splits: int, fused: bool, D=256, Hq=4, Hkv=2):
-    """decode over adversarial seq_lens (negative, 2^31 - 1, -2^31, past the table) and block ids."""
+def check_decode(env: Env, A, splits: int, fused: bool, D=256, Hq=4, Hkv=2, bs=16):
+    """decode over adversarial seq_lens (negative, 2^31 - 1, -2^31, past the table) and block ids; block size 64
+    takes the TMA kernels on sm_90a / sm_100a (a garbage id's tile reads block 0 in bounds and is discarded)."""
     g = torch.Generator().manual_seed(20 + splits)
-    lens = [5, 40, 0, 17, 33]
+    lens = [5, 40, 0, 17, 33] if bs == 16 else [5, 150, 0, 70, 130]
     ar = Arena(6, env.device)
-    kc, vc, bt = make_paged(ar, g, lens, Hkv, D, 16)
+    kc, vc, bt = make_paged(ar, g, lens, Hkv, D, bs)
     bt[4, 1] = BIG  # sequence 4's second block is garbage
     kc, vc, bt = ar.put(kc), ar.put(vc), ar.put(bt)
     B = len(lens)
     q = ar.put(rnd(g, B, Hq, D))
     gate = ar.put(rnd(g, B, Hq, D))
-    sl = ar.put(i32([-5, BIG, SMALL, 17, 33]))
+    sl = ar.put(i32([-5, BIG, SMALL, lens[3], lens[4]]))
     from vkc_runtime.ops.attn import DecodeWorkspace
     ms = max(splits, 2)
+    tma_scratch = A.decode_workspace(B, Hq, D, ms, num_kv_heads=Hkv).scratch  # None: no TMA kernel here
     ws = DecodeWorkspace(device_array(ar.poison((B * Hq * ms * D,), torch.float32), "float32"),
                          device_array(ar.poison((B * Hq * ms,), torch.float32), "float32"),
-                         device_array(ar.put(torch.zeros(B * Hq, dtype=torch.int32)), "int32"), B, Hq, D, ms)
+                         device_array(ar.put(torch.zeros(B * Hq, dtype=torch.int32)), "int32"), B, Hq, D, ms,
+                         tma_scratch, Hkv)
     out = ar.poison((B, Hq, D), torch.bfloat16)
     w = env.wrap
     A.decode(w(q), w(kc), w(vc), w(bt), w(sl), D ** -0.5, gate=w(gate), out=w(out), workspace=ws,
-             num_splits=splits, fused=fused, max_seq_len=bt.shape[1] * 16)
+             num_splits=splits, fused=fused, max_seq_len=bt.shape[1] * bs)
     env.sync()
     ar.check()
     assert torch.all(out[0].float() == 0) and torch.all(out[2].float() == 0), "seq_lens <= 0: zero output"
-    ref = RA.decode(np64(q[3:4]), np64(kc), np64(vc), bt.cpu().numpy()[3:4], [17], D ** -0.5, np64(gate[3:4]))
+    ref = RA.decode(np64(q[3:4]), np64(kc), np64(vc), bt.cpu().numpy()[3:4], [lens[3]], D ** -0.5,
+                    np64(gate[3:4]))
     close(out[3:4], ref, f"decode splits={splits} fused={fused}")
+    keep = bt.cpu().numpy()[4:5, [0, 2]]  # sequence 4 without its garbage second block: those keys do not count
+    ref = RA.decode(np64(q[4:5]), np64(kc), np64(vc), keep, [lens[4] - bs], D ** -0.5, np64(gate[4:5]))
+    close(out[4:5], ref, f"decode splits={splits} fused={fused}: a garbage block id skipped")
 
 
 def check_reshape_and_cache(env: Env, A, D=128, Hkv=2, nb=3, bs=16):

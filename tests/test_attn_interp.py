@@ -98,9 +98,9 @@ def test_spec_args_match_kernel_signatures(K):
 
 
 def test_spec_count_is_reasonable(K):
-    # 2 cache + 8 prefill (4 TMA) + per D: split, 2 direct, 2 fused, 2 combine; drop split/combine once
-    # decode_fused is measured to win at every split count
-    assert len(K.specs) <= 24
+    # 2 cache + 8 prefill (4 TMA) + per D: split, 2 direct, 2 fused (each also .tma), 2 combine; drop
+    # split/combine once decode_fused is measured to win at every split count
+    assert len(K.specs) <= 34
 
 
 # ------------------------------------------------------------------------------------ reshape_and_cache
@@ -338,6 +338,90 @@ def test_decode_bad_block_ids_stay_in_bounds(K):
     ref1 = R.decode(np64(q[1:]), np64(kc), np64(vc), bt.numpy()[1:], [16], 0.1)
     check(o[1:], ref1, "decode skipped bad block")
     del ref0
+
+
+# TMA decode (sm_90a/sm_100a; block_size % BLOCK_N == 0): lengths with a partial last tile whose stale slots are
+# NaN, a last tile ending exactly on a block, an empty sequence, splits past the last tile; bad block ids in the
+# middle of a sequence (their keys do not count) and past the table width
+
+
+def run_decode_tma(K, kind, D, q, kc, vc, bt, sl, scale, splits, gate):
+    B, Hq, _ = q.shape
+    Hkv, bs = kc.shape[2], kc.shape[1]
+    g = "gate" if gate is not None else "nogate"
+    gp, sgb, sgh = (gate, gate.stride(0), gate.stride(1)) if gate is not None else (q, 0, 0)
+    o = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
+    geo = (kc.stride(0), kc.stride(1), kc.stride(2), bt.stride(0), bs, bt.shape[1], kc.shape[0])
+    if kind == "direct":
+        launch(K, f"decode_direct.d{D}.{g}.tma", (B * Hkv,), q, kc, vc, bt, sl, o, gp, scale, Hkv, Hq // Hkv,
+               q.stride(0), q.stride(1), o.stride(0), o.stride(1), sgb, sgh, *geo)
+        return o
+    part_o = torch.full((B, Hq, splits, D), float("nan"), dtype=torch.float32)
+    part_lse = torch.full((B, Hq, splits), float("nan"), dtype=torch.float32)
+    if kind == "fused":
+        counters = torch.zeros(B * Hq, dtype=torch.int32)
+        launch(K, f"decode_fused.d{D}.{g}.tma", (B * Hkv * splits,), q, kc, vc, bt, sl, part_o, part_lse, counters,
+               o, gp, scale, Hkv, Hq // Hkv, splits, q.stride(0), q.stride(1), o.stride(0), o.stride(1), sgb, sgh,
+               *geo)
+        assert torch.all(counters == 0), "decode_fused .tma left a ticket counter non-zero"
+        return o
+    launch(K, f"decode_split.d{D}.tma", (B * Hkv * splits,), q, kc, vc, bt, sl, part_o, part_lse, scale, Hkv,
+           Hq // Hkv, splits, q.stride(0), q.stride(1), *geo)
+    launch(K, f"decode_combine.d{D}.{g}", (B * Hq,), part_o, part_lse, o, gp, Hq, splits, o.stride(0), o.stride(1),
+           sgb, sgh)
+    return o
+
+
+@pytest.mark.parametrize("kind,D,Hq,Hkv,splits,gate,bs_mult", [
+    ("split", 256, 6, 1, 3, False, 1),
+    ("fused", 256, 4, 2, 2, True, 2),
+    ("direct", 256, 6, 1, 1, True, 1),
+    ("split", 128, 8, 2, 7, True, 2),
+    ("fused", 128, 4, 1, 5, False, 1),
+    ("direct", 128, 4, 2, 1, False, 2),
+])
+def test_decode_tma(K, kind, D, Hq, Hkv, splits, gate, bs_mult):
+    name = f"decode_split.d{D}.tma"
+    assert K.specs[name].archs == ("sm_90a", "sm_100a")
+    bn = cfg(K, name)["BLOCK_N"]
+    bs = bn * bs_mult
+    g = torch.Generator().manual_seed(300 + D + splits + bs)
+    lens = [1, bn - 1, bn, 2 * bn + 5, 0, 3 * bn]
+    kc, vc, bt = make_paged(g, lens, Hkv, D, bs)
+    q = rnd(g, len(lens), Hq, D)
+    gt = rnd(g, len(lens), Hq, 2, D)[:, :, 1] if gate else None
+    scale = 0.8 * D ** -0.5
+    o = run_decode_tma(K, kind, D, q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32), scale, splits, gt)
+    ref = R.decode(np64(q), np64(kc), np64(vc), bt.numpy(), lens, scale, None if gt is None else np64(gt))
+    check(o, ref, f"decode {kind} .tma D={D} {Hq}/{Hkv} splits={splits} block {bs}")
+    assert torch.all(o[4] == 0), "an empty sequence decodes to zeros"
+
+
+@pytest.mark.parametrize("kind", ["split", "fused", "direct"])
+def test_decode_tma_bad_block_ids(K, kind):
+    """A block id outside [0, num_blocks) in the middle of a sequence: its keys do not count (the tile reads block
+    0 in bounds and discards it, NaN there included); lengths past the table width are clamped."""
+    D, Hq, Hkv = 128, 2, 1
+    bn = cfg(K, f"decode_split.d{D}.tma")["BLOCK_N"]
+    g = torch.Generator().manual_seed(5)
+    lens = [3 * bn, 2 * bn]
+    kc, vc, bt = make_paged(g, lens, Hkv, D, bn, extra_cols=0)
+    # a NaN block 0 in front (the block an invalid id's tile reads in its place); the real ids move up by one
+    kc, vc = (torch.cat([torch.full_like(c[:1], float("nan")), c]) for c in (kc, vc))
+    bt = bt + 1
+    bad = bt.clone()
+    bad[0, 1] = -7
+    bad[1, 1] = 10**6
+    q = rnd(g, 2, Hq, D)
+    sl = torch.tensor([3 * bn, 2 * bn + 1000], dtype=torch.int32)  # seq 1 claims more than its table holds
+    o = run_decode_tma(K, kind, D, q, kc, vc, bad, sl, D ** -0.5, 2 if kind != "direct" else 1, None)
+    assert np.isfinite(np64(o)).all()
+    # the reference drops the bad block's keys: sequence 0 = its blocks 0 and 2, sequence 1 = its block 0
+    keep0 = torch.stack([bt[0, 0], bt[0, 2]]).view(1, 2)
+    ref0 = R.decode(np64(q[:1]), np64(kc), np64(vc), keep0.numpy(), [2 * bn], D ** -0.5)
+    ref1 = R.decode(np64(q[1:]), np64(kc), np64(vc), bt.numpy()[1:, :1], [bn], D ** -0.5)
+    check(o[:1], ref0, f"decode {kind} .tma: a negative block id skipped")
+    check(o[1:], ref1, f"decode {kind} .tma: a block id past num_blocks skipped")
 
 
 # ------------------------------------------------------------------------------------ split heuristic

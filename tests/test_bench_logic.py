@@ -318,12 +318,13 @@ def _binder(real, ret=None):
     return f
 
 
-def _plan_cls(real):
+def _plan_cls(real, **attrs):
     init, run = inspect.signature(real.__init__), inspect.signature(real.run)
 
     class Plan:
         def __init__(self, *a, **k):
             init.bind(self, *a, **k)
+            self.__dict__.update(attrs)
 
         def run(self, *a, **k):
             run.bind(self, *a, **k)
@@ -395,10 +396,10 @@ def test_dry_run_bench_attn(dry, monkeypatch, tmp_path):
     monkeypatch.setattr(C, "HOST_VISIBLE_DECODE", 100)
     fake = types.SimpleNamespace(
         prefill=_binder(A.prefill), decode=_binder(A.decode), PrefillPlan=_plan_cls(A.PrefillPlan),
-        DecodePlan=_plan_cls(A.DecodePlan), decode_workspace=_binder(A.decode_workspace, object()),
+        DecodePlan=_plan_cls(A.DecodePlan, num_splits=3, batch=types.SimpleNamespace(tma=False)),
+        decode_workspace=_binder(A.decode_workspace, object()),
         prefill_uses_tma=_binder(A.prefill_uses_tma, True), num_splits_for=A.num_splits_for)
     monkeypatch.setattr(M, "A", fake)
-    monkeypatch.setattr(M, "get_kernel", lambda base: types.SimpleNamespace(max_active_blocks=lambda: 2))
     monkeypatch.setattr(M, "warm_host", lambda *a: None)
     monkeypatch.setattr(M, "host_profile", lambda *a: {"B": 1, "L": 512})
     out = tmp_path / "attn.json"

@@ -88,7 +88,9 @@ def test_naming_functions_produce_only_declared_names():
     for d in A.HEAD_DIMS:
         assert set(A.decode_bases(d)) == {A.decode_base("split", d)} | {
             A.decode_base(k, d, g) for k in ("direct", "fused", "combine") for g in (True, False)}
-        attn |= set(A.decode_bases(d))
+        assert set(A.decode_bases(d, tma=True)) == {A.decode_base("split", d, tma=True)} | {
+            A.decode_base(k, d, g, tma=True) for k in ("direct", "fused") for g in (True, False)}
+        attn |= set(A.decode_bases(d)) | set(A.decode_bases(d, tma=True))
         for g in (True, False):
             attn |= {A.prefill_base(d, g), A.prefill_base(d, g, tma=True)}
     assert attn == set(A_BASES) | set(A_OPTIONAL)
@@ -100,7 +102,7 @@ def test_naming_functions_produce_only_declared_names():
 
 def test_every_kernel_with_global_scratch_gets_it_from_a_workspace():
     """Kernels with ``global_scratch_size > 0`` (on any arch) are the ones whose ops take the scratch from a
-    workspace allocated before capture (gdn.workspace_for, attn.prefill_workspace) -- and which
+    workspace allocated before capture (gdn.workspace_for, attn.prefill_workspace, attn.decode_workspace) -- and which
     tests/gpu/test_gpu_capture.py captures on any stream. A new one must join that list (and those tests)."""
     from vkc_runtime.ops import attn as A
     covered = {"gdn.delta_h", *A.OPTIONAL_BASES}

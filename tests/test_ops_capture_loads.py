@@ -59,10 +59,13 @@ def test_the_recorder_refuses_a_load_inside_a_capture(rec):
 
 
 @pytest.mark.parametrize("splits,fused", [(1, None), (4, True), (4, False)])
-def test_decode_workspace_loads_every_decode_kernel(rec, splits, fused):
+@pytest.mark.parametrize("bs", [16, 64])
+def test_decode_workspace_loads_every_decode_kernel(rec, splits, fused, bs):
+    """Block size 64 takes the TMA kernels (sm_90a), which the workspace loads beside the gather ones."""
     ws = A.decode_workspace(B, Hq, D, max_splits=8)
-    assert set(rec.loads) == {b for b in A.BASES if b.startswith("attn.decode_") and f".d{D}" in b}
-    kc, vc = caches(16)
+    assert set(rec.loads) == {b for b in A.BASES + A.OPTIONAL_BASES if b.startswith("attn.decode_") and f".d{D}" in b}
+    assert any(b.endswith(".tma") for b in rec.loads) and ws.scratch is not None
+    kc, vc = caches(bs)
     bt, sl = Dev((B, 32), I32), Dev((B,), I32)
 
     def step(s):
@@ -71,6 +74,8 @@ def test_decode_workspace_loads_every_decode_kernel(rec, splits, fused):
                      max_seq_len=512, num_splits=splits, fused=fused, stream=s)
     captured(step)
     assert rec.calls, "the decode launches ran"
+    attend = [c[0] for c in rec.calls if not c[0].startswith("attn.decode_combine")]
+    assert attend and all(b.endswith(".tma") == (bs == 64) for b in attend), attend
 
 
 def _hand_made_workspace():

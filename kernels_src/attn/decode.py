@@ -72,6 +72,81 @@ def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_
 
 
 @triton.jit
+def _tma_step(acc, m_i, l_i, q, k_desc, v_desc, row0, col, ok, valid, qk_scale, TAIL: tl.constexpr):
+    """One key tile by TMA (BLOCK_N slots of one cache block from slot row row0): scores of keys not ok are
+    -inf; a tile of an invalid block (valid False: row0 points into block 0, in bounds) leaves acc as it was,
+    and TAIL zeroes the V rows of keys not ok (slots past L may hold anything, NaN included: 0 * NaN)."""
+    k = k_desc.load([row0, col])
+    s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = v_desc.load([row0, col])
+    if TAIL:
+        v = tl.where(ok[:, None], v, 0.0)
+    acc = tl.where(valid, acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v), acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_range_tma(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_hi, scale,
+                      stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, num_blocks,
+                      D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, STAGES: tl.constexpr):
+    """_attend_range with K / V tiles loaded by TMA (block_size % BLOCK_N == 0, n_lo % BLOCK_N == 0: a tile is
+    BLOCK_N slots of one cache block, one box; the cache seen as a [num_blocks * rows_per_block, stride_cs]
+    matrix of slot rows, descriptors built on the device). A key of a block id outside [0, num_blocks) is not
+    counted (its tile reads block 0's slots, in bounds, and discards them). Full tiles run software-pipelined
+    STAGES deep; the one partial tile of the range (keys past n_hi) last."""
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=rmask[:, None], other=0.0)
+    qk_scale = scale * 1.4426950408889634
+    rows_per_block = (stride_cb // stride_cs).to(tl.int32)
+    n_rows = num_blocks * rows_per_block
+    k_desc = tl.make_tensor_descriptor(k_cache_ptr, [n_rows, stride_cs], [stride_cs, 1], [BLOCK_N, D])
+    v_desc = tl.make_tensor_descriptor(v_cache_ptr, [n_rows, stride_cs], [stride_cs, 1], [BLOCK_N, D])
+    col = kvh * stride_ch
+    m_i = tl.full([QB], float("-inf"), tl.float32)
+    l_i = tl.zeros([QB], tl.float32)
+    acc = tl.zeros([QB, D], tl.float32)
+    cols = tl.arange(0, BLOCK_N)
+    n_full = n_lo + (n_hi - n_lo) // BLOCK_N * BLOCK_N
+    for n in tl.range(n_lo, n_full, BLOCK_N, num_stages=STAGES):
+        blk = tl.load(bt_row + n // block_size)
+        valid = (blk >= 0) & (blk < num_blocks)
+        row0 = tl.where(valid, blk, 0) * rows_per_block + n % block_size
+        ok = (cols < BLOCK_N) & valid
+        acc, m_i, l_i = _tma_step(acc, m_i, l_i, q, k_desc, v_desc, row0, col, ok, valid, qk_scale, False)
+    if n_full < n_hi:
+        blk = tl.load(bt_row + n_full // block_size)
+        valid = (blk >= 0) & (blk < num_blocks)
+        row0 = tl.where(valid, blk, 0) * rows_per_block + n_full % block_size
+        ok = (n_full + cols < n_hi) & valid
+        acc, m_i, l_i = _tma_step(acc, m_i, l_i, q, k_desc, v_desc, row0, col, ok, valid, qk_scale, True)
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    return out, lse
+
+
+@triton.jit
+def _attend(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_hi, scale, stride_qb, stride_qh,
+            stride_cb, stride_cs, stride_ch, block_size, max_blocks, num_blocks, D: tl.constexpr,
+            BLOCK_N: tl.constexpr, QB: tl.constexpr, TMA: tl.constexpr, STAGES: tl.constexpr):
+    """_attend_range_tma (TMA) or _attend_range (gather)."""
+    if TMA:
+        out, lse = _attend_range_tma(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_hi, scale,
+                                     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, num_blocks,
+                                     D, BLOCK_N, QB, STAGES)
+    else:
+        out, lse = _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_hi, scale,
+                                 stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, max_blocks,
+                                 num_blocks, D, BLOCK_N, QB)
+    return out, lse
+
+
+@triton.jit
 def _split_range(seqlen_ptr, b, split, num_splits, max_blocks, block_size, BLOCK_N: tl.constexpr):
     """Sequence b's clamped length and split `split`'s key range [n_lo, n_hi) (empty past the end)."""
     L = tl.minimum(tl.maximum(tl.load(seqlen_ptr + b), 0), max_blocks * block_size)
@@ -85,7 +160,8 @@ def _split_partials(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_
                     scale, num_kv_heads, group, num_splits,
                     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
                     block_size, max_blocks, num_blocks,
-                    D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
+                    D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, TMA: tl.constexpr,
+                    STAGES: tl.constexpr):
     """This program's split of one (sequence, kv head): attend over its key range and store the group's normalized
     partial outputs and log2-sum-exps at rows (b * Hq + hq) * num_splits + split (lse -inf: an empty split).
     Returns what a merge of the group needs: (b, b * Hkv + kv head, q heads, their mask, first partial row)."""
@@ -102,9 +178,9 @@ def _split_partials(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_
     prow0 = (b * num_q_heads + hq) * num_splits  # int64, split 0 of each q row
     if n_lo < n_hi:
         d = tl.arange(0, D)
-        out, lse = _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask,
-                                 n_lo, n_hi, scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
-                                 block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
+        out, lse = _attend(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask, n_lo, n_hi,
+                           scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, max_blocks,
+                           num_blocks, D, BLOCK_N, QB, TMA, STAGES)
         tl.store(part_o_ptr + (prow0 + split)[:, None] * D + d[None, :], out, mask=rmask[:, None])
         tl.store(part_lse_ptr + prow0 + split, lse, mask=rmask)
     else:
@@ -117,11 +193,12 @@ def decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
                         scale, num_kv_heads, group, num_splits,
                         stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
                         block_size, max_blocks, num_blocks,
-                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, PDL: tl.constexpr):
+                        D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, PDL: tl.constexpr,
+                        TMA: tl.constexpr, STAGES: tl.constexpr):
     pdl_enter(PDL)
     _split_partials(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr,
                     scale, num_kv_heads, group, num_splits, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
-                    stride_bt, block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
+                    stride_bt, block_size, max_blocks, num_blocks, D, BLOCK_N, QB, TMA, STAGES)
 
 
 @triton.jit
@@ -130,12 +207,12 @@ def decode_fused_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, par
                         stride_qb, stride_qh, stride_ob, stride_oh, stride_gb, stride_gh,
                         stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
                         D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr,
-                        PDL: tl.constexpr):
+                        PDL: tl.constexpr, TMA: tl.constexpr, STAGES: tl.constexpr):
     pdl_enter(PDL)
     b, bh, hq, rmask, prow0 = _split_partials(
         q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, part_o_ptr, part_lse_ptr, scale, num_kv_heads, group,
         num_splits, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks,
-        num_blocks, D, BLOCK_N, QB)
+        num_blocks, D, BLOCK_N, QB, TMA, STAGES)
     d = tl.arange(0, D)
     tl.debug_barrier()  # every thread's partials are written before the ticket is taken (release below)
     ticket = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
@@ -172,7 +249,7 @@ def decode_direct_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, o_
                          stride_qb, stride_qh, stride_ob, stride_oh, stride_gb, stride_gh,
                          stride_cb, stride_cs, stride_ch, stride_bt, block_size, max_blocks, num_blocks,
                          D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, HAS_GATE: tl.constexpr,
-                        PDL: tl.constexpr):
+                         PDL: tl.constexpr, TMA: tl.constexpr, STAGES: tl.constexpr):
     """One split: grid (B * Hkv,), program p takes (b, kv head) = divmod(p, Hkv), attends over all L keys
     and writes o[b, h] (bf16, times sigmoid(gate) when HAS_GATE) directly: no partials, no combine launch.
     L <= 0 writes zeros."""
@@ -188,9 +265,9 @@ def decode_direct_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seqlen_ptr, o_
     out = tl.zeros([QB, D], tl.float32)
     lse = tl.full([QB], float("-inf"), tl.float32)
     if L > 0:
-        out, lse = _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask,
-                                 0, L, scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch,
-                                 block_size, max_blocks, num_blocks, D, BLOCK_N, QB)
+        out, lse = _attend(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr + b * stride_bt, b, kvh, hq, rmask, 0, L,
+                           scale, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, max_blocks,
+                           num_blocks, D, BLOCK_N, QB, TMA, STAGES)
     if HAS_GATE:
         g = tl.load(gate_ptr + b * stride_gb + hq[:, None] * stride_gh + d[None, :], mask=rmask[:, None],
                     other=0.0).to(tl.float32)

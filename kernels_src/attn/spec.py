@@ -130,6 +130,14 @@ _PREFILL_TMA_CFG = {
     128: dict(constexprs={"BLOCK_M": 128, "BLOCK_N": 128, }, num_warps=8, num_stages=2),
 }
 
+# TMA decode (sm_90a/sm_100a; used when block_size % BLOCK_N == 0): K / V tiles as boxes of one cache block,
+# pipelined STAGES deep by tl.range. 64 x 2 stages, 4 warps: the best of 9 tiles at every 24/4 x 256 shape on the
+# H100 (benchmarks/explore_attn_decode.py; 32 / 16 keys, 3 / 4 / 6 stages, 8 warps lost). D -> config
+_DECODE_TMA_CFG = {
+    256: dict(constexprs={"BLOCK_N": 64, "STAGES": 2}, num_warps=4, num_stages=2),
+    128: dict(constexprs={"BLOCK_N": 64, "STAGES": 2}, num_warps=4, num_stages=2),
+}
+
 _DECODE_CFG = {
     256: (dict(constexprs={"BLOCK_N": 64}, num_warps=4, num_stages=3),
           {**{a: {"constexprs": {"BLOCK_N": 32}} for a in _SMALL_SMEM}, "sm_100a": {"num_warps": 8}}),
@@ -159,34 +167,36 @@ for _d in (256, 128):
             args=_args(_PREFILL),
             constexprs={"D": _d, "HAS_GATE": _gate, "SEQ_CHUNK": 128, "TMA": True, **_t["constexprs"]},
             num_warps=_t["num_warps"], num_stages=_t["num_stages"], archs=_TMA_ARCHS))
-    _base, _ov = _DECODE_CFG[_d]
-    SPECS.append(KernelSpec(
-        name=f"decode_split.d{_d}", source="decode.py", entry="decode_split_kernel",
-        args=_args(_DECODE_SPLIT), constexprs={"D": _d, "QB": 16, **_base["constexprs"]},
-        num_warps=_base["num_warps"], num_stages=_base["num_stages"], overrides=_ov,
-        scratch=(ScratchContract("part_o_ptr", "poison_ok", "written before the combine reads it"),
-                 ScratchContract("part_lse_ptr", "poison_ok", "every split writes its lse (-inf if empty)"))))
+    for _tma in (False, True):
+        _base, _ov = _DECODE_CFG[_d] if not _tma else (_DECODE_TMA_CFG[_d], {})
+        _kw = dict(num_warps=_base["num_warps"], num_stages=_base["num_stages"],
+                   **({"archs": _TMA_ARCHS} if _tma else {"overrides": _ov}))
+        _cx = {"D": _d, "QB": 16, "TMA": _tma, "STAGES": 1, **_base["constexprs"]}
+        _sfx = ".tma" if _tma else ""
+        SPECS.append(KernelSpec(
+            name=f"decode_split.d{_d}{_sfx}", source="decode.py", entry="decode_split_kernel",
+            args=_args(_DECODE_SPLIT), constexprs=_cx, **_kw,
+            scratch=(ScratchContract("part_o_ptr", "poison_ok", "written before the combine reads it"),
+                     ScratchContract("part_lse_ptr", "poison_ok", "every split writes its lse (-inf if empty)"))))
+        for _gate in (False, True):
+            _g = "gate" if _gate else "nogate"
+            SPECS.append(KernelSpec(
+                name=f"decode_direct.d{_d}.{_g}{_sfx}", source="decode.py", entry="decode_direct_kernel",
+                args=_args(_DECODE_DIRECT), constexprs={**_cx, "HAS_GATE": _gate}, **_kw))
+            SPECS.append(KernelSpec(
+                name=f"decode_fused.d{_d}.{_g}{_sfx}", source="decode.py", entry="decode_fused_kernel",
+                args=_args(_DECODE_FUSED), constexprs={**_cx, "HAS_GATE": _gate}, **_kw,
+                scratch=(ScratchContract("part_o_ptr", "poison_ok", "each split writes its partial before its ticket"),
+                         ScratchContract("part_lse_ptr", "poison_ok", "every split writes its lse (-inf if empty)"),
+                         ScratchContract("count_ptr", "zero_filled",
+                                         "tickets per (b, kv head); the last split resets its counter to 0"))))
     for _gate in (False, True):
-        SPECS.append(KernelSpec(
-            name=f"decode_direct.d{_d}.{'gate' if _gate else 'nogate'}", source="decode.py",
-            entry="decode_direct_kernel", args=_args(_DECODE_DIRECT),
-            constexprs={"D": _d, "QB": 16, "HAS_GATE": _gate, **_base["constexprs"]},
-            num_warps=_base["num_warps"], num_stages=_base["num_stages"], overrides=_ov))
-        SPECS.append(KernelSpec(
-            name=f"decode_fused.d{_d}.{'gate' if _gate else 'nogate'}", source="decode.py",
-            entry="decode_fused_kernel", args=_args(_DECODE_FUSED),
-            constexprs={"D": _d, "QB": 16, "HAS_GATE": _gate, **_base["constexprs"]},
-            num_warps=_base["num_warps"], num_stages=_base["num_stages"], overrides=_ov,
-            scratch=(ScratchContract("part_o_ptr", "poison_ok", "each split writes its partial before its ticket"),
-                     ScratchContract("part_lse_ptr", "poison_ok", "every split writes its lse (-inf if empty)"),
-                     ScratchContract("count_ptr", "zero_filled",
-                                     "tickets per (b, kv head); the last split resets its counter to 0"))))
         SPECS.append(KernelSpec(
             name=f"decode_combine.d{_d}.{'gate' if _gate else 'nogate'}", source="decode.py",
             entry="decode_combine_kernel", args=_args(_DECODE_COMBINE),
             constexprs={"D": _d, "SPLIT_BLOCK": 16, "HAS_GATE": _gate}, num_warps=4, num_stages=1))
 
-del _sfx, _al, _d, _base, _ov, _gate, _t
+del _sfx, _al, _d, _base, _ov, _gate, _t, _tma, _kw, _cx, _g
 
 # the decode-step kernels: programmatic dependent launch (kernels_src/common.py pdl_enter); prefill stays plain
 _PDL = ("reshape_and_cache_kernel", "decode_split_kernel", "decode_direct_kernel", "decode_fused_kernel",

@@ -211,7 +211,8 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
         self._max_seqs, self._vocab = max_seqs, cfg.vocab_size  # the penalty counts buffer's shape (init_counts)
         self._gdn_ws = self._gdn.workspace_for(max_tokens, max_seqs, cfg.gdn_k_heads, cfg.gdn_v_heads, device=d)
         self._pws = self._attn.prefill_workspace(max_tokens, max_seqs, cfg.num_q_heads, cfg.head_dim, device=d)
-        self._dws = self._attn.decode_workspace(max_seqs, cfg.num_q_heads, cfg.head_dim, device=d)
+        self._dws = self._attn.decode_workspace(max_seqs, cfg.num_q_heads, cfg.head_dim, num_kv_heads=cfg.num_kv_heads,
+                                                device=d)
         if cfg.is_moe:
             self._moe_ws = self._moe_ops().moe_workspace(max_tokens, cfg.num_experts, cfg.num_experts_per_tok,
                                                          cfg.hidden_size, cfg.moe_intermediate_size, shared=True,

@@ -195,6 +195,32 @@ def test_decode_forced_splits(A, splits, fused):
     assert not ws.counters.to_numpy().any()
 
 
+@pytest.mark.parametrize("D", [256, 128])
+@pytest.mark.parametrize("splits,fused", [(None, None), (1, None), (7, False), (7, True), (64, True)])
+def test_decode_tma(A, D, splits, fused):
+    """Block size 64: the TMA kernels (sm_90a / sm_100a artifacts; the plan says it takes them) on every path --
+    one split (direct), split + combine, fused -- with partial last tiles, exact tile ends and an empty
+    sequence, on NaN-poisoned partials, against the float32 reference."""
+    from vkc_runtime.kernels import has_kernel
+    Hq, Hkv = 24, 4
+    lens = [1, 63, 64, 65, 4097, 0, 1000, 2048, 128, 200]
+    ws = A.decode_workspace(16, Hq, D, 64, num_kv_heads=Hkv)
+    assert has_kernel(f"attn.decode_split.d{D}.tma") and ws.scratch is not None
+    bt = torch.zeros(len(lens), 70, dtype=torch.int32, device="cuda")
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=64, workspace=ws)
+    assert plan.batch.tma and not A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D,
+                                               block_size=16, workspace=ws).batch.tma
+    ws.part_o.fill_bytes(0xFF)
+    ws.part_lse.fill_bytes(0xFF)
+    torch.cuda.synchronize()
+    err, out = decode_case(A, lens, Hq, Hkv, D, 64, True, workspace=ws, num_splits=splits, fused=fused)
+    record("attn", what=f"decode tma D={D} splits={splits} fused={fused}", rel_err=err)
+    assert err < TOL
+    assert torch.all(out[5] == 0)
+    assert not ws.counters.to_numpy().any()
+
+
 def _graph_case(A):
     """A decode batch for the graph tests: 24/4 x 256, block 16, lengths 17/300/4097/1, a strided gate."""
     Hq, Hkv, D, bs = 24, 4, 256, 16
@@ -265,10 +291,11 @@ def _dense(ts):
     return [t if isinstance(t, torch.Tensor) else torch.from_dlpack(t) for t in ts]
 
 
-def test_decode_plan_matches_decode(A):
+@pytest.mark.parametrize("bs", [16, 64], ids=["gather", "tma"])
+def test_decode_plan_matches_decode(A, bs):
     """A DecodePlan made once and run for two layers (own caches, q, gate) gives decode()'s bytes, eagerly
-    and replayed from a CUDA graph."""
-    Hq, Hkv, D, bs = 24, 4, 256, 16
+    and replayed from a CUDA graph (block 64: the TMA kernels, their descriptors in the workspace's scratch)."""
+    Hq, Hkv, D = 24, 4, 256
     lens = [17, 300, 4097, 1, 0]
     B = len(lens)
     kc, vc, bt = make_paged(lens, Hkv, D, bs)

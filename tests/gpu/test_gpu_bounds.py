@@ -47,8 +47,9 @@ def test_prefill_bad_lengths_and_tables(env, ops, use_tma):
 
 
 @pytest.mark.parametrize("splits,fused", [(1, False), (3, False), (3, True)])
-def test_decode_bad_lengths_and_tables(env, ops, splits, fused):
-    B.check_decode(env, ops.A, splits, fused)
+@pytest.mark.parametrize("bs", [16, 64], ids=["gather", "tma"])
+def test_decode_bad_lengths_and_tables(env, ops, splits, fused, bs):
+    B.check_decode(env, ops.A, splits, fused, bs=bs)
 
 
 def test_reshape_and_cache_slots(env, ops):

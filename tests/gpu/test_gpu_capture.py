@@ -232,15 +232,18 @@ def test_capture_without_workspace_or_warmup_is_a_clear_error():
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("how", ["decode+workspace", "plan+own-workspace"])
 @pytest.mark.parametrize("splits,fused", [(1, None), (8, True), (8, False)], ids=["direct", "fused", "combine"])
-def test_decode_capture_without_warmup(api, how, splits, fused):
+@pytest.mark.parametrize("bs", [16, 64], ids=["gather", "tma"])
+def test_decode_capture_without_warmup(api, how, splits, fused, bs):
     """decode_workspace and DecodePlan load every decode kernel when they are made: after kernels.clear_cache()
     (no kernel loaded in this context's cache) a capture with no eager call before it works -- a module load
     inside it would fail the capture -- and its replays give the bytes of an eager call made afterwards.
-    plan+own-workspace: a DecodeWorkspace built by hand (loads nothing), so only the plan loads."""
+    plan+own-workspace: a DecodeWorkspace built by hand (loads nothing), so only the plan loads. Block size 64
+    with decode_workspace: the TMA kernels, their descriptors in the workspace's scratch (poisoned before every
+    replay); a hand-built workspace without scratch keeps the gather kernels."""
     from vkc_runtime import memory
     from vkc_runtime.ops import attn as A
     kernels.clear_cache()
-    Hq, Hkv, D, bs = 24, 4, 256, 16
+    Hq, Hkv, D = 24, 4, 256
     lens = [17, 300, 1030]
     B = len(lens)
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -260,16 +263,22 @@ def test_decode_capture_without_warmup(api, how, splits, fused):
         plan = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws,
                             max_seq_len=max_len, num_splits=splits, fused=fused)
 
+        assert not plan.batch.tma
+
         def call(o, stream):
             plan.run(q, kc, vc, scale, gate=gt, out=o, stream=stream)
     else:
-        ws = A.decode_workspace(B, Hq, D, max_splits=ms)
+        ws = A.decode_workspace(B, Hq, D, max_splits=ms, num_kv_heads=Hkv)
+        probe = A.DecodePlan(bt, sl, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, block_size=bs, workspace=ws,
+                             max_seq_len=max_len, num_splits=splits, fused=fused)
+        assert probe.batch.tma == (bs == 64) and (ws.scratch is not None)
 
         def call(o, stream):
             A.decode(q, kc, vc, bt, sl, scale, gate=gt, out=o, workspace=ws, max_seq_len=max_len, num_splits=splits,
                      fused=fused, stream=stream)
     shape = (B, Hq, D)
-    _replays_equal_eager(api, call, shape)
+    poison = (lambda: ws.scratch.buffer.fill_bytes(0xFF)) if ws.scratch is not None else None
+    _replays_equal_eager(api, call, shape, poison)
 
 
 

@@ -29,12 +29,20 @@ tiles at D=256) when block_size is a multiple of its key tile (64 at D=256, 128 
 stride a multiple of the slot stride; otherwise (other archs, block size 16) the gather kernel, which looks
 up every key row. :func:`prefill_uses_tma` tells which one a cache gets.
 
+Decode kernels: likewise a TMA variant of the split / direct / fused kernels on sm_90a/sm_100a (key tiles of
+64 slots of one cache block, software-pipelined), taken when block_size is a multiple of 64, the block stride
+a multiple of the slot stride and the workspace carries their global scratch (:func:`decode_workspace` sizes it;
+``DecodePlan(...).batch.tma`` tells); block size 16 and the other archs use the gather kernels. In the TMA
+kernels a block id outside [0, num_blocks) makes its tile read block 0 (in bounds) and discard it: its keys
+still do not count.
+
 Graph capture (on any stream, torch's capture stream included): pass ``out=`` and, for decode, a
 :class:`DecodeWorkspace` sized up front with :func:`decode_workspace` and a ``max_seq_len`` (or the bound
 block_tables width * block_size is used); the split count then depends only on host-side sizes, so replay
 with new lengths/tables is valid. The TMA prefill kernel builds its descriptors in Triton's global scratch:
 pass a :class:`PrefillWorkspace` (:func:`prefill_workspace`) allocated before capture, or run the same shape
-once eagerly (on any stream) so the context's default scratch is large enough. One workspace must not be
+once eagerly (on any stream) so the context's default scratch is large enough; the TMA decode kernels use the
+:class:`DecodeWorkspace`'s own scratch (a decode without a workspace allocates and caches one per shape). One workspace must not be
 used by launches on two streams at the same time. Workspaces and plans load every kernel they can launch
 when they are made, so a capture loads no module; :func:`reshape_and_cache` loads its kernel on its first
 (eager) call.

@@ -22,13 +22,19 @@ def prefill_base(D: int, gate: bool, tma: bool = False) -> str:
     return f"attn.prefill.d{D}.{'gate' if gate else 'nogate'}" + (".tma" if tma else "")
 
 
-def decode_base(kind: str, D: int, gate: bool | None = None) -> str:
-    """kind: "split" (no gate: the gate is applied where the splits are combined), "direct", "fused", "combine"."""
-    return f"attn.decode_{kind}.d{D}" + ("" if gate is None else f".{'gate' if gate else 'nogate'}")
+def decode_base(kind: str, D: int, gate: bool | None = None, tma: bool = False) -> str:
+    """kind: "split" (no gate: the gate is applied where the splits are combined), "direct", "fused", "combine";
+    tma: the TMA variant of split / direct / fused (sm_90a / sm_100a)."""
+    return (f"attn.decode_{kind}.d{D}" + ("" if gate is None else f".{'gate' if gate else 'nogate'}")
+            + (".tma" if tma else ""))
 
 
-def decode_bases(D: int) -> tuple[str, ...]:
-    """Every decode kernel of head dim ``D`` (what a decode workspace or plan may launch)."""
+def decode_bases(D: int, tma: bool = False) -> tuple[str, ...]:
+    """Every decode kernel of head dim ``D`` (what a decode workspace or plan may launch); tma: the TMA variants
+    (split, direct, fused), which only sm_90a / sm_100a have."""
+    if tma:
+        return (decode_base("split", D, tma=True),) + tuple(
+            decode_base(k, D, g, tma=True) for k in ("direct", "fused") for g in GATES)
     kinds = ("direct", "fused", "combine")
     return (decode_base("split", D),) + tuple(decode_base(k, D, g) for k in kinds for g in GATES)
 
@@ -37,7 +43,8 @@ BASES = tuple(
     [cache_write_base(a) for a in (True, False)]
     + [prefill_base(d, g) for d in HEAD_DIMS for g in GATES]
     + [b for d in HEAD_DIMS for b in decode_bases(d)])
-OPTIONAL_BASES = tuple(prefill_base(d, g, tma=True) for d in HEAD_DIMS for g in GATES)  # sm_90a / sm_100a
+OPTIONAL_BASES = (tuple(prefill_base(d, g, tma=True) for d in HEAD_DIMS for g in GATES)  # sm_90a / sm_100a
+                  + tuple(b for d in HEAD_DIMS for b in decode_bases(d, tma=True)))
 
 
 def require_a16(op: str, **ptrs_and_strides: int) -> None:

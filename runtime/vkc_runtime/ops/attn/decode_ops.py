@@ -7,7 +7,8 @@ from functools import lru_cache
 
 from ... import memory
 from ...bound import CallCache, Launch
-from ...kernels import get_kernel
+from ...kernels import get_kernel, has_kernel
+from ...scratch import GlobalScratch
 from .._check import OpError, cdiv, fits_i32, same_device, stream_of, tensor
 from .._check import sm_count as _sm_count
 from .common import (BF16, HEAD_DIMS, LayerCalls, block_tables_arg, cache_pair, check_capacity, decode_base,
@@ -27,7 +28,9 @@ class DecodeWorkspace:
     """Scratch of split-KV decode: fp32 partial outputs [max_batch, Hq, max_splits, D] and their
     log-sum-exps [max_batch, Hq, max_splits] -- every byte a combine reads is written by a split of the same
     call first, so stale content is fine -- and int32 tickets [max_batch * Hq] of the one-launch path
-    (decode_fused), zeroed at allocation and left zero by every launch."""
+    (decode_fused), zeroed at allocation and left zero by every launch. ``scratch``: the TMA kernels' global
+    scratch (their descriptors, built on the device) for grids of up to max_batch * max_kv_heads * max_splits
+    programs; None where the arch has no TMA decode kernel."""
     part_o: memory.DeviceArray
     part_lse: memory.DeviceArray
     counters: memory.DeviceArray
@@ -35,33 +38,51 @@ class DecodeWorkspace:
     num_q_heads: int
     head_dim: int
     max_splits: int
+    scratch: GlobalScratch | None = None
+    max_kv_heads: int = 0
 
 
 def decode_workspace(max_batch: int, num_q_heads: int, head_dim: int, max_splits: int = DEFAULT_MAX_SPLITS,
-                     *, device: int | None = None) -> DecodeWorkspace:
+                     *, num_kv_heads: int | None = None, device: int | None = None) -> DecodeWorkspace:
     """Allocate decode scratch for up to ``max_batch`` sequences and ``max_splits`` KV splits (do this
     before graph capture; 256 x 24 x 64 x 256 x 4 B = 400 MB at the largest Qwen3.6 decode shape, so size
-    max_splits to need: the heuristic only uses many splits for small batches). Also loads every decode kernel
+    max_splits to need: the heuristic only uses many splits for small batches). ``num_kv_heads`` (default
+    num_q_heads, the most there can be) sizes the TMA kernels' global scratch. Also loads every decode kernel
     of ``head_dim``, so that a capture right after loads no module."""
-    if min(max_batch, num_q_heads, head_dim, max_splits) < 1:
+    hkv = num_q_heads if num_kv_heads is None else num_kv_heads
+    if min(max_batch, num_q_heads, head_dim, max_splits, hkv) < 1:
         raise OpError("decode_workspace: all sizes must be positive")
     if head_dim not in HEAD_DIMS:
         raise OpError(f"decode_workspace: head dim must be one of {HEAD_DIMS}, got {head_dim}")
     po = memory.DeviceArray.empty((max_batch * num_q_heads * max_splits * head_dim,), "float32", device=device)
     pl = memory.DeviceArray.empty((max_batch * num_q_heads * max_splits,), "float32", device=device)
     cnt = memory.DeviceArray.zeros((max_batch * num_q_heads,), "int32", device=device)
-    _load_kernels(int(head_dim), device)
-    return DecodeWorkspace(po, pl, cnt, int(max_batch), int(num_q_heads), int(head_dim), int(max_splits))
+    n = 0
+    for base, k in _load_kernels(int(head_dim), device).items():
+        if base.endswith(".tma"):  # the largest grid _decode_launches can make for these sizes
+            n = max(n, k.scratch_bytes((max_batch * hkv * max_splits, 1, 1)))
+    return DecodeWorkspace(po, pl, cnt, int(max_batch), int(num_q_heads), int(head_dim), int(max_splits),
+                           GlobalScratch(n, device=device) if n else None, int(hkv))
 
 
 def _load_kernels(D: int, device: int | None = None) -> dict:
-    """Load (cuModuleLoadData) every decode kernel of head dim ``D`` now, outside any graph capture; base ->
-    Kernel."""
+    """Load (cuModuleLoadData) every decode kernel of head dim ``D`` the selected arch has (gather, and TMA where
+    built) now, outside any graph capture; base -> Kernel."""
     out = {}
-    for base in decode_bases(D):
+    tma = decode_bases(D, tma=True)
+    for base in decode_bases(D) + (tma if has_kernel(tma[0], device=device) else ()):
         k = out[base] = get_kernel(base, device=device)
         k.load()
     return out
+
+
+def _tma_for(ws: DecodeWorkspace, B: int, Hkv: int, D: int, BS: int) -> bool:
+    """Whether a batch takes the TMA kernels (where it launches them the cache's strides are checked too,
+    _decode_launches): the arch has them, the block size is a multiple of their key tile, the workspace
+    carries their global scratch for this many (sequence, kv head) pairs."""
+    base = decode_base("split", D, tma=True)
+    return (ws.scratch is not None and B * Hkv <= ws.max_batch * ws.max_kv_heads and has_kernel(base)
+            and BS % get_kernel(base).constexprs["BLOCK_N"] == 0)
 
 
 _ws_cache: dict[tuple, DecodeWorkspace] = {}
@@ -196,6 +217,7 @@ class _DecodeBatch:
     ws: DecodeWorkspace | None  # None: empty batch
     splits: int
     fused: bool
+    tma: bool = False  # the TMA kernels where the cache allows them (_decode_launches)
     kernels: dict = field(default_factory=dict, compare=False, repr=False)  # base -> Kernel, filled on use
 
 
@@ -228,8 +250,9 @@ def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, wo
     if ws.max_batch < B or ws.num_q_heads != Hq or ws.head_dim != D:
         raise OpError(f"{op}: workspace sized for batch {ws.max_batch}, {ws.num_q_heads} heads, D {ws.head_dim}; "
                       f"this call needs batch {B}, {Hq} heads, D {D}")
+    tma = _tma_for(ws, B, Hkv, D, BS)
     if num_splits is None:
-        split_k = get_kernel(decode_base("split", D))
+        split_k = get_kernel(decode_base("split", D, tma=tma))
         splits = num_splits_for(B, Hkv, max_seq_len, _sm_count(split_k.device), max_splits=ws.max_splits,
                                 ctas_per_sm=max(1, split_k.max_active_blocks()))
     else:
@@ -238,7 +261,7 @@ def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, wo
             raise OpError(f"{op}: num_splits={num_splits} is outside 1..{ws.max_splits} (the workspace's max_splits)")
     fits_i32(op, grid=B * Hkv * splits, partials=B * Hq * splits * D)
     return _DecodeBatch(B, Hq, Hkv, group, D, BS, bt, sbt, sl, ws, splits,
-                        bool(fused) if fused is not None else use_fused_combine(splits, max_seq_len))
+                        bool(fused) if fused is not None else use_fused_combine(splits, max_seq_len), tma)
 
 
 def _kernel(kernels: dict, base: str):
@@ -260,17 +283,20 @@ def _decode_launches(op, p: _DecodeBatch, qt, cache, ot, gate, scale):
     g = gate is not None
     gslot = () if gate is None else (gt,)
     paged = (sb, ss, sh, p.sbt, BS, bt.shape[1], NB)
+    # TMA: the cache as a matrix of slot rows (block stride a multiple of the slot stride, rows int32-indexable)
+    tma = p.tma and sb % ss == 0 and NB * (sb // ss) < 2**31
+    scr = ws.scratch if tma else None
     if splits == 1:  # one launch: the direct kernel normalizes, gates and stores; no partials, no combine
-        return [Launch(_kernel(p.kernels, decode_base("direct", D, g)), (B * Hkv, 1, 1),
-                       (qt, kc, vc, bt, sl, ot, gt, float(scale), Hkv, group, sqb, sqh, sob, soh, sgb, sgh) + paged)
-                ], gslot
+        return [Launch(_kernel(p.kernels, decode_base("direct", D, g, tma)), (B * Hkv, 1, 1),
+                       (qt, kc, vc, bt, sl, ot, gt, float(scale), Hkv, group, sqb, sqh, sob, soh, sgb, sgh) + paged,
+                       scr)], gslot
     po, pl = ws.part_o.data_ptr(), ws.part_lse.data_ptr()
     if p.fused:  # one launch: the last split of each group combines
-        return [Launch(_kernel(p.kernels, decode_base("fused", D, g)), (B * Hkv * splits, 1, 1),
+        return [Launch(_kernel(p.kernels, decode_base("fused", D, g, tma)), (B * Hkv * splits, 1, 1),
                        (qt, kc, vc, bt, sl, po, pl, ws.counters.data_ptr(), ot, gt, float(scale), Hkv, group, splits,
-                        sqb, sqh, sob, soh, sgb, sgh) + paged)], gslot
-    return [Launch(_kernel(p.kernels, decode_base("split", D)), (B * Hkv * splits, 1, 1),
-                   (qt, kc, vc, bt, sl, po, pl, float(scale), Hkv, group, splits, sqb, sqh) + paged),
+                        sqb, sqh, sob, soh, sgb, sgh) + paged, scr)], gslot
+    return [Launch(_kernel(p.kernels, decode_base("split", D, tma=tma)), (B * Hkv * splits, 1, 1),
+                   (qt, kc, vc, bt, sl, po, pl, float(scale), Hkv, group, splits, sqb, sqh) + paged, scr),
             Launch(_kernel(p.kernels, decode_base("combine", D, g)), (B * Hq, 1, 1),
                    (po, pl, ot, gt, Hq, splits, sob, soh, sgb, sgh))], gslot
 
