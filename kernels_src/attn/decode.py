@@ -38,6 +38,24 @@ from kernels_src.common import pdl_enter, sigmoid_f32
 
 
 @triton.jit
+def _q_rows(q_ptr, b, hq, rmask, scale, stride_qb, stride_qh, D: tl.constexpr):
+    """The QB (padded) q rows hq of sequence b ([QB, D] bf16, padding rows zero) and the exp2-domain score scale."""
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=rmask[:, None], other=0.0)
+    qk_scale = scale * 1.4426950408889634
+    return q, qk_scale
+
+
+@triton.jit
+def _normalized(acc, m_i, l_i):
+    """(acc normalized by its softmax sum, lse in the log2 domain; a row that saw nothing: zeros, -inf)."""
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    return out, lse
+
+
+@triton.jit
 def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_hi, scale,
                   stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, max_blocks, num_blocks,
                   D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
@@ -45,8 +63,7 @@ def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_
     its own softmax sum, fp32 [QB, D]; lse in the log2 domain of scale * q.k, -inf for a row that saw
     nothing)."""
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=rmask[:, None], other=0.0)
-    qk_scale = scale * 1.4426950408889634
+    q, qk_scale = _q_rows(q_ptr, b, hq, rmask, scale, stride_qb, stride_qh, D)
     m_i = tl.full([QB], float("-inf"), tl.float32)
     l_i = tl.zeros([QB], tl.float32)
     acc = tl.zeros([QB, D], tl.float32)
@@ -65,10 +82,7 @@ def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
         m_i = m_new
-    seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    return out, lse
+    return _normalized(acc, m_i, l_i)
 
 
 @triton.jit
@@ -91,6 +105,15 @@ def _tma_step(acc, m_i, l_i, q, k_desc, v_desc, row0, col, ok, valid, qk_scale, 
 
 
 @triton.jit
+def _tile_row(bt_row, n, block_size, num_blocks, rows_per_block):
+    """The slot row of key n in the cache's slot-row matrix and whether its block id is valid (an invalid one
+    points into block 0)."""
+    blk = tl.load(bt_row + n // block_size)
+    valid = (blk >= 0) & (blk < num_blocks)
+    return tl.where(valid, blk, 0) * rows_per_block + n % block_size, valid
+
+
+@triton.jit
 def _attend_range_tma(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_hi, scale,
                       stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, num_blocks,
                       D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, STAGES: tl.constexpr):
@@ -99,9 +122,7 @@ def _attend_range_tma(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask
     matrix of slot rows, descriptors built on the device). A key of a block id outside [0, num_blocks) is not
     counted (its tile reads block 0's slots, in bounds, and discards them). Full tiles run software-pipelined
     STAGES deep; the one partial tile of the range (keys past n_hi) last."""
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=rmask[:, None], other=0.0)
-    qk_scale = scale * 1.4426950408889634
+    q, qk_scale = _q_rows(q_ptr, b, hq, rmask, scale, stride_qb, stride_qh, D)
     rows_per_block = (stride_cb // stride_cs).to(tl.int32)
     n_rows = num_blocks * rows_per_block
     k_desc = tl.make_tensor_descriptor(k_cache_ptr, [n_rows, stride_cs], [stride_cs, 1], [BLOCK_N, D])
@@ -113,21 +134,14 @@ def _attend_range_tma(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask
     cols = tl.arange(0, BLOCK_N)
     n_full = n_lo + (n_hi - n_lo) // BLOCK_N * BLOCK_N
     for n in tl.range(n_lo, n_full, BLOCK_N, num_stages=STAGES):
-        blk = tl.load(bt_row + n // block_size)
-        valid = (blk >= 0) & (blk < num_blocks)
-        row0 = tl.where(valid, blk, 0) * rows_per_block + n % block_size
+        row0, valid = _tile_row(bt_row, n, block_size, num_blocks, rows_per_block)
         ok = (cols < BLOCK_N) & valid
         acc, m_i, l_i = _tma_step(acc, m_i, l_i, q, k_desc, v_desc, row0, col, ok, valid, qk_scale, False)
     if n_full < n_hi:
-        blk = tl.load(bt_row + n_full // block_size)
-        valid = (blk >= 0) & (blk < num_blocks)
-        row0 = tl.where(valid, blk, 0) * rows_per_block + n_full % block_size
+        row0, valid = _tile_row(bt_row, n_full, block_size, num_blocks, rows_per_block)
         ok = (n_full + cols < n_hi) & valid
         acc, m_i, l_i = _tma_step(acc, m_i, l_i, q, k_desc, v_desc, row0, col, ok, valid, qk_scale, True)
-    seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    return out, lse
+    return _normalized(acc, m_i, l_i)
 
 
 @triton.jit
