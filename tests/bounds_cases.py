@@ -271,7 +271,8 @@ def check_decode(env: Env, A, splits: int, fused: bool, D=256, Hq=4, Hkv=2, bs=1
     sl = ar.put(i32([-5, BIG, SMALL, lens[3], lens[4]]))
     from vkc_runtime.ops.attn import DecodeWorkspace
     ms = max(splits, 2)
-    tma_scratch = A.decode_workspace(B, Hq, D, ms, num_kv_heads=Hkv).scratch  # None: no TMA kernel here
+    # block 64: the TMA kernels' descriptor scratch (None where the arch has none); block 16 needs none
+    tma_scratch = A.decode_workspace(B, Hq, D, ms, num_kv_heads=Hkv).scratch if bs % 64 == 0 else None
     ws = DecodeWorkspace(device_array(ar.poison((B * Hq * ms * D,), torch.float32), "float32"),
                          device_array(ar.poison((B * Hq * ms,), torch.float32), "float32"),
                          device_array(ar.put(torch.zeros(B * Hq, dtype=torch.int32)), "int32"), B, Hq, D, ms,
