@@ -309,7 +309,9 @@ def check_reshape_and_cache(env: Env, A, D=128, Hkv=2, nb=3, bs=16):
     for cache, old, new in ((kc, kc0, k), (vc, vc0, v)):
         flat, flat0 = cache.view(NS, Hkv, D), old.view(NS, Hkv, D)
         assert torch.equal(flat[NS - 1], new[5]) and torch.equal(flat[0], new[7])
-        assert torch.equal(flat[5], new[0]) or torch.equal(flat[5], new[6]), "a duplicate slot got a mixture"
+        # two programs store the duplicate slot concurrently: each element holds one of the two rows' values (the
+        # stores are not atomic per row; seen interleaved on the H100 in session 24)
+        assert torch.all((flat[5] == new[0]) | (flat[5] == new[6])), "a duplicate slot holds a third value"
         rest = [s for s in range(NS) if s not in (0, 5, NS - 1)]
         assert torch.equal(flat[rest], flat0[rest]), "a slot no valid index names changed"
 

@@ -22,7 +22,8 @@ count), slots outside [0, num_blocks * block_size) are not written, a row that s
 yields zeros, and prefill processes sequence i only when 0 <= cu[i] <= cu[i+1] <= T and cu[i+1] <= every
 later offset (others are skipped: their rows are neither read nor written; so are rows outside every
 processed sequence). Results for such inputs are defined but meaningless. Duplicate slots in one
-reshape_and_cache call: one of the rows lands in the slot (which one is unspecified), still in bounds.
+reshape_and_cache call: each element of the slot holds that element of one of the rows (which one is unspecified;
+the two rows' stores may interleave), still in bounds.
 
 Prefill kernels: on sm_90a/sm_100a a TMA kernel (K/V tiles loaded as boxes of one cache block, 128 x 64
 tiles at D=256) when block_size is a multiple of its key tile (64 at D=256, 128 at D=128) and the block
