@@ -43,8 +43,8 @@ block_tables width * block_size is used); the split count then depends only on h
 with new lengths/tables is valid. The TMA prefill kernel builds its descriptors in Triton's global scratch:
 pass a :class:`PrefillWorkspace` (:func:`prefill_workspace`) allocated before capture, or run the same shape
 once eagerly (on any stream) so the context's default scratch is large enough; the TMA decode kernels use the
-:class:`DecodeWorkspace`'s own scratch (a decode without a workspace allocates and caches one per shape). One workspace must not be
-used by launches on two streams at the same time. Workspaces and plans load every kernel they can launch
+:class:`DecodeWorkspace`'s own scratch (a decode without a workspace allocates and caches one per shape). One
+workspace must not be used by launches on two streams at the same time. Workspaces and plans load every kernel they can launch
 when they are made, so a capture loads no module; :func:`reshape_and_cache` loads its kernel on its first
 (eager) call.
 
