@@ -114,7 +114,6 @@ def main(out_path):
             lambda i, st: A.decode(sets[i]["q"], sets[i]["kc"], sets[i]["vc"], bt, sl, D ** -0.5, out=out,
                                    workspace=ws, max_seq_len=L, stream=st), vkc=True, n_sets=n, inner=10)
         if B * L <= 64 * 32768:
-            nb = -(-L // bs)
             idx = torch.arange(L, device="cuda")
             dense = []
             for x in sets:
@@ -128,7 +127,7 @@ def main(out_path):
                                                                n_sets=n, inner=10)
                 except Exception as e:  # noqa: BLE001
                     case[f"sdpa_{be}_error"] = C.err(e)
-            del dense, nb
+            del dense
         rows.append({"kind": "case", **case})
         print(json.dumps(rows[-1]), flush=True)
         sets = ws = po = pl = None
