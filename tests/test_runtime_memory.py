@@ -347,3 +347,61 @@ def test_dtype_names():
         memory.dtype_name("complex64")
     assert all(memory.itemsize(n) == v[0] for n, v in memory.DTYPES.items())
     assert not math.isnan(memory.itemsize("bfloat16"))
+
+
+def test_out_of_memory_releases_other_caches_then_retries_once(fake_cu, monkeypatch):
+    """cuMemAlloc out of memory: the registered hooks (interop: torch's / CuPy's caches) run, the allocation is
+    tried once more; a second failure, or no hook that released anything, raises the driver's error."""
+    from vkc_runtime import driver
+    from vkc_runtime.errors import CudaError
+    oom = (fake_cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, 0)
+    real_alloc, fails = fake_cu.cuMemAlloc, [1]
+
+    def alloc(n):
+        if fails[0]:
+            fails[0] -= 1
+            fake_cu._r("cuMemAlloc", n)
+            return oom
+        return real_alloc(n)
+    monkeypatch.setattr(fake_cu, "cuMemAlloc", alloc, raising=False)
+    released = []
+    monkeypatch.setattr(driver, "_oom_hooks", [lambda: released.append(1) or True])
+    before = driver.oom_retries()
+    a = DeviceArray.empty((4,), "float32")
+    assert a.ptr and released == [1] and len(fake_cu.calls("cuMemAlloc")) == 2 and driver.oom_retries() == before + 1
+    fails[0] = 2  # the retry fails too: its error stands
+    with pytest.raises(CudaError, match="OUT_OF_MEMORY"):
+        DeviceArray.empty((4,), "float32")
+    assert released == [1, 1]
+    fails[0] = 1  # a hook that released nothing (or raised): no retry
+    monkeypatch.setattr(driver, "_oom_hooks", [lambda: False, lambda: 1 / 0])
+    with pytest.raises(CudaError, match="OUT_OF_MEMORY"):
+        DeviceArray.empty((4,), "float32")
+    assert fails[0] == 0 and driver.oom_retries() == before + 2
+
+
+def test_interop_releases_torch_cache_only_outside_capture(monkeypatch):
+    """The torch hook empties torch's cache when torch's CUDA is initialised and no capture runs; never imports
+    torch itself."""
+    calls = []
+
+    class Cuda:
+        capturing = False
+
+        def is_initialized(self):
+            return True
+
+        def is_current_stream_capturing(self):
+            return self.capturing
+
+        def empty_cache(self):
+            calls.append("empty_cache")
+
+    class Torch:
+        cuda = Cuda()
+    monkeypatch.setitem(sys.modules, "torch", Torch)
+    assert interop._release_torch_cache() is True and calls == ["empty_cache"]
+    Torch.cuda.capturing = True
+    assert interop._release_torch_cache() is False and calls == ["empty_cache"]
+    monkeypatch.delitem(sys.modules, "torch")
+    assert interop._release_torch_cache() is False

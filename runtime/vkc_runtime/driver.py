@@ -27,7 +27,8 @@ from .errors import CudaError, DriverUnavailable
 __all__ = [
     "cu", "CudaError", "DriverUnavailable", "check", "call", "init", "available", "unavailable_reason",
     "current_context", "ensure_context", "context_device", "device_count", "device_cc", "device_name",
-    "driver_version", "sm_count", "max_smem_optin", "device_attribute", "reset_caches",
+    "driver_version", "sm_count", "max_smem_optin", "device_attribute", "reset_caches", "call_taking_memory",
+    "on_out_of_memory", "release_for_retry", "oom_retries",
 ]
 
 try:  # the error class cuda.pathfinder raises when libcuda cannot be found
@@ -45,6 +46,8 @@ _state: dict = {"init": None, "reason": None}  # init: None (not tried) / True /
 _dev_cache: dict[tuple[str, int], object] = {}
 _primary: dict[int, int] = {}  # device ordinal -> retained primary context handle
 _version: list[int] = []
+_oom_hooks: list = []  # callables releasing device memory that other allocators of this process cache
+_OOM = int(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
 
 
 def reset_caches() -> None:
@@ -114,6 +117,49 @@ def call(fn, *args, detail: str = ""):
             raise
         raise _lib_failure(e, name) from e
     return check(res, name, detail)
+
+
+def on_out_of_memory(hook) -> None:
+    """Register ``hook()`` (returns True when it released something): run when a call that takes device memory
+    (:func:`call_taking_memory`) fails with CUDA_ERROR_OUT_OF_MEMORY, before that call is tried once more.
+    vkc_runtime.interop registers torch's and CuPy's cache releases (their pools keep freed memory reserved, which
+    the driver then cannot give to vkc's allocations or module loads)."""
+    if hook not in _oom_hooks:
+        _oom_hooks.append(hook)
+
+
+def oom_retries() -> int:
+    """How many calls were retried after the hooks released memory (diagnostics, tests)."""
+    return _state.get("oom_retries", 0)
+
+
+def _released(hook) -> bool:
+    try:
+        return bool(hook())
+    except Exception:  # noqa: BLE001 - a hook that failed released nothing; the original error stands
+        return False
+
+
+def release_for_retry(code: int) -> bool:
+    """After a call that takes device memory failed with CUresult ``code``: for CUDA_ERROR_OUT_OF_MEMORY run the
+    :func:`on_out_of_memory` hooks; True when one released memory (the caller then tries once more)."""
+    if int(code) != _OOM or not [h for h in list(_oom_hooks) if _released(h)]:
+        return False
+    with _lock:
+        _state["oom_retries"] = _state.get("oom_retries", 0) + 1
+    return True
+
+
+def call_taking_memory(fn, *args, detail: str = ""):
+    """:func:`call` for a driver call that takes device memory (cuMemAlloc, cuModuleLoadData): on
+    CUDA_ERROR_OUT_OF_MEMORY the :func:`on_out_of_memory` hooks run, and if one released memory the call is tried
+    once more (its error then stands)."""
+    try:
+        return call(fn, *args, detail=detail)
+    except CudaError as e:
+        if not release_for_retry(e.code):
+            raise
+    return call(fn, *args, detail=detail)
 
 
 def init() -> None:

@@ -98,7 +98,7 @@ class DeviceArray:
         self.ctx = driver.ensure_context(device)
         self.device = driver.context_device()
         n = self.nbytes
-        self.ptr = int(driver.call(driver.cu.cuMemAlloc, n, detail=f"allocating {n} bytes")) if n else 0
+        self.ptr = int(driver.call_taking_memory(driver.cu.cuMemAlloc, n, detail=f"allocating {n} bytes")) if n else 0
         if self.ptr:
             self._finalizer = weakref.finalize(self, _free_device, self.ptr, self.ctx)
             self._finalizer.atexit = False

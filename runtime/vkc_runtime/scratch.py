@@ -101,7 +101,7 @@ class ScratchArena:
 
 
 def _mem_alloc(n: int) -> int:
-    return int(driver.call(driver.cu.cuMemAlloc, n, detail=f"allocating {n} bytes of global scratch"))
+    return int(driver.call_taking_memory(driver.cu.cuMemAlloc, n, detail=f"allocating {n} bytes of global scratch"))
 
 
 def _stream_is_capturing(s: int) -> bool:

@@ -150,6 +150,7 @@ def test_graph_capture_replay_equals_eager(G):
     x, w = operands(m, n, k)
     eager = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    s.wait_stream(torch.cuda.current_stream())   # the inputs were made on the default stream
     with torch.cuda.stream(s):
         G.linear(x, w, eager, stream=s)          # warm-up outside capture: loads the kernels
     s.synchronize()

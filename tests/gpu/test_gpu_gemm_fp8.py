@@ -289,6 +289,7 @@ def test_graph_capture_replay_equals_eager(G):
         for lane, oi in zip(blanes, o[:nb]):
             G.linear_fp8_block(xq2, xg, w, bsw, oi, stream=s, _lane=lane)
 
+    s.wait_stream(torch.cuda.current_stream())    # the inputs and outputs were made on the default stream
     with torch.cuda.stream(s):
         step(outs[0])                             # eager warm-up: loads the kernels
     s.synchronize()

@@ -154,6 +154,7 @@ def test_graph_capture_replay_equals_eager(G, which):
             return G.linear_w4a16(x, p, sc, alpha, out, stream=s)
     eager = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = torch.full_like(eager, float("nan"))
+    s.wait_stream(torch.cuda.current_stream())  # the inputs and outputs were made on the default stream
     with torch.cuda.stream(s):
         call(eager)
     s.synchronize()

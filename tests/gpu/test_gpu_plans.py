@@ -111,6 +111,7 @@ def test_capture_with_a_loaded_plan_has_zero_misses(P, monkeypatch):
         x, w = rnd(m, k, seed=i), rnd(n, k, seed=i + 7, scale=k ** -0.5)
         ops.append((x, w, torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16),
                     torch.empty((m, n), device="cuda", dtype=torch.bfloat16)))
+    s.wait_stream(torch.cuda.current_stream())  # the inputs and outputs were made on the default stream
     with torch.cuda.stream(s):
         for x, w, _, eager in ops:
             gemm.linear(x, w, eager, stream=s)

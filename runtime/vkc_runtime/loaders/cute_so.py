@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .. import driver
 from ..artifacts import ArtifactSet
 from ..errors import ArtifactError, LaunchError
 from vkc_contract.hashing import IntegrityError, sha256_bytes
@@ -77,6 +78,8 @@ class CuteLibrary:
         with self._lock:
             if device not in self._devices:
                 rc = self.lib.vkc_cute_load(int(device))
+                if rc and driver.release_for_retry(rc):  # out of memory, other allocators' caches released
+                    rc = self.lib.vkc_cute_load(int(device))
                 if rc:
                     raise ArtifactError(f"{self.path.name}: vkc_cute_load({device}) failed: {_err(rc)}")
                 self._devices.add(device)

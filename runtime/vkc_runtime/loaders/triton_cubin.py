@@ -86,7 +86,7 @@ class Kernel:
                 driver.call(cu.cuCtxPushCurrent, self.ctx)
                 pushed = True
             try:
-                self.module = driver.call(cu.cuModuleLoadData, data, detail=f"loading {path}")
+                self.module = driver.call_taking_memory(cu.cuModuleLoadData, data, detail=f"loading {path}")
                 fn = driver.call(cu.cuModuleGetFunction, self.module, spec.name.encode(),
                                  detail=f"entry {spec.name!r} in {path}")
                 self._configure(fn)
