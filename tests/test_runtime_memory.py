@@ -381,8 +381,8 @@ def test_out_of_memory_releases_other_caches_then_retries_once(fake_cu, monkeypa
 
 
 def test_interop_releases_torch_cache_only_outside_capture(monkeypatch):
-    """The torch hook empties torch's cache when torch's CUDA is initialised and no capture runs; never imports
-    torch itself."""
+    """The torch hook empties torch's cache when torch's CUDA is initialised and no capture runs (neither torch's
+    current stream nor a vkc capture); never imports torch itself."""
     calls = []
 
     class Cuda:
@@ -401,6 +401,9 @@ def test_interop_releases_torch_cache_only_outside_capture(monkeypatch):
         cuda = Cuda()
     monkeypatch.setitem(sys.modules, "torch", Torch)
     assert interop._release_torch_cache() is True and calls == ["empty_cache"]
+    from vkc_runtime import deferred
+    with deferred.frees_deferred():  # a vkc graph capture runs: a free would invalidate it
+        assert interop._release_torch_cache() is False and calls == ["empty_cache"]
     Torch.cuda.capturing = True
     assert interop._release_torch_cache() is False and calls == ["empty_cache"]
     monkeypatch.delitem(sys.modules, "torch")

@@ -16,7 +16,7 @@ import gc
 import threading
 from typing import Callable
 
-__all__ = ["frees_deferred", "defer"]
+__all__ = ["frees_deferred", "defer", "active"]
 
 _lock = threading.Lock()
 _depth = 0
@@ -46,6 +46,11 @@ def frees_deferred():
                 gc.enable()
         for free in todo:
             free()
+
+
+def active() -> bool:
+    """Whether a :func:`frees_deferred` block (a vkc graph capture) is running."""
+    return _depth > 0
 
 
 def defer(free: Callable[[], None]) -> bool:

@@ -8,7 +8,7 @@ import ctypes
 import sys
 from typing import Any
 
-from . import driver
+from . import deferred, driver
 from .tensor import (DTYPES, TensorRef, _c_strides, _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED,
                      _DL_DEVICE_NAMES, _DL_TO_NAME, _TYPESTR, dtype_name)
 
@@ -199,20 +199,22 @@ def _from_dlpack(obj, name: str) -> TensorRef:
 
 # ------------------------------------------------------------------- other allocators' cached memory
 def _release_torch_cache() -> bool:
-    """torch's caching allocator keeps freed blocks reserved: hand them back to the driver (never while torch's
-    current stream captures a graph, where releasing is not allowed). vkc never imports torch itself."""
+    """torch's caching allocator keeps freed blocks reserved: hand them back to the driver (never while a graph
+    is captured -- torch's current stream or a vkc capture -- where a free would invalidate the capture). vkc
+    never imports torch itself."""
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized() or cuda.is_current_stream_capturing():
+    if cuda is None or deferred.active() or not cuda.is_initialized() or cuda.is_current_stream_capturing():
         return False
     cuda.empty_cache()
     return True
 
 
 def _release_cupy_pool() -> bool:
-    """CuPy's default memory pool likewise keeps freed blocks: free them (only when CuPy is already imported)."""
+    """CuPy's default memory pool likewise keeps freed blocks: free them (only when CuPy is already imported, and
+    not during a vkc capture)."""
     cupy = sys.modules.get("cupy")
-    if cupy is None or not hasattr(cupy, "get_default_memory_pool"):
+    if cupy is None or deferred.active() or not hasattr(cupy, "get_default_memory_pool"):
         return False
     cupy.get_default_memory_pool().free_all_blocks()
     return True
