@@ -1,9 +1,11 @@
 """GPU-suite bookkeeping: after each test module, one line in pytest's terminal output with the device memory the
 driver reports free, what torch's caching allocator reserves, and how many vkc driver calls had to release other
 allocators' caches to get memory (vkc_runtime.driver.oom_retries). A long run in one process accumulates torch's
-cache; these lines show where memory went when a late module fails."""
+cache; these lines show where memory went when a late module fails. And each failure's report at once (the log,
+and $VKC_ERR_DIR/failures.txt), not only in the summary a time limit can cut off."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -25,3 +27,16 @@ def _memory_line(request):
     if rep is not None and cap is not None:
         with cap.global_and_fixture_disabled():  # teardown output is captured otherwise
             rep.write_line(line)
+
+
+def pytest_runtest_logreport(report):
+    """A failure's report as soon as it happens: into the log (the summary at the end is lost when a device call's
+    time limit cuts the run) and, when VKC_ERR_DIR is set (tools/gpu/run.sh), appended to failures.txt there."""
+    if not report.failed:
+        return
+    text = f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n"
+    d = os.environ.get("VKC_ERR_DIR")
+    if d:
+        with open(os.path.join(d, "failures.txt"), "a") as f:
+            f.write(text)
+    print("\n" + text, file=sys.__stderr__, flush=True)
