@@ -3,7 +3,8 @@
 #   builds the sm_90a wheel from the working tree (native launcher + sm_90a artifacts only), installs it
 #   apart from the source tree, runs `vkc doctor`, the GPU tests and the benchmarks, and writes to $OUT:
 #   env.txt (device, import, doctor), build.log, gpu-tests.log and results.json (every benchmark's JSON and the
-#   GPU tests' per-case relative errors, <family>_errors.json via tests/gpu/errlog.py, keyed by name;
+#   GPU tests' per-case relative errors, <family>_errors.json via tests/gpu/errlog.py, and failures.txt, each
+#   failure's report as it happened (tests/gpu/conftest.py), keyed by name;
 #   split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
 #   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|memcheck|bench|tune|ncu] [pytest -k expression]
 #   memcheck: every GPU test (MEMCHECK_TESTS overrides, e.g. tests/gpu/test_gpu_bounds.py) under compute-sanitizer
