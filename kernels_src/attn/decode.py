@@ -56,6 +56,17 @@ def _normalized(acc, m_i, l_i):
 
 
 @triton.jit
+def _softmax_step(m_i, l_i, s):
+    """One online-softmax step over scores s [QB, N] (log2 domain, -inf for keys that do not count): (the new
+    running max, the accumulator's rescale alpha, the tile's probabilities p, the new running sum)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    return m_new, alpha, p, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_hi, scale,
                   stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, max_blocks, num_blocks,
                   D: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
@@ -75,11 +86,7 @@ def _attend_range(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_
         v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, alpha, p, l_i = _softmax_step(m_i, l_i, s)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
         m_i = m_new
     return _normalized(acc, m_i, l_i)
@@ -92,11 +99,7 @@ def _tma_step(acc, m_i, l_i, q, k_desc, v_desc, row0, col, ok, valid, qk_scale, 
     and TAIL zeroes the V rows of keys not ok (slots past L may hold anything, NaN included: 0 * NaN)."""
     k = k_desc.load([row0, col])
     s = tl.where(ok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    m_new, alpha, p, l_i = _softmax_step(m_i, l_i, s)
     v = v_desc.load([row0, col])
     if TAIL:
         v = tl.where(ok[:, None], v, 0.0)
