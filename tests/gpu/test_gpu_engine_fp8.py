@@ -24,7 +24,7 @@ import pytest
 from tests.engine_fixtures import make_checkpoint
 from tests.gpu.errlog import record
 from tests.gpu.test_gpu_engine import (LAYERS, MOE, REAL_HEADS, _check_greedy, _decode_batch, _eager_padded, _engine,
-                                       _graphs_vs_eager, _margin, _need_moe_ops, _prompt, _restore, _snapshot,
+                                       _graphs_vs_eager, _margin, _need_moe_ops, _noise, _prompt, _restore, _snapshot,
                                        check_teacher_forced)
 
 pytestmark = pytest.mark.gpu
@@ -165,25 +165,22 @@ def test_greedy_vs_numpy_engine(setup, numpy_engine):
 
 
 def test_generate_with_graphs_equals_enforce_eager(setup, monkeypatch):
-    """The captured engine generates what the eager one does. Both with FP8_GEMV off, so their FP8 linears do the
-    same math (W8A8) in every step: with it on, the graph's one-row steps run W8A16 and the eager ones W8A8, a
-    difference that compounds over the continuation beyond one step's noise (seen on an H100: a divergence at
-    margin 0.391 after 8 steps). W8A16 vs W8A8 is test_fp8_gemv_decode_steps' comparison, step by step."""
+    """The captured engine generates what the eager one does, up to near-ties. Both run with FP8_GEMV off, so
+    their FP8 linears do the same math (W8A8) in every step (W8A16 vs W8A8 is test_fp8_gemv_decode_steps'
+    comparison, step by step). The graph's padded buckets still take other GEMM tiles than the eager step's
+    rows, and an activation that rounds one bf16 ulp apart can land in another FP8 step: a difference far above
+    one step's noise after a few steps (seen on an H100). So the noise is the bf16 test's rule: twice the
+    engine's own error vs HF fp32, which for an FP8 model includes the activations' quantization."""
     import vkc_engine.backend as B
     from vkc_engine import SamplingParams
-    name, d, _, _ = setup
+    name, d, model, _ = setup
     monkeypatch.setattr(B, "FP8_GEMV", False)
     llm = _engine(d)
     eager = _engine(d, enforce_eager=True)
     rng = np.random.default_rng(31)
     prompts = [_prompt(int(n), llm.cfg.vocab_size, 7000 + i) for i, n in enumerate(rng.integers(1, 200, 9))]
     params = [SamplingParams(temperature=0, max_tokens=int(m), ignore_eos=True) for m in rng.integers(4, 20, 9)]
-    seq = prompts[0] + eager.generate(prompts[0], params[0])[0].token_ids
-    noise = 2.0 * float(np.abs(llm.prompt_logits(seq) - eager.prompt_logits(seq)).max())
-    # a one-row step's own noise: the graph's padded bucket and the eager step's one row take different GEMM tiles
-    graph, _, plain, _ = _decode_step_three_ways(llm, 1, 160)
-    noise = max(noise, 2.0 * float(np.abs(plain - graph).max()), 1e-3)
-    used = _graphs_vs_eager(f"{name} fp8 graphs vs eager", llm, eager, prompts, params, noise)
+    used = _graphs_vs_eager(f"{name} fp8 graphs vs eager", llm, eager, prompts, params, _noise(llm, model, prompts[0]))
     assert used and any(n < b for n, b in used), used
 
 
