@@ -424,7 +424,7 @@ def check_gdn_decode(env: Env, GD, hk=1, hv=2, nslots=3):
 
 # --------------------------------------------------------------------------------------------------- conv
 
-CONV_T = 130  # two programs of 128 rows: a sequence starting in the last rows of block 0 spills into block 1
+CONV_T = 130  # programs of 16 rows (the spec's 4 x 4): sequences cross program boundaries
 CONV_CASES = {  # name: (cu_seqlens, slot_idx)
     "valid": ([0, 2, 127, 130], [1, -1, 0]),
     "past_end": ([0, 2, 127, 141], [1, 2, 0]),      # the last sequence's first rows cross T
@@ -438,15 +438,17 @@ CONV_CASES = {  # name: (cu_seqlens, slot_idx)
 }
 
 
-def check_conv(env: Env, CV, case: str, C=128, nslots=3):
+def check_conv(env: Env, CV, case: str, C=128, nslots=3, pad=0):
+    """pad: x, y and the state rows are the first C columns of rows of C + pad (row strides C + pad)."""
     cu, slots = CONV_CASES[case]
     T = CONV_T
     g = torch.Generator().manual_seed(60 + len(case) + C)
     ar = Arena(10, env.device)
-    x, wt = ar.put(rnd(g, T, C)), ar.put(rnd(g, C, 4, scale=0.5))
-    st = ar.put(rnd(g, nslots, 3, C))
+    x, wt = ar.put(rnd(g, T, C + pad))[:, :C], ar.put(rnd(g, C, 4, scale=0.5))
+    st = ar.put(rnd(g, nslots, 3, C + pad))[:, :, :C]
     st0 = st.clone()
-    y = ar.poison((T, C), torch.bfloat16)
+    yp = ar.poison((T, C + pad), torch.bfloat16)
+    y, pad0 = yp[:, :C], yp[:, C:].clone()
     w = env.wrap
     CV.causal_conv1d(w(x), w(wt), w(ar.put(i32(cu))), conv_state=w(st), slot_idx=w(ar.put(i32(slots))), out=w(y))
     env.sync()
@@ -470,6 +472,8 @@ def check_conv(env: Env, CV, case: str, C=128, nslots=3):
             new[sl] = ns[sl]
     close(y, ref, f"conv {case} output")  # rows in no sequence: zeros
     assert np.array_equal(np64(st), new), f"conv {case}: final states"
+    if pad:
+        assert torch.equal(yp[:, C:].view(torch.int16), pad0.view(torch.int16)), f"conv {case}: wrote past the row"
 
 
 def check_conv_update(env: Env, CV, C=128, nslots=3):

@@ -255,6 +255,14 @@ def test_conv_prefill_unaligned_channels(ops, case):
     assert m.reg.launched[-2:] == ["conv.prefill.w4.any", "conv.heads.w4.any"]
 
 
+def test_conv_prefill_aligned_rows_unaligned_channels(ops):
+    """C % 16 != 0 in rows of 16-element multiples: the heads take .a16, the body .any (its .a16 form is compiled
+    for C % 16 == 0 only)."""
+    m, env = ops
+    B.check_conv(env, m.CV, "past_end", C=40, pad=8)
+    assert m.reg.launched[-2:] == ["conv.prefill.w4.any", "conv.heads.w4.a16"]
+
+
 def test_conv_update_slots(ops):
     m, env = ops
     B.check_conv_update(env, m.CV)

@@ -27,9 +27,38 @@ from kernels_src.common import floor16, pdl_enter, silu_f32
 
 
 @triton.jit
+def _tap_row(x_ptr, r, c, cmask, lo, hi, stride_x):
+    """Row r of x over channels c (bf16: the rows a program keeps cost half the registers of fp32); zeros outside
+    [lo, hi) (so nothing outside rows [0, T) is read)."""
+    rv = tl.zeros_like(c) + r  # (a scalar bool & vector mask breaks Triton 3.9's interpreter)
+    return tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=cmask & (rv >= lo) & (rv < hi), other=0.0)
+
+
+@triton.jit
+def _silu_approx(x):
+    """x * sigmoid(x) with div.approx (2 ulp for denominators in [2^-126, 2^126]; past 2^126 -- x < -87 -- the
+    quotient is -0 or a denormal, the exact value's bf16 is -0 too): the full-range division's range checks were a
+    quarter of the body's instructions, and the body is close to its issue limit at HBM speed."""
+    return tl.fdiv(x, 1.0 + tl.exp(-x), approx=True)
+
+
+@triton.jit
+def _out_row(y_ptr, t, c, cmask, lo, hi, T, stride_y, w0, w1, w2, w3, r0, r1, r2, r3):
+    """y row t = silu(w0 r0 + w1 r1 + w2 r2 + w3 r3) (fp32; r0 the oldest input) for members of [lo, hi),
+    zeros for the other rows of [0, T)."""
+    acc = w0 * r0.to(tl.float32) + w1 * r1.to(tl.float32) + w2 * r2.to(tl.float32) + w3 * r3.to(tl.float32)
+    tv = tl.zeros_like(c) + t
+    y = tl.where((tv >= lo) & (tv < hi), _silu_approx(acc), 0.0)
+    tl.store(y_ptr + t.to(tl.int64) * stride_y + c, y.to(tl.bfloat16), mask=cmask & (tv < T))
+
+
+@triton.jit
 def _body_block(x_ptr, w_ptr, y_ptr, cu_ptr, stride_x, stride_w, stride_y, T, C, N,
                 BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, SUB: tl.constexpr):
-    """SUB row tiles of BLOCK_T packed tokens x BLOCK_C channels (see conv_prefill_kernel)."""
+    """Rows [t0, t0 + BLOCK_T * SUB) x BLOCK_C channels (see conv_prefill_kernel), walked BLOCK_T = 4 rows a step
+    with the last three inputs kept in registers: each x row is loaded once by its program (plus the 3 rows
+    before t0), the next step's 4 rows are loaded before this step's outputs are formed."""
+    tl.static_assert(BLOCK_T == 4, "the body walks 4 rows a step")
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
     wrow = w_ptr + c.to(tl.int64) * stride_w
@@ -39,44 +68,54 @@ def _body_block(x_ptr, w_ptr, y_ptr, cu_ptr, stride_x, stride_w, stride_y, T, C,
     w3 = tl.load(wrow + 3, mask=cmask, other=0.0).to(tl.float32)
     lo = tl.minimum(tl.maximum(tl.load(cu_ptr), 0), T)
     hi = tl.minimum(tl.maximum(tl.load(cu_ptr + N), lo), T)
+    t0 = tl.program_id(0) * (BLOCK_T * SUB)
+    # inputs t - 3, t - 2, t - 1 of the step's first row t (taps before lo read as zeros), then rows t .. t + 3
+    p3 = _tap_row(x_ptr, t0 - 3, c, cmask, lo, hi, stride_x)
+    p2 = _tap_row(x_ptr, t0 - 2, c, cmask, lo, hi, stride_x)
+    p1 = _tap_row(x_ptr, t0 - 1, c, cmask, lo, hi, stride_x)
+    a0 = _tap_row(x_ptr, t0, c, cmask, lo, hi, stride_x)
+    a1 = _tap_row(x_ptr, t0 + 1, c, cmask, lo, hi, stride_x)
+    a2 = _tap_row(x_ptr, t0 + 2, c, cmask, lo, hi, stride_x)
+    a3 = _tap_row(x_ptr, t0 + 3, c, cmask, lo, hi, stride_x)
     for i in range(SUB):
-        t = (tl.program_id(0) * SUB + i) * BLOCK_T + tl.arange(0, BLOCK_T)
-        member = (t >= lo) & (t < hi)
-        acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
-        for j in tl.static_range(4):
-            if j == 0:
-                wj = w0
-            elif j == 1:
-                wj = w1
-            elif j == 2:
-                wj = w2
-            else:
-                wj = w3
-            r = t - 3 + j  # tap j: row r, inside [lo, t] (so inside [0, T)) or zero
-            xv = tl.load(x_ptr + r.to(tl.int64)[:, None] * stride_x + c[None, :],
-                         mask=(member & (r >= lo))[:, None] & cmask[None, :], other=0.0)
-            acc += wj[None, :] * xv.to(tl.float32)
-        y = tl.where(member[:, None], silu_f32(acc), 0.0)
-        tl.store(y_ptr + t.to(tl.int64)[:, None] * stride_y + c[None, :], y.to(tl.bfloat16),
-                 mask=(t < T)[:, None] & cmask[None, :])
+        t = t0 + i * BLOCK_T
+        # the next step's rows (none after the last step: hi_n = lo masks every load)
+        hi_n = tl.where(i + 1 < SUB, hi, lo)
+        b0 = _tap_row(x_ptr, t + 4, c, cmask, lo, hi_n, stride_x)
+        b1 = _tap_row(x_ptr, t + 5, c, cmask, lo, hi_n, stride_x)
+        b2 = _tap_row(x_ptr, t + 6, c, cmask, lo, hi_n, stride_x)
+        b3 = _tap_row(x_ptr, t + 7, c, cmask, lo, hi_n, stride_x)
+        _out_row(y_ptr, t, c, cmask, lo, hi, T, stride_y, w0, w1, w2, w3, p3, p2, p1, a0)
+        _out_row(y_ptr, t + 1, c, cmask, lo, hi, T, stride_y, w0, w1, w2, w3, p2, p1, a0, a1)
+        _out_row(y_ptr, t + 2, c, cmask, lo, hi, T, stride_y, w0, w1, w2, w3, p1, a0, a1, a2)
+        _out_row(y_ptr, t + 3, c, cmask, lo, hi, T, stride_y, w0, w1, w2, w3, a0, a1, a2, a3)
+        p3, p2, p1 = a1, a2, a3
+        a0, a1, a2, a3 = b0, b1, b2, b3
 
 
 @triton.jit
 def conv_prefill_kernel(x_ptr, w_ptr, y_ptr, cu_ptr, stride_x, stride_w, stride_y, T, C, N,
-                        W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, SUB: tl.constexpr):
+                        W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, SUB: tl.constexpr,
+                        C16: tl.constexpr):
     """Varlen causal conv1d + SiLU, the body: every row of x [T, C] -> y [T, C] with its taps read from x only.
 
     x, y: [T, C] bf16 (row strides stride_x, stride_y); w: [C, W] bf16 (row stride stride_w); cu_seqlens int32
     [N + 1]. Rows in [lo, hi) = [clamp(cu[0], 0, T), clamp(cu[N], lo, T)) get silu(sum_j w[:, j] x[t - 3 + j]) with
     the taps before lo read as zeros; the other rows of [0, T) get zeros. A sequence's first W-1 = 3 rows (whose
     taps reach into the previous sequence or its conv state) are wrong here and are rewritten by
-    conv_heads_kernel, launched after this kernel on the same stream. One pass over x: each row is loaded by the
-    tile holding it and, for the taps, by the tiles of the next 3 rows (cache hits). Only cu_seqlens[0] and
-    cu_seqlens[N] are read, clamped, so no offset makes a tap or a store leave rows [0, T).
+    conv_heads_kernel, launched after this kernel on the same stream. One pass over x: a program owns BLOCK_T *
+    SUB consecutive rows (BLOCK_T = 4 a step) of BLOCK_C channels, loads each of them once plus the 3 rows before
+    its first (the previous program's, mostly L2 hits), and keeps the last three inputs in registers (the
+    earlier form loaded four shifted [rows, channels] tiles and needed 224 registers a thread on sm_90a). Only
+    cu_seqlens[0] and cu_seqlens[N] are read, clamped, so no offset makes a tap or a store leave rows [0, T).
     Grid (cdiv(T, SUB * BLOCK_T), cdiv(C, BLOCK_C)). y must not overlap x.
+    C16 (constexpr, the .a16 variant): the host promises C % 16 == 0, and only the body with 16-row-aligned
+    channel masks (vectorized loads) is compiled (a runtime branch would compile both, and the scalar one's
+    registers would set the kernel's; C16 with C % 16 != 0 would leave the last C % 16 channels unwritten, no
+    access outside the buffers).
     """
     tl.static_assert(W == 4, "conv kernels are written for width 4")
-    if C % 16 == 0:
+    if C16:
         _body_block(x_ptr, w_ptr, y_ptr, cu_ptr, stride_x, stride_w, stride_y, T, floor16(C), N, BLOCK_T, BLOCK_C,
                     SUB)
     else:

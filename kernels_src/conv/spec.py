@@ -2,7 +2,8 @@
 
 Conv state layout: ``[slots, W-1, C]`` bf16, channels contiguous (see conv.py). Each kernel comes as
 ``.a16`` (x, y, state pointers and every row/slot stride carry div=16, checked by the runtime) and
-``.any`` (no hints). C never carries a hint; the kernels branch on ``C % 16`` internally.
+``.any`` (no hints). C never carries a hint; the kernels branch on ``C % 16`` internally, except the prefill
+body, whose ``.a16`` form is compiled for C % 16 == 0 only (constexpr C16; the op checks it).
 
 Grids (axis 0 first):
   prefill.w4.*   (cdiv(T, SUB * BLOCK_T), cdiv(C, BLOCK_C))   the body of a varlen prefill (x taps only)
@@ -41,12 +42,13 @@ def _args(params, aligned):
 
 SPECS = []
 for _sfx, _al in _VARIANTS:
-    # the body: tiles of 16 tokens x 256 channels (16 B per thread per row segment), 4 warps, SUB = 8 tiles per
-    # program (their taps re-read the previous tile's last rows from cache). H200, T = 8192, C = 8192, this build
-    # (pinned Triton): 134 us; 8 x 512 x 16 147 us (BENCHMARKS.md session 22)
+    # the body: 4 rows a step, SUB = 4 steps (16 rows) a program, 512 channels on 4 warps (8 B per thread per
+    # row, 72 registers on sm_90a), the last three inputs in registers (conv.py). H100, T = 8192, C = 10240: 123.4
+    # us; 2 warps (16 B a thread, 128 registers) 128.6, 8 / 16 steps 127.5 / 128.4, the old tile kernel 180.2
+    # (BENCHMARKS.md session 26)
     SPECS.append(KernelSpec(
         name=f"prefill.w4.{_sfx}", source="conv.py", entry="conv_prefill_kernel", args=_args(_PREFILL, _al),
-        constexprs={"W": 4, "BLOCK_T": 16, "BLOCK_C": 256, "SUB": 8}, num_warps=4, num_stages=1))
+        constexprs={"W": 4, "BLOCK_T": 4, "BLOCK_C": 512, "SUB": 4, "C16": int(_al)}, num_warps=4, num_stages=1))
     # the heads: 512 channels of one sequence per program, 4 warps
     SPECS.append(KernelSpec(
         name=f"heads.w4.{_sfx}", source="conv.py", entry="conv_heads_kernel", args=_args(_HEADS, _al),

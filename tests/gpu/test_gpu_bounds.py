@@ -66,9 +66,9 @@ def test_gdn_decode_slots(env, ops):
 
 
 @pytest.mark.parametrize("case", list(B.CONV_CASES))
-@pytest.mark.parametrize("C", [128, 40])
-def test_conv_prefill_cu_seqlens_and_slots(env, ops, case, C):
-    B.check_conv(env, ops.CV, case, C=C)
+@pytest.mark.parametrize("C,pad", [(128, 0), (40, 0), (40, 8), (1040, 16)])  # (40, 8): aligned rows, C % 16 != 0
+def test_conv_prefill_cu_seqlens_and_slots(env, ops, case, C, pad):
+    B.check_conv(env, ops.CV, case, C=C, pad=pad)
 
 
 def test_conv_update_slots(env, ops):

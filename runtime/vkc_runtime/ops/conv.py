@@ -113,7 +113,8 @@ def causal_conv1d(x, weight, cu_seqlens, *, conv_state=None, slot_idx=None, out=
     st_ptr = st_ref.ptr
     fits_i32(op, T=T, C=C, N=N, num_slots=S, stride_x=sx, stride_w=sw, stride_y=sy, stride_ss=ss, stride_sr=sr)
     v = "a16" if aligned((xt.ptr, yt.ptr, st_ptr), (sx, sy, ss, sr)) else "any"
-    body = get_kernel(_base("prefill", v))
+    # the .a16 body is compiled for C % 16 == 0 only (kernels_src/conv/conv.py, C16)
+    body = get_kernel(_base("prefill", v if C % 16 == 0 else "any"))
     heads = get_kernel(_base("heads", v))
     gy, hy = cdiv(C, body.constexprs["BLOCK_C"]), cdiv(C, heads.constexprs["BLOCK_C"])
     if max(gy, hy) > 65535:
