@@ -14,6 +14,8 @@ decode:  B x context from bench_common.attn_decode_cases(), 24/4 x 256, block 16
          q + out bytes at the nominal 4.8 TB/s (pct_limit) and at the copy bandwidth measured in this
          process (*_pct_copy). At B*L <= 16*4096 also host times, VKC_FASTPATH=0 (validated) times and the
          graph time of each forced split count; then a cProfile of the decode call's host path (printed).
+         BENCH_ATTN_DECODE_CASES="64x4096 ..." keeps only those B x L; BENCH_ATTN_SPLITS="1 2 3 ..." sweeps those
+         forced split counts (fused and unfused) on every case, large ones included.
 Modes (bench_common): device = graph vs graph (vkc_runtime.Graph launched on the capture stream /
 torch.cuda.CUDAGraph), eager = events around single calls vs the same for the peer, host = wall clock per call.
 Every row's numbers and the flat "comparisons" list go to OUT.json (schema vkc-bench/2).
@@ -38,6 +40,8 @@ import timing  # noqa: E402
 DEVICE = "cuda"  # the CPU dry run (tests/test_bench_logic.py) sets "cpu"
 
 BS = int(os.environ.get("BENCH_ATTN_DECODE_BS", "16"))  # decode block size (64: the TMA kernels on sm_90a)
+DECODE_ONLY = os.environ.get("BENCH_ATTN_DECODE_CASES", "").split()  # e.g. "64x4096 256x4096"
+FORCED_SPLITS = [int(s) for s in os.environ.get("BENCH_ATTN_SPLITS", "").split()]
 PREFILL_BS = 64
 EAGER = {"inner": 1, "reps": 20, "warm": 3}   # events around single calls
 HOST_N = 50
@@ -219,6 +223,8 @@ def bench_decode(rows, copy_tbs):
     Hq, Hkv, D = 24, 4, C.ATTN_HEAD_DIM
     warm_host()
     for B, L in C.attn_decode_cases(Hkv, D):
+        if DECODE_ONLY and f"{B}x{L}" not in DECODE_ONLY:
+            continue
         nbytes = C.attn_decode_bytes(B, L, Hq, Hkv, D)
         n = C.n_sets_for(nbytes, lo=1, hi=64)  # small batches: rotate over caches that together exceed the L2
         bt = None
@@ -251,12 +257,14 @@ def bench_decode(rows, copy_tbs):
             r["vkc_host_us"], r["vkc_plan_host_us"] = host_us(op, n), host_us(prun, n)
             with C.validated():
                 r["vkc_validated_ms"], r["vkc_validated_host_us"] = time_ms(op, n), host_us(op, n)
+        if host or FORCED_SPLITS:
+            splits = FORCED_SPLITS or (1, 2, 4, 8, 16, 32)
             r["split_sweep_graph_ms"] = {
                 s: graph_ms(lambda i, st, s=s: op(i, st, num_splits=s), DECODE_GRAPH_INNER, n)
-                for s in (1, 2, 4, 8, 16, 32) if s * 64 <= L}
+                for s in splits if s * 64 <= L}
             r["split_sweep_unfused_graph_ms"] = {  # the same with a separate combine launch
                 s: graph_ms(lambda i, st, s=s: op(i, st, num_splits=s, fused=False), DECODE_GRAPH_INNER, n)
-                for s in (2, 4, 8, 16, 32) if s * 64 <= L}
+                for s in splits if 1 < s and s * 64 <= L}
         for be in DECODE_PEERS:
             measure_peer(r, be, lambda i: sdpa_gqa(sets[i]["q4"], sets[i]["k"], sets[i]["v"], False),
                          graph_inner=DECODE_GRAPH_INNER, host=host, n_sets=n)
