@@ -271,6 +271,7 @@ def bench_decode(rows, copy_tbs):
             if f"sdpa_{be}_graph_ms" in r:
                 r[f"sdpa_{be}_pct_floor"] = C.pct(r["floor_ms"], r[f"sdpa_{be}_graph_ms"])
         rows.append(r)
+        print("== decode row:", json.dumps(r), flush=True)  # kept in the log if a time limit cuts the run
         sets = plan = ws = None  # free this case before the next one
         torch.cuda.empty_cache()
 
