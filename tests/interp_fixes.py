@@ -1,4 +1,4 @@
-"""Four Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session, and
+"""Five Triton 3.9 interpreter bugs that make CPU results differ from the GPU, fixed for the test session, and
 two gaps filled (kernel code is unchanged; only `triton.runtime.interpreter` and, for 5 and 6, three names
 of kernels_src/common.py are touched, and only under TRITON_INTERPRET=1):
 
@@ -16,6 +16,9 @@ of kernels_src/common.py are touched, and only under TRITON_INTERPRET=1):
 6. No inline PTX either: kernels_src/common.py's L2 prefetch (`_prefetch_l2_lines`, the one asm statement that
    changes no value) becomes a masked load of the same addresses, its result unused -- so the bounds checker of
    the CPU tests sees every address a prefetch forms.
+7. `tl.dot_scaled` decodes every scale as e8m0 (2^(byte - 127)), also float8 e4m3 scales (NVFP4's per-16
+   scales, which the GPU lowers to the mxf4nvf4 MMA or to an exact bf16 emulation): e4m3 scale handles are
+   decoded as e4m3 (ml_dtypes), e8m0 ones as before.
 """
 from __future__ import annotations
 
@@ -80,6 +83,15 @@ def apply() -> None:
     def create_masked_store(self, ptrs, value, mask, cache_policy):
         return orig_store(self, ptrs, value, boolean(mask), cache_policy)
 
+    orig_scale = I._dot_scaled_scale_to_f32
+
+    def dot_scaled_scale_to_f32(scale_handle, compute_type):
+        if scale_handle.dtype == tl.float8e4nv:
+            import ml_dtypes
+            return np.asarray(scale_handle.data).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        return orig_scale(scale_handle, compute_type)
+
+    I._dot_scaled_scale_to_f32 = dot_scaled_scale_to_f32
     create_dot._vkc_fixed = True
     import kernels_src.common as kc  # the one module that calls the two (pdl_enter)
 

@@ -71,3 +71,39 @@ def quantize(w: np.ndarray, alpha: float | None = None):
     code = np.abs(np.abs(scaled)[..., None] - mags).argmin(-1).astype(np.uint8)
     code |= np.where(scaled < 0, 8, 0).astype(np.uint8)
     return pack(code.reshape(N, K)), s_bytes, float(alpha)
+
+
+# ------------------------------------------------------------------ activations (kernels_src/gemm_fp4, W4A4)
+
+# e2m1 midpoints between codes c and c + 1, and whether the tie goes up (to the even code c + 1)
+_MIDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def e2m1_code(v: np.ndarray) -> np.ndarray:
+    """float -> e2m1 code (bit 3 the sign), nearest even, saturated at +-6; -0 and values rounding to 0 give 0."""
+    a = np.abs(np.asarray(v, np.float32))
+    c = np.zeros(a.shape, np.uint8)
+    for mid, up in _MIDS:
+        c += (a >= mid) if up else (a > mid)
+    return np.where((np.asarray(v) < 0) & (c > 0), c + 8, c).astype(np.uint8)
+
+
+def quant_act(x: np.ndarray, gs: float):
+    """The activation quantizer of kernels_src/gemm_fp4 in float32, bit for bit: per 16 along K,
+    s = e4m3(satfinite(rn(rn(amax / 6) * gs))), code = e2m1(x * rn(gs / s)) (0 where s == 0).
+    Returns (packed [M, K/2] uint8, scale bytes [M, K/16] uint8)."""
+    x = np.asarray(x, np.float32)
+    M, K = x.shape
+    g = x.reshape(M, K // 16, 16)
+    gs = np.float32(gs)
+    sf = (np.abs(g).max(-1) / np.float32(6.0)).astype(np.float32) * gs
+    sb = np.clip(sf, -448.0, 448.0).astype(ml_dtypes.float8_e4m3fn)
+    sd = sb.astype(np.float32)
+    rcp = np.where(sd > 0, gs / np.where(sd > 0, sd, np.float32(1)), np.float32(0)).astype(np.float32)
+    code = e2m1_code((g * rcp[..., None]).astype(np.float32))
+    return pack(code.reshape(M, K)), sb.view(np.uint8)
+
+
+def gemm_w4a4(a_packed, a_scales, w_packed, w_scales, alpha: float) -> np.ndarray:
+    """float64 out [M, N] = alpha * dequant(a) @ dequant(w)^T (scales as e4m3 bytes)."""
+    return dequant(a_packed, a_scales, 1.0) @ dequant(w_packed, w_scales, 1.0).T * float(alpha)

@@ -18,6 +18,7 @@ GDN_DECODE = "tests/test_gdn_decode_interp.py"
 CONV = "tests/test_conv_interp.py"
 MOE_W8A8 = "tests/test_moe_w8a8_interp.py"
 GEMM_FP8 = "tests/test_gemm_fp8_interp.py"
+GEMM_FP4 = "tests/test_gemm_fp4_interp.py"
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("gemm-fp8-quant-group-rows", "gemm_fp8/gemm_fp8.py",
       "row = tl.program_id(0) * ROWS + i // GROUPS", "row = tl.program_id(0) + i // GROUPS",
       GEMM_FP8, "quant_group", "the group quantizer's programs overlap by rows (rows past the first tile unwritten)"),
+    # ------------------------------------------------------------------------------------ gemm_fp4 / gemm_fp4.py
+    M("gemm-fp4-alpha-dropped", "gemm_fp4/gemm_fp4.py",
+      "acc = acc * tl.load(alpha_ptr)", "acc = acc * 1.0",
+      GEMM_FP4, "gemm", "the W4A4 GEMM ignores the global multipliers' product"),
+    M("gemm-fp4-scale-slice-mask", "gemm_fp4/gemm_fp4.py",
+      "smask = ks[None, :] < left // 16", "smask = ks[None, :] < left // 8",
+      GEMM_FP4, "gemm", "a partial last k-slice reads the scales of the groups past K"),
+    M("gemm-fp4-quant-nibble-order", "gemm_fp4/gemm_fp4.py",
+      "byte = (lo | (hi << 4)).to(tl.uint8)", "byte = (hi | (lo << 4)).to(tl.uint8)",
+      GEMM_FP4, "quant or e2m1", "the quantizer packs k = 2j into the high nibble"),
+    M("gemm-fp4-quant-tie-up", "gemm_fp4/gemm_fp4.py",
+      "(a >= 0.75).to(tl.int32)", "(a > 0.75).to(tl.int32)",
+      GEMM_FP4, "e2m1", "0.75 rounds to 0.5 (tie to the odd code)"),
+    M("gemm-fp4-quant-gs-inverted", "gemm_fp4/gemm_fp4.py",
+      "sf = (tl.math.div_rn(amax, 6.0) * gs)", "sf = (tl.math.div_rn(amax, 6.0) / gs)",
+      GEMM_FP4, "quant", "the global scale multiplies the block scale's inverse (a multiplier, not a divisor)"),
 )
 
 # Not a bug but a probe: proves the runner's subprocess imports the mutated copy (it must fail with MARKER).
@@ -272,4 +289,4 @@ SANITY = Mutation(
     f"from kernels_src.common import floor16, pdl_enter, silu_f32\nraise ImportError({SANITY_MARKER!r})\n",
     NORM, "test_rmsnorm_small", "importing the mutated copy raises")
 
-FAMILIES = ("norm", "rope", "act", "embedding", "attn", "gdn", "gdn_decode", "conv", "moe")
+FAMILIES = ("norm", "rope", "act", "embedding", "attn", "gdn", "gdn_decode", "conv", "moe", "gemm_fp8", "gemm_fp4")

@@ -11,9 +11,9 @@ Invalid inputs raise :class:`OpError` before any launch.
 from ._check import OpError
 
 # the ops modules the registry reads, one per kernel family (kernels_src/<name>/, bases "<name>.*")
-MODULES = ("norm", "rope", "act", "embedding", "attn", "conv", "gdn", "gdn_decode", "gemm", "gemm_fp8", "gemv",
-           "sample", "moe")
+MODULES = ("norm", "rope", "act", "embedding", "attn", "conv", "gdn", "gdn_decode", "gemm", "gemm_fp8", "gemm_fp4",
+           "gemv", "sample", "moe")
 
-from . import act, attn, conv, embedding, gdn, gdn_decode, gemm, gemm_fp8, gemv, moe, norm, rope, sample  # noqa: E402,F401
+from . import act, attn, conv, embedding, gdn, gdn_decode, gemm, gemm_fp4, gemm_fp8, gemv, moe, norm, rope, sample  # noqa: E402,F401,E501
 
 __all__ = ["OpError", "MODULES", *MODULES]

@@ -119,3 +119,74 @@ def bindable(out, *slots):
 
 def nonempty(*dims: int) -> bool:
     return all(d > 0 for d in dims)
+
+
+# ---------------------------------------------------------------- quantized GEMM operands (gemm_fp8, gemm_fp4)
+
+FP8 = "float8_e4m3fn"
+
+
+def fp8_tensor(op, name, obj, shape=None):
+    """A 2-D float8_e4m3fn tensor, or its uint8 bytes."""
+    try:
+        return tensor(op, name, obj, FP8, ndim=2, shape=shape)
+    except OpError as e:
+        if f"must be {FP8}" not in str(e):
+            raise
+    try:
+        return tensor(op, name, obj, "uint8", ndim=2, shape=shape)
+    except OpError as e:
+        if "must be uint8" in str(e):
+            raise OpError(f"{op}: {name} must be {FP8} (or its uint8 bytes), got {str(e).rsplit(' ', 1)[-1]}") \
+                from None
+        raise
+
+
+def span(t) -> tuple[int, int]:
+    if any(s == 0 for s in t.shape):
+        return t.ptr, t.ptr
+    hi = t.ptr + (sum((s - 1) * st for s, st in zip(t.shape, t.strides)) + 1) * t.itemsize
+    return t.ptr, hi
+
+
+def no_overlap(op, out_name, o, **inputs):
+    o0, o1 = span(o)
+    for name, t in inputs.items():
+        a0, a1 = span(t)
+        if a0 < o1 and o0 < a1:
+            raise OpError(f"{op}: {out_name} must not overlap {name}")
+
+
+def rows16(op, name, t, cols_name: str, cols: int) -> int:
+    """Row stride of a [rows, cols] operand with the div=16 promises (pointer 16-byte aligned, stride % 16)."""
+    if t.ptr % 16:
+        raise OpError(f"{op}: {name} data pointer {t.ptr:#x} is not 16-byte aligned")
+    ld = row_stride(t) if t.shape[0] > 1 else cols  # one row: its stride is never used
+    if ld % 16:
+        raise OpError(f"{op}: {name} row stride {ld} must be a multiple of 16 elements")
+    if ld < cols:
+        raise OpError(f"{op}: {name} rows overlap (row stride {ld} < {cols_name} = {cols})")
+    return ld
+
+
+def f32_aligned(op, name, t):
+    if t.ptr % 4:
+        raise OpError(f"{op}: {name} data pointer {t.ptr:#x} is not 4-byte aligned")
+
+
+def vector_step(op, name, t, n: int, what: str) -> int:
+    """Element step of a scale with 1 element (-> 0) or ``n`` elements along one dim (shape (n,), (n, 1), ...)."""
+    f32_aligned(op, name, t)
+    numel = 1
+    for d in t.shape:
+        numel *= d
+    if numel == 1:
+        return 0
+    dims = [i for i, d in enumerate(t.shape) if d != 1]
+    if numel != n or len(dims) != 1:
+        raise OpError(f"{op}: {name} has shape {tuple(t.shape)}: expected 1 element (per tensor) or {n} "
+                      f"({what}: shape ({n},) or ({n}, 1))")
+    step = int(t.strides[dims[0]])
+    if step <= 0:
+        raise OpError(f"{op}: {name} must have a positive element stride, got {step}")
+    return step

@@ -54,14 +54,14 @@ from ..bound import CallCache, Launch, disjoint
 from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
 from . import gemm as _cute
-from ._check import BF16, OpError, bindable, cdiv, fits_i32, grid_y, row_stride, same_device, stream_of, tensor
+from ._check import (BF16, FP8, OpError, bindable, cdiv, f32_aligned, fits_i32, fp8_tensor, grid_y, no_overlap, row_stride,
+                     rows16, same_device, stream_of, tensor, vector_step)
 from ._check import sm_count as _sm_count
 
 __all__ = ["linear_fp8", "linear_fp8_block", "quantize_fp8_per_token", "quantize_fp8_per_tensor",
            "quantize_fp8_per_token_group", "pick_tile", "TILES", "TILE_FACTOR", "GROUP", "FP8_MAX", "MIN_SCALE",
            "BASES", "OPTIONAL_BASES", "OpError"]
 
-FP8 = "float8_e4m3fn"
 F32 = "float32"
 GROUP = 128                        # block-wise scales: 128 columns of K (and 128 rows of N for the weights)
 FP8_MAX = 448.0
@@ -105,75 +105,9 @@ def pick_tile(m: int, n: int, sms: int, tiles=TILES["scaled"]) -> tuple[int, int
 
 # ---------------------------------------------------------------- validation helpers
 
-def fp8_tensor(op, name, obj, shape=None):
-    """A 2-D float8_e4m3fn tensor, or its uint8 bytes."""
-    try:
-        return tensor(op, name, obj, FP8, ndim=2, shape=shape)
-    except OpError as e:
-        if f"must be {FP8}" not in str(e):
-            raise
-    try:
-        return tensor(op, name, obj, "uint8", ndim=2, shape=shape)
-    except OpError as e:
-        if "must be uint8" in str(e):
-            raise OpError(f"{op}: {name} must be {FP8} (or its uint8 bytes), got {str(e).rsplit(' ', 1)[-1]}") \
-                from None
-        raise
-
-
-def _span(t) -> tuple[int, int]:
-    if any(s == 0 for s in t.shape):
-        return t.ptr, t.ptr
-    hi = t.ptr + (sum((s - 1) * st for s, st in zip(t.shape, t.strides)) + 1) * t.itemsize
-    return t.ptr, hi
-
-
-def _no_overlap(op, out_name, o, **inputs):
-    o0, o1 = _span(o)
-    for name, t in inputs.items():
-        a0, a1 = _span(t)
-        if a0 < o1 and o0 < a1:
-            raise OpError(f"{op}: {out_name} must not overlap {name}")
-
-
-def _rows16(op, name, t, cols_name: str, cols: int) -> int:
-    """Row stride of a [rows, cols] operand with the div=16 promises (pointer 16-byte aligned, stride % 16)."""
-    if t.ptr % 16:
-        raise OpError(f"{op}: {name} data pointer {t.ptr:#x} is not 16-byte aligned")
-    ld = row_stride(t) if t.shape[0] > 1 else cols  # one row: its stride is never used
-    if ld % 16:
-        raise OpError(f"{op}: {name} row stride {ld} must be a multiple of 16 elements")
-    if ld < cols:
-        raise OpError(f"{op}: {name} rows overlap (row stride {ld} < {cols_name} = {cols})")
-    return ld
-
-
 def _check_k(op, K):
     if K <= 0 or K % 16:
         raise OpError(f"{op}: K = {K} must be a positive multiple of 16")
-
-
-def _f32_aligned(op, name, t):
-    if t.ptr % 4:
-        raise OpError(f"{op}: {name} data pointer {t.ptr:#x} is not 4-byte aligned")
-
-
-def _vector_step(op, name, t, n: int, what: str) -> int:
-    """Element step of a scale with 1 element (-> 0) or ``n`` elements along one dim (shape (n,), (n, 1), ...)."""
-    _f32_aligned(op, name, t)
-    numel = 1
-    for d in t.shape:
-        numel *= d
-    if numel == 1:
-        return 0
-    dims = [i for i, d in enumerate(t.shape) if d != 1]
-    if numel != n or len(dims) != 1:
-        raise OpError(f"{op}: {name} has shape {tuple(t.shape)}: expected 1 element (per tensor) or {n} "
-                      f"({what}: shape ({n},) or ({n}, 1))")
-    step = int(t.strides[dims[0]])
-    if step <= 0:
-        raise OpError(f"{op}: {name} must have a positive element stride, got {step}")
-    return step
 
 
 def _gemm_kernel(op, kind, M, N, dev):
@@ -199,8 +133,8 @@ def _operands(op, x_q, w_q, out):
 
 def _gemm_common(op, xt, wt, yt, M, N, K):
     _check_k(op, K)
-    sx = _rows16(op, "x_q", xt, "K", K)
-    sw = _rows16(op, "w_q", wt, "K", K)
+    sx = rows16(op, "x_q", xt, "K", K)
+    sw = rows16(op, "w_q", wt, "K", K)
     if yt.ptr % 16:
         raise OpError(f"{op}: out data pointer {yt.ptr:#x} is not 16-byte aligned")
     so = row_stride(yt) if M > 1 else N
@@ -252,9 +186,9 @@ def linear_fp8(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane: str 
     if M == 0 or N == 0:
         return res
     sx, sw, so = _gemm_common(op, xt, wt, yt, M, N, K)
-    sa_step = _vector_step(op, "x_scale", at, M, "per token")
-    sb_step = _vector_step(op, "w_scale", bt, N, "per channel")
-    _no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt)
+    sa_step = vector_step(op, "x_scale", at, M, "per token")
+    sb_step = vector_step(op, "w_scale", bt, N, "per channel")
+    no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt)
     fits_i32(op, M=M, N=N, K=K, stride_x=sx, stride_w=sw, stride_out=so, x_scale_step=sa_step,
              w_scale_step=sb_step, x_scale_span=(M - 1) * sa_step, w_scale_span=(N - 1) * sb_step)
     if _lane_for(op, _lane, N, so, _cute_available, "FP8 GEMM", _cute.fp8_base(_cute.TILES[0])) == "cute":
@@ -294,9 +228,9 @@ def linear_fp8_block(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane
     sx, sw, so = _gemm_common(op, xt, wt, yt, M, N, K)
     ssa = row_stride(at) if M > 1 else kb
     ssb = row_stride(bt) if bt.shape[0] > 1 else kb
-    _f32_aligned(op, "x_scale", at)
-    _f32_aligned(op, "w_scale", bt)
-    _no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt)
+    f32_aligned(op, "x_scale", at)
+    f32_aligned(op, "w_scale", bt)
+    no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt)
     fits_i32(op, M=M, N=N, K=K, stride_x=sx, stride_w=sw, stride_out=so, x_scale_stride=ssa,
              w_scale_stride=ssb, x_scale_span=(M - 1) * ssa + kb, w_scale_span=(bt.shape[0] - 1) * ssb + kb)
     if _lane_for(op, _lane, N, so, _cute_block_available, "block-scaled FP8 GEMM",
@@ -324,8 +258,8 @@ def _quant_io(op, x, out):
 
 def _quant_rows(op, xt, qt, M, K):
     _check_k(op, K)
-    sx = _rows16(op, "x", xt, "K", K)
-    sq = _rows16(op, "out", qt, "K", K)
+    sx = rows16(op, "x", xt, "K", K)
+    sq = rows16(op, "out", qt, "K", K)
     fits_i32(op, M=M, K=K, stride_x=sx, stride_out=sq)
     return sx, sq
 
@@ -343,11 +277,11 @@ def quantize_fp8_per_token(x, out=None, scale=None, *, stream=None):
     dev = same_device(op, xt, qt, st)  # noqa: F841 (one device or an error)
     if M == 0:
         return res, sres
-    if _vector_step(op, "scale", st, M, "per token") not in (0, 1):
+    if vector_step(op, "scale", st, M, "per token") not in (0, 1):
         raise OpError(f"{op}: scale must be contiguous ({M} float32 elements)")
     sx, sq = _quant_rows(op, xt, qt, M, K)
-    _no_overlap(op, "out", qt, x=xt, scale=st)
-    _no_overlap(op, "scale", st, x=xt)
+    no_overlap(op, "out", qt, x=xt, scale=st)
+    no_overlap(op, "scale", st, x=xt)
     k = get_kernel(quant_base("token"))
     launch = Launch(k, (M, 1, 1), (xt, qt, st, K, sx, sq))
     _calls.launch(op, None if out is None or scale is None else (xt, qt, st), (), [launch], s,
@@ -364,13 +298,13 @@ def quantize_fp8_per_tensor(x, scale, out=None, *, stream=None):
         return out
     xt, qt, res, M, K = _quant_io(op, x, out)
     st = tensor(op, "scale", scale, F32, inner_contiguous=False)
-    if _vector_step(op, "scale", st, 1, "per tensor") != 0:
+    if vector_step(op, "scale", st, 1, "per tensor") != 0:
         raise OpError(f"{op}: scale must have one element")
     same_device(op, xt, qt, st)
     if M == 0:
         return res
     sx, sq = _quant_rows(op, xt, qt, M, K)
-    _no_overlap(op, "out", qt, x=xt, scale=st)
+    no_overlap(op, "out", qt, x=xt, scale=st)
     k = get_kernel(quant_base("tensor"))
     launch = Launch(k, (M, grid_y(op, cdiv(K, k.constexprs["BLOCK"])), 1), (xt, qt, st, K, sx, sq))
     _calls.launch(op, bindable(out, xt, st, qt), (), [launch], s, relations=[disjoint(xt, qt), disjoint(st, qt)])
@@ -394,12 +328,12 @@ def quantize_fp8_per_token_group(x, out=None, scale=None, *, stream=None):
         return res, sres
     sx, sq = _quant_rows(op, xt, qt, M, K)
     ss = row_stride(st) if M > 1 else kb
-    _f32_aligned(op, "scale", st)
+    f32_aligned(op, "scale", st)
     if ss < kb:
         raise OpError(f"{op}: scale rows overlap (row stride {ss} < {kb})")
     fits_i32(op, scale_stride=ss)
-    _no_overlap(op, "out", qt, x=xt, scale=st)
-    _no_overlap(op, "scale", st, x=xt)
+    no_overlap(op, "out", qt, x=xt, scale=st)
+    no_overlap(op, "scale", st, x=xt)
     k = get_kernel(quant_base("group"))
     grid = (cdiv(M, k.constexprs["ROWS"]), grid_y(op, cdiv(kb, k.constexprs["GROUPS"])), 1)
     launch = Launch(k, grid, (xt, qt, st, K, sx, sq, ss, M))

@@ -20,8 +20,8 @@ duplicate object key or metadata that does not match what the caller expects (``
 matches anything) rejects the whole import. Tactic ids map to vkc tactics only when vkc's FP4 descriptor
 list equals the upstream order (:func:`tactic_map`), otherwise nothing maps. The file is never written.
 
-vkc has no NVFP4 W4A4 GEMM yet (it would be Blackwell-only), so on every arch today the import maps to no
-vkc tactic; the parser and the mapping are tested against a descriptor table (tests/test_plans_flashinfer.py).
+vkc's NVFP4 W4A4 GEMM (ops.gemm_fp4: two tiles, no tactic list and no plans yet) is not a plan runner, so on
+every arch today the import maps to no vkc tactic; the parser and the mapping are tested against a descriptor table (tests/test_plans_flashinfer.py).
 """
 from __future__ import annotations
 

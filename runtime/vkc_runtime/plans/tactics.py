@@ -23,7 +23,7 @@ __all__ = ["Tactic", "TACTIC_SET_VERSION", "RUNNER_BF16", "RUNNER_NVFP4", "LAYOU
            "descriptor_digest", "tactic_set", "by_id", "id_of_base", "check_manifest"]
 
 RUNNER_BF16 = "vkc.cute.gemm_bf16"   # the runner: the CuTe bf16 GEMM launcher ABI ("gemm_bf16")
-RUNNER_NVFP4 = "vkc.gemm_nvfp4"      # reserved: no NVFP4 W4A4 GEMM is built yet (flashinfer.py)
+RUNNER_NVFP4 = "vkc.gemm_nvfp4"      # reserved: ops.gemm_fp4 has no tactics yet (flashinfer.py)
 LAYOUT_TN = "x_mk.w_nk"         # x [M, K] row-major, weight [N, K] row-major (HF Linear): out = x @ w^T
 
 

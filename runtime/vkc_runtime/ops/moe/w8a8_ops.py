@@ -34,10 +34,10 @@ Graphs: one launch, no workspace; calls with torch tensors are bound calls (vkc_
 """
 from __future__ import annotations
 
-from .._check import OpError, cdiv, fits_i32, grid_y, row_stride, same_device, stream_of, tensor
+from .._check import OpError, cdiv, fits_i32, fp8_tensor, grid_y, row_stride, same_device, stream_of, tensor
 from ...bound import CallCache, Launch, disjoint
 from ...kernels import get_kernel, has_kernel
-from ..gemm_fp8 import GROUP, fp8_tensor
+from ..gemm_fp8 import GROUP
 from . import fp8_ops
 from .grouped_ops import MAX_EXPERTS, aligned, grouping, max_blocks, no_overlap
 
