@@ -37,19 +37,7 @@ the even code: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(tile row, tile column) of this program under grouped rasterization."""
-    pid = tl.program_id(0)
-    n_m = tl.cdiv(M, BLOCK_M)
-    n_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * n_n
-    group = pid // per_group
-    first = group * GROUP_M
-    rows = tl.minimum(n_m - first, GROUP_M)
-    within = pid - group * per_group
-    return first + within % rows, within // rows
+from kernels_src.gemm_fp8.gemm_fp8 import _tile  # grouped rasterization, shared with the FP8 GEMMs
 
 
 @triton.jit
