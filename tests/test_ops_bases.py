@@ -46,7 +46,8 @@ def test_optional_bases_exist_where_the_fast_path_is_built():
     fp8 = ["sm_100a", "sm_120a", "sm_121a", "sm_89", "sm_90a"]
     # the NVFP4 W4A4 GEMM: the FP4 tensor-core archs, and sm_90a (its bf16 emulation, for verification)
     where = {"gemm": ["sm_90a"], "gemm_fp8": fp8, "gemm_fp8.scaled.t128x256": ["sm_100a", "sm_90a"],
-             "gemm_fp4": ["sm_100a", "sm_120a", "sm_121a", "sm_90a"], "gemm_fp4.w4a4.t64x128": ["sm_120a", "sm_121a", "sm_90a"],
+             "gemm_fp4": ["sm_100a", "sm_120a", "sm_121a", "sm_90a"],
+             "gemm_fp4.w4a4.t64x128": ["sm_120a", "sm_121a", "sm_90a"],
              "gemm_fp8.block.t128x128": [a for a in fp8 if a != "sm_100a"], "moe.w8a8": fp8}
     for b in opt:
         parts = b.split(".")

@@ -54,8 +54,8 @@ from ..bound import CallCache, Launch, disjoint
 from ..errors import MissingKernelError
 from ..kernels import get_kernel, has_kernel
 from . import gemm as _cute
-from ._check import (BF16, FP8, OpError, bindable, cdiv, f32_aligned, fits_i32, fp8_tensor, grid_y, no_overlap, row_stride,
-                     rows16, same_device, stream_of, tensor, vector_step)
+from ._check import (BF16, FP8, OpError, bindable, cdiv, f32_aligned, fits_i32, fp8_tensor, grid_y, no_overlap,
+                     row_stride, rows16, same_device, stream_of, tensor, vector_step)
 from ._check import sm_count as _sm_count
 
 __all__ = ["linear_fp8", "linear_fp8_block", "quantize_fp8_per_token", "quantize_fp8_per_tensor",
