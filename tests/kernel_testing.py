@@ -1,6 +1,6 @@
 """Shared plumbing of the kernel-semantics tests (tests/test_*_interp.py): interpreter detection, the device
 the kernels run on, specs by name (through vkc.discover, the one spec loader), launching a spec the way the
-runtime does, and float64 views."""
+runtime does, float64 views, and the GEMM tests' seeded generator, bf16 inputs and NaN-poisoned bf16 outputs."""
 from __future__ import annotations
 
 import importlib
@@ -52,3 +52,25 @@ def launch_spec(spec, grid, *args, arch: str | None = None, **override):
 
 def np64(t) -> np.ndarray:
     return t.float().cpu().numpy().astype(np.float64)
+
+
+def rng() -> np.random.Generator:
+    """A generator on a fresh seed, printed so that a failing run can be replayed."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    print("seed", seed)
+    return np.random.default_rng(seed)
+
+
+def bf16(a):
+    """A float array as a bf16 torch tensor on the tests' device."""
+    import torch
+
+    return torch.from_numpy(np.asarray(a, np.float32)).to(torch.bfloat16).to(device())
+
+
+def bf16_out(M: int, N: int, pad: int = 16):
+    """(buffer [M, N + pad] of bf16 NaN, its [M, N] view): what a kernel must write, and padding it must not."""
+    import torch
+
+    buf = torch.full((M, N + pad), float("nan"), dtype=torch.bfloat16, device=device())
+    return buf, buf[:, :N]

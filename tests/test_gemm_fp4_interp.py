@@ -18,23 +18,13 @@ triton = pytest.importorskip("triton")
 pytest.importorskip("ml_dtypes")
 
 from tests import refs_nvfp4 as R  # noqa: E402
-from tests.kernel_testing import device, launch_spec, np64, specs  # noqa: E402
+from tests.kernel_testing import bf16, bf16_out, device, launch_spec, np64, rng, specs  # noqa: E402
 from tests.refs import rel_err  # noqa: E402
 
 DEV = device()
 SPECS = specs("gemm_fp4")
 GEMMS = sorted(n for n in SPECS if n.startswith("w4a4."))
 POISON = 0x7F  # e4m3 NaN, and an e2m1 pair (+6 high, -6... any code): bytes the kernels must not write
-
-
-def rng():
-    seed = int(np.random.SeedSequence().entropy % 2**31)
-    print("seed", seed)
-    return np.random.default_rng(seed)
-
-
-def bf16(a) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(a, np.float32)).to(torch.bfloat16).to(DEV)
 
 
 def u8(a) -> torch.Tensor:
@@ -110,11 +100,6 @@ def _gemm_case(g, M, N, K):
     return R.pack(a), sa, R.pack(w), sw
 
 
-def _bf16_out(M, N, pad=16):
-    buf = torch.full((M, N + pad), float("nan"), dtype=torch.bfloat16, device=DEV)
-    return buf, buf[:, :N]
-
-
 def _check(out, ref, tol=1e-2):
     o = np64(out)
     assert np.isfinite(o).all(), f"{np.count_nonzero(~np.isfinite(o))} non-finite outputs (unwritten?)"
@@ -135,7 +120,7 @@ def test_gemm_every_spec(name):
     sab = np.full((M, K // 16 + 3), POISON, np.uint8)
     sab[:, :K // 16] = sa
     sat = e4m3(sab)[:, :K // 16]
-    buf, out = _bf16_out(M, N)
+    buf, out = bf16_out(M, N)
     c = SPECS[name].constexprs
     grid = triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"])
     launch_spec(SPECS[name], (grid,), at, sat, u8(w), e4m3(sw), f32(0.37), out, M, N, K, at.stride(0),
@@ -149,7 +134,7 @@ def test_gemm_grouped_raster_small_tiles():
     g = rng()
     M, N, K = 75, 56, 256
     a, sa, w, sw = _gemm_case(g, M, N, K)
-    buf, out = _bf16_out(M, N)
+    buf, out = bf16_out(M, N)
     grid = triton.cdiv(M, 16) * triton.cdiv(N, 16)
     launch_spec(SPECS["w4a4.t64x128"], (grid,), u8(a), e4m3(sa), u8(w), e4m3(sw), f32(2.0), out, M, N, K, K // 2,
                 K // 16, K // 2, K // 16, out.stride(0), BLOCK_M=16, BLOCK_N=16, GROUP_M=2)
@@ -169,7 +154,7 @@ def test_every_scale_and_nibble_matters():
             sw2[3, 5] = R.e4m3_encode(R.e4m3_decode(sw2[3, 5]) * 2.0)
         if variant == 2:
             w2[7, 10] ^= 0x30                          # k = 21's code (high nibble of byte 10)
-        _, out = _bf16_out(M, N)
+        _, out = bf16_out(M, N)
         launch_spec(SPECS["w4a4.t64x128"], (1,), u8(a), e4m3(sa), u8(w2), e4m3(sw2), f32(1.0), out, M, N, K,
                     K // 2, K // 16, K // 2, K // 16, out.stride(0))
         _check(out, R.gemm_w4a4(a, sa, w2, sw2, 1.0))

@@ -18,7 +18,7 @@ triton = pytest.importorskip("triton")
 pytest.importorskip("ml_dtypes")
 
 from tests import refs_fp8 as R  # noqa: E402
-from tests.kernel_testing import device, launch_spec, np64, specs  # noqa: E402
+from tests.kernel_testing import bf16, bf16_out, device, launch_spec, np64, rng, specs  # noqa: E402
 from tests.refs import rel_err  # noqa: E402
 
 DEV = device()
@@ -26,16 +26,6 @@ SPECS = specs("gemm_fp8")
 SCALED = sorted(n for n in SPECS if n.startswith("scaled."))
 BLOCK = sorted(n for n in SPECS if n.startswith("block."))
 NAN_BYTE = 0x7F  # e4m3 NaN: the poison of fp8 outputs
-
-
-def rng():
-    seed = int(np.random.SeedSequence().entropy % 2**31)
-    print("seed", seed)
-    return np.random.default_rng(seed)
-
-
-def bf16(a) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(a, np.float32)).to(torch.bfloat16).to(DEV)
 
 
 def fp8(bits) -> torch.Tensor:
@@ -53,11 +43,6 @@ def f32(t) -> np.ndarray:
 def fp8_out(M, K, pad=16):
     buf = torch.full((M, K + pad), NAN_BYTE, dtype=torch.uint8, device=DEV).view(torch.float8_e4m3fn)
     return buf, buf[:, :K]
-
-
-def bf16_out(M, N, pad=16):
-    buf = torch.full((M, N + pad), float("nan"), dtype=torch.bfloat16, device=DEV)
-    return buf, buf[:, :N]
 
 
 def test_reference_rounding_and_saturation():

@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 pytest.importorskip("ml_dtypes")
 
 from tests import refs_nvfp4 as F  # noqa: E402
-from tests.kernel_testing import device, launch_spec, np64, specs  # noqa: E402
+from tests.kernel_testing import bf16, bf16_out, device, launch_spec, np64, rng, specs  # noqa: E402
 from tests.refs import rel_err  # noqa: E402
 
 DEV = device()
@@ -28,27 +28,12 @@ BF16 = sorted(n for n in SPECS if n.startswith("bf16.mma."))
 W4 = sorted(n for n in SPECS if n.startswith("w4a16."))
 
 
-def rng():
-    seed = int(np.random.SeedSequence().entropy % 2**31)
-    print("seed", seed)
-    return np.random.default_rng(seed)
-
-
-def bf16(a) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(a, np.float32)).to(torch.bfloat16).to(DEV)
-
-
 def strided(a: torch.Tensor, pad: int = 16) -> torch.Tensor:
     """``a`` [R, C] as a view with row stride C + pad (the pad NaN / 0x77 bytes)."""
     fill = float("nan") if a.is_floating_point() else 0x77
     buf = torch.full((a.shape[0], a.shape[1] + pad), fill, dtype=a.dtype, device=DEV)
     buf[:, :a.shape[1]] = a
     return buf[:, :a.shape[1]]
-
-
-def out_buf(M, N, pad=16):
-    buf = torch.full((M, N + pad), float("nan"), dtype=torch.bfloat16, device=DEV)
-    return buf, buf[:, :N]
 
 
 def check(out, ref, tol=1e-2):
@@ -73,7 +58,7 @@ def test_bf16_every_spec_with_tails(name):
     g = rng()
     M, N, K = 37, 200, 176
     a, w = g.standard_normal((M, K)), g.standard_normal((N, K))
-    buf, out = out_buf(M, N)
+    buf, out = bf16_out(M, N)
     run_bf16(name, strided(bf16(a)), strided(bf16(w), 32), out)
     ab, wb = np64(bf16(a)), np64(bf16(w))
     err = check(out, ab @ wb.T)
@@ -92,7 +77,7 @@ def test_bf16_grouped_raster_small_tiles():
     g = rng()
     M, N, K = 75, 104, 96
     a, w = g.standard_normal((M, K)), g.standard_normal((N, K))
-    buf, out = out_buf(M, N)
+    buf, out = bf16_out(M, N)
     run_bf16(BF16[-1], bf16(a), bf16(w), out, BLOCK_M=16, BLOCK_N=16, GROUP_M=2)
     check(out, np64(bf16(a)) @ np64(bf16(w)).T)
     assert torch.isnan(buf[:, N:]).all()
@@ -125,7 +110,7 @@ def test_w4a16_every_spec_with_tails(name):
     M, N, K = 37, 140, 176
     packed, s = nvfp4(g, N, K)
     a = bf16(g.standard_normal((M, K)))
-    buf, out = out_buf(M, N)
+    buf, out = bf16_out(M, N)
     run_w4(name, strided(a), strided(to_dev(packed)), strided(to_dev(s)), 0.37, out)
     check(out, np64(a) @ F.dequant(packed, s, 0.37).T)
     assert torch.isnan(buf[:, N:]).all()
@@ -144,7 +129,7 @@ def test_w4a16_nibble_order_scale_index_and_alpha():
     s = F.e4m3_encode(sv)
     packed = F.pack(codes)
     a = bf16(g.standard_normal((M, K)))
-    buf, out = out_buf(M, N)
+    buf, out = bf16_out(M, N)
     run_w4(W4[-1], a, to_dev(packed), to_dev(s), 2.0, out, BLOCK_M=16, BLOCK_N=16, GROUP_M=2)
     check(out, np64(a) @ F.dequant(packed, s, 2.0).T, tol=5e-3)
     swapped = F.pack(np.stack([codes[:, 1::2], codes[:, 0::2]], -1).reshape(N, K))
@@ -161,7 +146,7 @@ def test_nvfp4_dequant_with_tails_and_padding():
     packed, s = nvfp4(g, N, K)
     spec = SPECS["nvfp4_dequant"]
     c = spec.constexprs
-    buf, out = out_buf(N, K, pad=16)
+    buf, out = bf16_out(N, K, pad=16)
     launch_spec(spec, (triton.cdiv(N, c["BLOCK_N"]), triton.cdiv(K, c["BLOCK_K"])), strided(to_dev(packed)),
                 strided(to_dev(s)), out, 0.37, N, K, K // 2 + 16, K // 16 + 16, out.stride(0), PRMT=False)
     want = np64(bf16(F.dequant(packed, s, 1.0).astype(np.float32) * np.float32(0.37)))  # fp32 product, as the kernel

@@ -18,17 +18,11 @@ pytest.importorskip("ml_dtypes")
 from kernels_src.gemv import nvfp4_mma as KM  # noqa: E402
 from tests import ptx_model as P  # noqa: E402
 from tests import refs_nvfp4 as F  # noqa: E402
-from tests.kernel_testing import device, launch_spec, specs  # noqa: E402
+from tests.kernel_testing import device, launch_spec, rng, specs  # noqa: E402
 from vkc_runtime.ops import nvfp4 as N4  # noqa: E402
 
 DEV = device()
 SPECS = specs("gemv")
-
-
-def rng():
-    seed = int(np.random.SeedSequence().entropy % 2**31)
-    print("seed", seed)
-    return np.random.default_rng(seed)
 
 
 def weights(g, N, K):

@@ -1,5 +1,6 @@
-"""The GEMM families' output check (gemm, gemm_fp8): vs a float64 reference, globally and per row, with the
-poisoned guard of a padded output buffer untouched; the errors are recorded under the family."""
+"""The GEMM families' output check (gemm, gemm_fp8, gemm_fp4): vs a float64 reference, globally and per row, with
+the poisoned guard of a padded output buffer (:func:`guarded_out`) untouched; the errors are recorded under the
+family. Also the tests' seeded CUDA generator (:func:`gen`)."""
 from __future__ import annotations
 
 from tests.gpu.errlog import record
@@ -31,3 +32,22 @@ def check_gemm_out(family: str, out, ref, buf, what: str, bound=None) -> None:
     record(family, what=what, rel_err=err, worst_row=row_err)
     assert err < TOL, f"{what}: rel err {err:.3e}"
     assert row_err < ROW_TOL, f"{what}: worst row rel err {row_err:.3e}"
+
+
+def guarded_out(m, n, pad=8):
+    """A NaN-poisoned [m, n] view with a poisoned guard row above and below and ``pad`` poisoned columns on the
+    right (row stride n + pad, a multiple of 8: 16-byte aligned rows); :func:`check_gemm_out` checks the guard."""
+    import torch  # noqa: PLC0415 - GPU tests only
+
+    buf = torch.full((m + 2, n + pad), float("nan"), device="cuda", dtype=torch.bfloat16)
+    return buf, buf[1:m + 1, :n]
+
+
+def gen(seed=None):
+    """A CUDA generator on ``seed`` or a fresh one."""
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    g = torch.Generator(device="cuda")
+    g.manual_seed(int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed)
+    return g

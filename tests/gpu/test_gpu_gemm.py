@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu.gemm_checks import TOL, check_gemm_out
+from tests.gpu.gemm_checks import TOL, check_gemm_out, guarded_out
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -40,13 +40,6 @@ def operands(m, n, k, seed=None):
     x = rnd(m, k, seed=seed)
     w = rnd(n, k, scale=k ** -0.5, seed=None if seed is None else seed + 1)
     return x, w
-
-
-def guarded_out(m, n, pad=8):
-    """A NaN-poisoned [m, n] view with a poisoned guard row above and below and ``pad`` poisoned columns on the
-    right (row stride n + pad, a multiple of 8: 16-byte aligned rows)."""
-    buf = torch.full((m + 2, n + pad), float("nan"), device="cuda", dtype=torch.bfloat16)
-    return buf, buf[1:m + 1, :n]
 
 
 def ref64(x, w):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.gpu.errlog import record
-from tests.gpu.gemm_checks import check_gemm_out
+from tests.gpu.gemm_checks import check_gemm_out, gen, guarded_out
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -38,12 +38,6 @@ def G():
     return gemm_fp4
 
 
-def gen(seed=None):
-    g = torch.Generator(device="cuda")
-    g.manual_seed(int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed)
-    return g
-
-
 def operand(g, rows, k, lo, hi):
     """(packed codes [rows, k/2] uint8, e4m3 scales [rows, k/16]) with every code and scales over 2^lo..2^hi."""
     packed = torch.randint(0, 256, (rows, k // 2), generator=g, device="cuda", dtype=torch.int32).to(torch.uint8)
@@ -61,11 +55,6 @@ def dequant(packed, sc):
 def ref(a, sa, w, sw, alpha):
     A, W = dequant(a, sa), dequant(w, sw)
     return (A @ W.T) * float(alpha), A.abs() @ W.abs().T
-
-
-def guarded_out(m, n, pad=8):
-    buf = torch.full((m + 2, n + pad), float("nan"), device="cuda", dtype=torch.bfloat16)
-    return buf, buf[1:m + 1, :n]
 
 
 def forced(G, mp, tile):

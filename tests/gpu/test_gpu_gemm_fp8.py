@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.gpu.errlog import record
-from tests.gpu.gemm_checks import TOL, check_gemm_out
+from tests.gpu.gemm_checks import TOL, check_gemm_out, gen, guarded_out
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -39,12 +39,6 @@ def G():
     return gemm_fp8
 
 
-def gen(seed=None):
-    g = torch.Generator(device="cuda")
-    g.manual_seed(int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed)
-    return g
-
-
 def fp8_rand(g, *shape):
     """Random e4m3 values over several binades (some subnormals), as torch float8_e4m3fn."""
     v = torch.randn(*shape, generator=g, device="cuda") * torch.exp2(
@@ -54,11 +48,6 @@ def fp8_rand(g, *shape):
 
 def pos_scales(g, *shape, lo=-6.0, hi=2.0):
     return torch.exp2(torch.rand(*shape, generator=g, device="cuda") * (hi - lo) + lo)
-
-
-def guarded_out(m, n, pad=8):
-    buf = torch.full((m + 2, n + pad), float("nan"), device="cuda", dtype=torch.bfloat16)
-    return buf, buf[1:m + 1, :n]
 
 
 def ref_scaled(a, sa, w, sw):

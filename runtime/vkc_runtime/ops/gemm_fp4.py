@@ -91,11 +91,9 @@ def _one_f32(op, name, obj):
     return t
 
 
-def _kernel(op, base, dev):
-    if not has_kernel(base):
-        raise MissingKernelError(f"{op}: no NVFP4 W4A4 kernel for this device's arch (built for {_ARCHS})",
-                                 missing=[base])
-    return get_kernel(base)
+def _missing(op, base) -> MissingKernelError:
+    return MissingKernelError(f"{op}: no NVFP4 W4A4 kernel for this device's arch (built for {_ARCHS})",
+                              missing=[base])
 
 
 def linear_w4a4(x_q, x_scale, w_q, w_scale, alpha, out=None, *, stream=None):
@@ -134,7 +132,7 @@ def linear_w4a4(x_q, x_scale, w_q, w_scale, alpha, out=None, *, stream=None):
     no_overlap(op, "out", yt, x_q=xt, w_q=wt, x_scale=at, w_scale=bt, alpha=ct)
     tiles = tuple(t for t in TILES if has_kernel(gemm_base(*t)))
     if not tiles:
-        _kernel(op, gemm_base(*TILES[-1]), dev)
+        raise _missing(op, gemm_base(*TILES[0]))
     bm, bn = _gemm.pick_mn_tile(M, N, _sm_count(dev), tiles, TILE_FACTOR)
     k = get_kernel(gemm_base(bm, bn))
     grid = cdiv(M, bm) * cdiv(N, bn)
@@ -163,7 +161,7 @@ def quantize_nvfp4(x, global_scale, out=None, scale=None, *, stream=None):
         raise OpError(f"{op}: out has shape {tuple(qt.shape)}, expected ({M}, {K // 2}) (K / 2)")
     sres = scale if scale is not None else memory.DeviceArray.empty((M, K // GROUP), FP8, device=xt.device)
     st = fp8_tensor(op, "scale", sres)
-    dev = same_device(op, xt, gt, qt, st)
+    same_device(op, xt, gt, qt, st)
     if M == 0:
         return res, sres
     _check_k(op, K)
@@ -173,7 +171,9 @@ def quantize_nvfp4(x, global_scale, out=None, scale=None, *, stream=None):
     f32_aligned(op, "global_scale", gt)
     no_overlap(op, "out", qt, x=xt, global_scale=gt, scale=st)
     no_overlap(op, "scale", st, x=xt, global_scale=gt)
-    k = _kernel(op, QUANT_BASE, dev)
+    if not has_kernel(QUANT_BASE):
+        raise _missing(op, QUANT_BASE)
+    k = get_kernel(QUANT_BASE)
     c = k.constexprs
     grid = (cdiv(M, c["ROWS"]), grid_y(op, cdiv(K // GROUP, c["GROUPS"])), 1)
     fits_i32(op, M=M, K=K, stride_x=sx, stride_out=sq, scale_stride=ss, x_span=(M - 1) * sx + K,
