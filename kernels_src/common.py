@@ -63,3 +63,17 @@ def l2_prefetch(base, n_bytes, LINES: tl.constexpr):
     for l in range(0, lines, LINES):
         li = l + r
         _prefetch_l2_lines(base + li.to(tl.int64) * 128, li < lines)
+
+
+@triton.jit
+def l2_prefetch_rows(rows, n_bytes, row_ok, LINES: tl.constexpr):
+    """l2_prefetch of [rows[i], rows[i] + n_bytes) for every row i where row_ok[i] (``rows`` a block of byte
+    pointers, one range per row, all of n_bytes): LINES 128-byte lines of every row per round. Every address
+    formed is inside its row's range; n_bytes <= 0 touches nothing. Meant for weights before a kernel's
+    grid-dependency wait (pdl_enter) where the kernel before it leaves HBM idle (the router after a norm,
+    kernels_src/moe/route.py); BENCHMARKS.md (session 29) has where it did not pay."""
+    lines = (n_bytes + 127) // 128
+    r = tl.arange(0, LINES)
+    for l in range(0, lines, LINES):
+        li = l + r
+        _prefetch_l2_lines(rows[:, None] + li.to(tl.int64)[None, :] * 128, row_ok[:, None] & (li < lines)[None, :])

@@ -56,10 +56,10 @@ def K():
     return SimpleNamespace(mods=mods, specs=by_name)
 
 
-def launch(K, name, grid, *args):
+def launch(K, name, grid, *args, **override):
     """Launch spec `name` exactly as the runtime would (the interpreter ignores num_warps/num_stages; the GPU JIT
-    path uses the spec's values)."""
-    launch_spec(K.specs[name], grid, *args)
+    path uses the spec's values); ``override`` constexprs on top (another arch's tuned tile)."""
+    launch_spec(K.specs[name], grid, *args, **override)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -172,11 +172,13 @@ def test_gated_rmsnorm(K, M, H, pad):
     untouched_padding(yb, C, before)
 
 
-@pytest.mark.parametrize("D,ROT,Hq,Hkv,theta,positions,qpad", [
-    (256, 64, 6, 2, 1e7, [0, 7, 4097], 32),
-    (128, 32, 3, 1, 1e4, [5, 0, 1, 123456], 0),
+@pytest.mark.parametrize("D,ROT,Hq,Hkv,theta,positions,qpad,tok", [
+    (256, 64, 6, 2, 1e7, [0, 7, 4097], 32, None),
+    (256, 64, 6, 2, 1e7, [0, 7, 4097, 3, 9, 70000], 32, 4),  # sm_90a's tile: 4 tokens a program, the last block partial
+    (128, 32, 3, 1, 1e4, [5, 0, 1, 123456], 0, None),
+    (128, 32, 3, 1, 1e4, [5, 0, 1, 123456, 8], 0, 2),
 ])
-def test_qk_norm_rope(K, D, ROT, Hq, Hkv, theta, positions, qpad):
+def test_qk_norm_rope(K, D, ROT, Hq, Hkv, theta, positions, qpad, tok):
     g = _gen(4000 + D + Hq)
     T = len(positions)
     sqg, sk = Hq * 2 * D + qpad, Hkv * D + qpad // 2
@@ -189,8 +191,9 @@ def test_qk_norm_rope(K, D, ROT, Hq, Hkv, theta, positions, qpad):
     k_out = torch.full((T, Hkv, D), float("nan"), dtype=torch.bfloat16, device=DEV)
     name = f"qk_norm_rope.d{D}.r{ROT}.a16"
     hpp = K.specs[name].constexprs["HEADS_PER_PROG"]
-    launch(K, name, (T, triton.cdiv(Hq, hpp) + triton.cdiv(Hkv, hpp)),
-           qg, k, pos, wq, wk, q_out, k_out, sqg, sk, Hq, Hkv, EPS, theta)
+    tok = tok or K.specs[name].constexprs["TOK"]
+    launch(K, name, (triton.cdiv(T, tok), triton.cdiv(Hq, hpp) + triton.cdiv(Hkv, hpp)),
+           qg, k, pos, wq, wk, q_out, k_out, sqg, sk, T, Hq, Hkv, EPS, theta, TOK=tok)
     q_ref, k_ref = refs.qk_norm_rope(np64(qg), np64(k), positions, np64(wq), np64(wk), EPS, theta,
                                      Hq, Hkv, D, ROT)
     check(q_out, q_ref, what="q")
@@ -368,7 +371,7 @@ def test_qk_norm_rope_small_heads_eps(K, eps):
     name = f"qk_norm_rope.d{D}.r{ROT}.any"
     hpp = K.specs[name].constexprs["HEADS_PER_PROG"]
     launch(K, name, (T, triton.cdiv(Hq, hpp) + triton.cdiv(Hkv, hpp)),
-           qg, k, pos, wq, wk, q_out, k_out, Hq * 2 * D, Hkv * D, Hq, Hkv, eps, theta)
+           qg, k, pos, wq, wk, q_out, k_out, Hq * 2 * D, Hkv * D, T, Hq, Hkv, eps, theta, TOK=1)
 
     def ref_fn(f):
         return refs.qk_norm_rope(np64(qg), np64(k), positions, np64(wq), np64(wk), f * eps, theta, Hq, Hkv, D, ROT)

@@ -26,6 +26,9 @@ buffer too few, so the prefetch of tile i + 2 overwrote the x tile the wgmma of 
 run-to-run different logits; upstream triton-lang/triton issue 6691, PR 7110); the shared-expert gate re-reads
 x in a loop of its own. tests/test_moe_route_pipeline.py checks the sm_90a TTGIR for it.
 
+Before the grid-dependency wait the programs of the first M tile ask L2 for their [BE, k_split] slice of the
+router weight (weights only; the kernel before the router in a decode step, a norm, leaves HBM idle).
+
 Bounds: x rows past M, experts past E and K past H are masked; the partials buffer holds
 n_split * M * (E + 1) floats (the op checks it). A picked id is clamped to [0, E - 1] (NaN logits give an
 unspecified id in that range).
@@ -33,7 +36,7 @@ unspecified id in that range).
 import triton
 import triton.language as tl
 
-from kernels_src.common import pdl_enter, sigmoid_f32
+from kernels_src.common import l2_prefetch_rows, pdl_enter, sigmoid_f32
 
 @triton.jit
 def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_split, has_shared,
@@ -50,6 +53,8 @@ def router_logits_kernel(x_ptr, w_ptr, sg_ptr, part_ptr, M, E, H, stride_x, k_sp
     k1 = tl.minimum(k0 + k_split, H)
     xp = x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :]
     wp = w_ptr + re[:, None].to(tl.int64) * H + rk[None, :]
+    if pid_m == 0:  # weights only before the wait: L2 gets this program's slice while the norm before it runs
+        l2_prefetch_rows((w_ptr + re.to(tl.int64) * H + k0).to(tl.pointer_type(tl.uint8)), 2 * (k1 - k0), me, 2)
     pdl_enter(PDL)
     acc = tl.zeros((BM, BE), dtype=tl.float32)
     for k in range(k0, k1, BK):

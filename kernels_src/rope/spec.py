@@ -5,7 +5,7 @@ Every kernel comes as ``.a16`` (all pointers and row strides carry div=16, which
 ``.any`` (no hints). Head counts never carry hints.
 
 Grid (axis 0 first):
-  qk_norm_rope.*             (T, cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG))
+  qk_norm_rope.*             (cdiv(T, TOK), cdiv(Hq, HEADS_PER_PROG) + cdiv(Hkv, HEADS_PER_PROG))
 """
 from vkc.spec import Arg, KernelSpec, with_pdl
 
@@ -22,7 +22,7 @@ _QK_NORM_ROPE = [
     ("qg_ptr", "*bf16", True), ("k_ptr", "*bf16", True), ("pos_ptr", "*i32", True),
     ("wq_ptr", "*bf16", True), ("wk_ptr", "*bf16", True),
     ("q_out_ptr", "*bf16", True), ("k_out_ptr", "*bf16", True),
-    ("stride_qg", "i32", True), ("stride_k", "i32", True),
+    ("stride_qg", "i32", True), ("stride_k", "i32", True), ("T", "i32", False),
     ("Hq", "i32", False), ("Hkv", "i32", False), ("eps", "fp32", False), ("theta", "fp32", False),
 ]
 
@@ -35,7 +35,7 @@ for _sfx, _al in _VARIANTS:
     for _d, _rot, _warps in ((256, 64, 4), (128, 32, 2)):
         SPECS.append(KernelSpec(
             name=f"qk_norm_rope.d{_d}.r{_rot}.{_sfx}", source="rope.py", entry="qk_norm_rope_kernel",
-            args=_args(_QK_NORM_ROPE, _al), constexprs={"D": _d, "ROT": _rot, "HEADS_PER_PROG": 4},
+            args=_args(_QK_NORM_ROPE, _al), constexprs={"D": _d, "ROT": _rot, "TOK": 1, "HEADS_PER_PROG": 4},
             num_warps=_warps, num_stages=1))
 
 del _sfx, _al, _d, _rot, _warps

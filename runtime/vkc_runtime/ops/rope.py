@@ -66,9 +66,9 @@ def qk_norm_rope(qg, k, positions, q_weight, k_weight, num_q_heads: int, num_kv_
     fits_i32(op, stride_qg=sq, stride_k=sk, Hq=Hq, Hkv=Hkv)
     v = variant((qt.ptr, kt.ptr, pt.ptr, wq.ptr, wk.ptr, qo.ptr, ko.ptr), (sq, sk))
     kern = get_kernel(_qk_base(D, v))
-    hpp = kern.constexprs["HEADS_PER_PROG"]
+    hpp, tok = kern.constexprs["HEADS_PER_PROG"], kern.constexprs["TOK"]
     slots = (qt, kt, pt, wq, wk, qo, ko) if q_out is not None and k_out is not None else None
-    launch = Launch(kern, (T, grid_y(op, cdiv(Hq, hpp) + cdiv(Hkv, hpp)), 1),
-                    (qt, kt, pt, wq, wk, qo, ko, sq, sk, Hq, Hkv, float(eps), float(theta)))
+    launch = Launch(kern, (cdiv(T, tok), grid_y(op, cdiv(Hq, hpp) + cdiv(Hkv, hpp)), 1),
+                    (qt, kt, pt, wq, wk, qo, ko, sq, sk, T, Hq, Hkv, float(eps), float(theta)))
     _calls.launch(key, slots, (eps, theta), [launch], s)
     return qo_res, ko_res
