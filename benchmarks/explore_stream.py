@@ -4,8 +4,6 @@
   rope   qk_norm_rope (24/4 and 16/2 x 256): a program takes TOK tokens x HPP heads as one [TOK * HPP, D] tile
          (more bytes in flight a program than the vendored one token x 4 heads), optionally with streaming cache
          hints (loads evict_first, stores .cs); each variant checked bit-exact against the vendored op first.
-  conv   conv_prefill_kernel (kernels_src, the vendored source) at (BLOCK_C, SUB, warps) other than the spec's
-         (512, 4, 4): the spec was picked on an H100; checked bit-exact against the vendored op.
   gdn    gdn_decode_kernel (kernels_src) at (BLOCK_V, warps) other than the specs' (32, 4) / (16, 2), B 64 and 256
          x 48 value heads (the state read and written once is the floor); checked against the vendored op.
   layout attention decode, the vendored op: 24/4 heads interleaved in a cache row ([blocks, 64, 4, 256], each
@@ -15,7 +13,7 @@
          layout's head interleave is what keeps vkc 1-2% behind FLASH at large B x L.
 
 Inputs rotate over sets larger than L2; graph-replayed medians (timing.graph_ms). Usage:
-python benchmarks/explore_stream.py OUT.json [rope conv gdn layout]
+python benchmarks/explore_stream.py OUT.json [rope gdn layout]
 """
 from __future__ import annotations
 
@@ -31,12 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as C  # noqa: E402
 from bench_norm import make_sets  # noqa: E402
-from kernels_src.conv.conv import conv_prefill_kernel  # noqa: E402
 from kernels_src.gdn_decode.decode import gdn_decode_kernel  # noqa: E402
 from timing import graph_ms  # noqa: E402
 
 from vkc_runtime.ops import attn as A  # noqa: E402
-from vkc_runtime.ops import conv as CV  # noqa: E402
 from vkc_runtime.ops import gdn_decode as GD  # noqa: E402
 from vkc_runtime.ops import rope as RO  # noqa: E402
 
@@ -150,46 +146,58 @@ def bench_rope(rows):
         torch.cuda.empty_cache()
 
 
-# (BLOCK_C, SUB, warps); (512, 4, 4) is the vendored configuration
-CONV_VARIANTS = [(512, 4, 4), (1024, 4, 4), (1024, 4, 8), (512, 8, 4), (512, 2, 4), (256, 8, 2), (256, 4, 1),
-                 (2048, 2, 8), (512, 4, 8), (1024, 8, 8), (1024, 2, 4)]
-CONV_CASES = [(8192, 10240), (8192, 8192)]
+# (BLOCK_V, warps); (32, 4) and (16, 2) are the vendored specs
+GDN_VARIANTS = [(32, 4), (16, 2), (64, 4), (64, 8), (32, 2), (32, 8), (128, 8), (16, 1)]
+GDN_CASES = [(64, 48), (256, 48), (256, 32)]
 
 
-def bench_conv(rows):
-    for T, Cc in CONV_CASES:
-        w = (torch.randn(Cc, 4, device="cuda") * 0.5).to(torch.bfloat16)
-        cu = torch.tensor([0, T], device="cuda", dtype=torch.int32)
-        y = torch.empty(T, Cc, **BF)
-        nb = 2 * T * Cc * 2
-        sets = make_sets(lambda: (torch.randn(T, Cc, **BF),), nb)
-        x0 = sets[0][0][0]
-        ref = torch.empty(T, Cc, **BF)
-        CV.causal_conv1d(x0, w, cu, out=ref)
-        torch.cuda.synchronize()
-        case = f"1x{T} C={Cc}"
-        vend = graph_ms(lambda i, st: CV.causal_conv1d(sets[i][0][0], w, cu, out=y, stream=st), vkc=True,
-                        n_sets=len(sets), inner=max(5, len(sets)))
-        rows.append({"part": "conv", "case": case, "variant": "vendored op (body + heads)", "us": vend * 1e3,
-                     "tbs": nb / vend / 1e9})
-        print(rows[-1], flush=True)
-        for bc, sub, warps in CONV_VARIANTS:
-            grid = (triton.cdiv(T, 4 * sub), triton.cdiv(Cc, bc))
-
-            def run(i, st, bc=bc, sub=sub, warps=warps):
-                x = sets[i][0][0]
-                conv_prefill_kernel[grid](x, w, y, cu, x.stride(0), w.stride(0), y.stride(0), T, Cc, 1, W=4,
-                                          BLOCK_T=4, BLOCK_C=bc, SUB=sub, C16=True, num_warps=warps)
-            y.fill_(float("nan"))
-            run(0, None)
-            torch.cuda.synchronize()
-            # the body alone: its first 3 rows use the approximate SiLU where the heads kernel's are exact
-            exact = bool(torch.equal(y[3:], ref[3:]))
-            us = graph_ms(run, vkc=False, n_sets=len(sets), inner=max(5, len(sets))) * 1e3
-            rows.append({"part": "conv", "case": case, "variant": f"c{bc}.sub{sub}.w{warps} (body only)", "us": us,
-                         "tbs": nb / us / 1e6, "exact_vs_vendored": exact, "vs_vendored": vend * 1e3 / us})
+def bench_gdn(rows):
+    D, hk = 128, 16
+    for B, hv in GDN_CASES:
+        nb = C.gdn_decode_bytes(B, hv, D)
+        per_set = B * hv * D * D * 4
+        n = max(2, min(16, int(2.5 * C.L2_BYTES // per_set) + 1))
+        Cq = 2 * hk * D + hv * D
+        qkv = [torch.randn(B, Cq, **BF) for _ in range(n)]
+        a = [torch.randn(B, hv, **BF) for _ in range(n)]
+        b = [torch.randn(B, hv, **BF) for _ in range(n)]
+        A_log = torch.rand(hv, device="cuda") * 2 - 1
+        dt_bias = torch.randn(hv, device="cuda") * 0.5
+        pool = torch.randn(n * B, hv, D, D, device="cuda") * 0.1
+        slots = [torch.arange(i * B, (i + 1) * B, device="cuda", dtype=torch.int32) for i in range(n)]
+        out = torch.empty(B, hv, D, **BF)
+        pool0 = pool[:B].clone()  # the state before any timed replay (the variants start from it too)
+        s0 = pool.clone()
+        ref = torch.empty(B, hv, D, **BF)
+        GD.recurrent_decode(qkv[0], a[0], b[0], A_log, dt_bias, s0, slots[0], hk, hv, out=ref)
+        ref_state = s0[:B].clone()
+        s0 = None
+        case = f"B={B} Hv={hv}"
+        for tile in ("bv32", "bv16"):
+            us = graph_ms(lambda i, st, tile=tile: GD.recurrent_decode(qkv[i], a[i], b[i], A_log, dt_bias, pool,
+                                                                       slots[i], hk, hv, out=out, stream=st,
+                                                                       _tile=tile),
+                          vkc=True, n_sets=n, inner=max(10, n)) * 1e3
+            rows.append({"part": "gdn", "case": case, "variant": f"vendored {tile}", "us": us, "tbs": nb / us / 1e6,
+                         "pct_nominal": 100 * nb / us / 1e6 / C.HBM_NOMINAL_TBS})
             print(rows[-1], flush=True)
-        sets = None
+        for bv, warps in GDN_VARIANTS:
+            def run(i, st, bv=bv, warps=warps, state=pool):
+                gdn_decode_kernel[(B * hv * (D // bv),)](
+                    qkv[i], a[i], b[i], A_log, dt_bias, state, slots[i], out, qkv[i].stride(0), a[i].stride(0),
+                    b[i].stride(0), state.stride(0), out.stride(0), hk, hv, state.shape[0], D ** -0.5, 1e-6, 0,
+                    K=D, V=D, BLOCK_V=bv, BA=False, BLOCK_H=1024, PDL=False, num_warps=warps)
+            s1 = pool0.clone()
+            out.fill_(float("nan"))
+            run(0, None, state=s1)
+            torch.cuda.synchronize()
+            err = max((out.float() - ref.float()).abs().max().item(), (s1 - ref_state).abs().max().item())
+            s1 = None
+            us = graph_ms(run, vkc=False, n_sets=n, inner=max(10, n)) * 1e3
+            rows.append({"part": "gdn", "case": case, "variant": f"bv{bv}.w{warps}", "us": us, "tbs": nb / us / 1e6,
+                         "pct_nominal": 100 * nb / us / 1e6 / C.HBM_NOMINAL_TBS, "max_abs_diff_vs_vendored": err})
+            print(rows[-1], flush=True)
+        qkv = a = b = pool = pool0 = None
         torch.cuda.empty_cache()
 
 
@@ -244,66 +252,12 @@ def bench_layout(rows):
         torch.cuda.empty_cache()
 
 
-# (BLOCK_V, warps); (32, 4) and (16, 2) are the vendored specs
-GDN_VARIANTS = [(32, 4), (16, 2), (64, 4), (64, 8), (32, 2), (32, 8), (128, 8), (16, 1)]
-GDN_CASES = [(64, 48), (256, 48), (256, 32)]
-
-
-def bench_gdn(rows):
-    D, hk = 128, 16
-    for B, hv in GDN_CASES:
-        nb = C.gdn_decode_bytes(B, hv, D)
-        per_set = B * hv * D * D * 4
-        n = max(2, min(16, int(2.5 * C.L2_BYTES // per_set) + 1))
-        Cq = 2 * hk * D + hv * D
-        qkv = [torch.randn(B, Cq, **BF) for _ in range(n)]
-        a = [torch.randn(B, hv, **BF) for _ in range(n)]
-        b = [torch.randn(B, hv, **BF) for _ in range(n)]
-        A_log = torch.rand(hv, device="cuda") * 2 - 1
-        dt_bias = torch.randn(hv, device="cuda") * 0.5
-        pool = torch.randn(n * B, hv, D, D, device="cuda") * 0.1
-        slots = [torch.arange(i * B, (i + 1) * B, device="cuda", dtype=torch.int32) for i in range(n)]
-        out = torch.empty(B, hv, D, **BF)
-        s0 = pool.clone()
-        ref = torch.empty(B, hv, D, **BF)
-        GD.recurrent_decode(qkv[0], a[0], b[0], A_log, dt_bias, s0, slots[0], hk, hv, out=ref)
-        ref_state = s0[:B].clone()
-        s0 = None
-        case = f"B={B} Hv={hv}"
-        for tile in ("bv32", "bv16"):
-            us = graph_ms(lambda i, st, tile=tile: GD.recurrent_decode(qkv[i], a[i], b[i], A_log, dt_bias, pool,
-                                                                       slots[i], hk, hv, out=out, stream=st,
-                                                                       _tile=tile),
-                          vkc=True, n_sets=n, inner=max(10, n)) * 1e3
-            rows.append({"part": "gdn", "case": case, "variant": f"vendored {tile}", "us": us, "tbs": nb / us / 1e6,
-                         "pct_nominal": 100 * nb / us / 1e6 / C.HBM_NOMINAL_TBS})
-            print(rows[-1], flush=True)
-        for bv, warps in GDN_VARIANTS:
-            def run(i, st, bv=bv, warps=warps, state=pool):
-                gdn_decode_kernel[(B * hv * (D // bv),)](
-                    qkv[i], a[i], b[i], A_log, dt_bias, state, slots[i], out, qkv[i].stride(0), a[i].stride(0),
-                    b[i].stride(0), state.stride(0), out.stride(0), hk, hv, state.shape[0], D ** -0.5, 1e-6, 0,
-                    K=D, V=D, BLOCK_V=bv, BA=False, BLOCK_H=1024, PDL=False, num_warps=warps)
-            s1 = pool[:B].clone()
-            out.fill_(float("nan"))
-            run(0, None, state=s1)
-            torch.cuda.synchronize()
-            err = max((out.float() - ref.float()).abs().max().item(), (s1 - ref_state).abs().max().item())
-            s1 = None
-            us = graph_ms(run, vkc=False, n_sets=n, inner=max(10, n)) * 1e3
-            rows.append({"part": "gdn", "case": case, "variant": f"bv{bv}.w{warps}", "us": us, "tbs": nb / us / 1e6,
-                         "pct_nominal": 100 * nb / us / 1e6 / C.HBM_NOMINAL_TBS, "max_abs_diff_vs_vendored": err})
-            print(rows[-1], flush=True)
-        qkv = a = b = pool = None
-        torch.cuda.empty_cache()
-
-
 def main(path, parts):
     rows = []
     res = {"bench": "explore_stream", "meta": C.meta(), "rows": rows}
     for p in parts:
         try:
-            {"rope": bench_rope, "conv": bench_conv, "gdn": bench_gdn, "layout": bench_layout}[p](rows)
+            {"rope": bench_rope, "gdn": bench_gdn, "layout": bench_layout}[p](rows)
         except Exception as e:  # noqa: BLE001 - keep the other parts' rows
             rows.append({"part": p, "error": f"{type(e).__name__}: {e}"[:500]})
             print(rows[-1], flush=True)
@@ -311,4 +265,4 @@ def main(path, parts):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:] or ["rope", "conv", "gdn", "layout"])
+    main(sys.argv[1], sys.argv[2:] or ["rope", "gdn", "layout"])
