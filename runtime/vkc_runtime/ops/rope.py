@@ -63,7 +63,7 @@ def qk_norm_rope(qg, k, positions, q_weight, k_weight, num_q_heads: int, num_kv_
     if T == 0:
         return qo_res, ko_res
     sq, sk = row_stride(qt), row_stride(kt)
-    fits_i32(op, stride_qg=sq, stride_k=sk, Hq=Hq, Hkv=Hkv)
+    fits_i32(op, stride_qg=sq, stride_k=sk, T=T, Hq=Hq, Hkv=Hkv)
     v = variant((qt.ptr, kt.ptr, pt.ptr, wq.ptr, wk.ptr, qo.ptr, ko.ptr), (sq, sk))
     kern = get_kernel(_qk_base(D, v))
     hpp, tok = kern.constexprs["HEADS_PER_PROG"], kern.constexprs["TOK"]
