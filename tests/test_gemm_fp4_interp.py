@@ -86,11 +86,14 @@ def test_quant_bit_exact(M, K):
     assert d[0, 0] == 0 and (R.unpack(q)[0, :16] == 0).all()
     assert d[1, 1] == 0
     assert d[min(2, M - 1), -1] == 448.0
-    # the dequantized values approximate x (gs is a divisor): codes * scale / gs
+    # the dequantized values approximate x (gs is a divisor): codes * scale / gs. The bound is the format's, for
+    # these inputs: over 3000 seeds the numpy reference's error had median 0.095 at every shape and max 0.12 / 0.18
+    # / 0.34 at 5 x 416 / 4 x 128 / 9 x 48 (432 values, where one row of scale up to 2^4 dominates the norm); a gs
+    # used as a multiplier or a scale off by a power of two lands far above it
     back = R.dequant(q, s, 1.0 / gs)
     ok = np.ones_like(x, bool)
     ok[min(2, M - 1), -16:] = False
-    assert rel_err(back[ok], x[ok]) < 0.2
+    assert rel_err(back[ok], x[ok]) < 0.4
 
 
 def _gemm_case(g, M, N, K):
