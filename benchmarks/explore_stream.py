@@ -1,9 +1,8 @@
 """Exploration (Triton JIT on the GPU, not the vendored kernels): the streaming kernels that sit below issue 18's
 85% of HBM on the H200, at shapes and hints their specs do not compile, beside the vendored op in the same run.
 
-  rope   qk_norm_rope (24/4 and 16/2 x 256): a program takes TOK tokens x HPP heads as one [TOK * HPP, D] tile
-         (more bytes in flight a program than the vendored one token x 4 heads), optionally with streaming cache
-         hints (loads evict_first, stores .cs); each variant checked bit-exact against the vendored op first.
+  rope   qk_norm_rope_kernel (kernels_src) at (TOK, HEADS_PER_PROG, warps) other than the vendored one, 24/4 and
+         16/2 x 256, each variant compared with the vendored op's output first.
   gdn    gdn_decode_kernel (kernels_src) at (BLOCK_V, warps) other than the specs' (32, 4) / (16, 2), B 64 and 256
          x 48 value heads (the state read and written once is the floor); checked against the vendored op.
   layout attention decode, the vendored op: 24/4 heads interleaved in a cache row ([blocks, 64, 4, 256], each
@@ -23,13 +22,13 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as C  # noqa: E402
 from bench_norm import make_sets  # noqa: E402
 from kernels_src.gdn_decode.decode import gdn_decode_kernel  # noqa: E402
+from kernels_src.rope.rope import qk_norm_rope_kernel  # noqa: E402
 from timing import graph_ms  # noqa: E402
 
 from vkc_runtime.ops import attn as A  # noqa: E402
@@ -39,69 +38,9 @@ from vkc_runtime.ops import rope as RO  # noqa: E402
 BF = dict(device="cuda", dtype=torch.bfloat16)
 
 
-@triton.jit
-def _rows(src, tok_stride, head_stride, w_ptr, dst, pos_ptr, T, n_heads, t0, h0, eps, log2_theta,
-          D: tl.constexpr, ROT: tl.constexpr, TOK: tl.constexpr, HPP: tl.constexpr, EF: tl.constexpr):
-    HALF: tl.constexpr = ROT // 2
-    R: tl.constexpr = TOK * HPP
-    r = tl.arange(0, R)
-    t = t0 + r // HPP
-    h = h0 + r % HPP
-    rm = (t < T) & (h < n_heads)
-    src_rows = src + t.to(tl.int64)[:, None] * tok_stride + h[:, None] * head_stride
-    dst_rows = dst + (t.to(tl.int64) * n_heads + h)[:, None] * D
-    d = tl.arange(0, D)
-    j = tl.arange(0, HALF)
-    pos = tl.load(pos_ptr + t, mask=t < T, other=0).to(tl.float32)
-    if EF:
-        x = tl.load(src_rows + d[None, :], mask=rm[:, None], other=0.0, eviction_policy="evict_first")
-    else:
-        x = tl.load(src_rows + d[None, :], mask=rm[:, None], other=0.0)
-    x = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
-    w = tl.load(w_ptr + d).to(tl.float32)
-    if EF:
-        tl.store(dst_rows + d[None, :], (x * rstd * (1.0 + w[None, :])).to(tl.bfloat16),
-                 mask=rm[:, None] & (d[None, :] >= ROT), cache_modifier=".cs")
-    else:
-        tl.store(dst_rows + d[None, :], (x * rstd * (1.0 + w[None, :])).to(tl.bfloat16),
-                 mask=rm[:, None] & (d[None, :] >= ROT))
-    m2 = rm[:, None] & (j[None, :] < HALF)
-    x1 = tl.load(src_rows + j[None, :], mask=m2, other=0.0).to(tl.float32)
-    x2 = tl.load(src_rows + HALF + j[None, :], mask=m2, other=0.0).to(tl.float32)
-    n1 = x1 * rstd * (1.0 + tl.load(w_ptr + j).to(tl.float32))[None, :]
-    n2 = x2 * rstd * (1.0 + tl.load(w_ptr + HALF + j).to(tl.float32))[None, :]
-    inv_freq = tl.exp2(-(2.0 * j.to(tl.float32) / ROT) * log2_theta)
-    angle = pos[:, None] * inv_freq[None, :]
-    c = tl.cos(angle)
-    s = tl.sin(angle)
-    if EF:
-        tl.store(dst_rows + j[None, :], (n1 * c - n2 * s).to(tl.bfloat16), mask=m2, cache_modifier=".cs")
-        tl.store(dst_rows + HALF + j[None, :], (n2 * c + n1 * s).to(tl.bfloat16), mask=m2, cache_modifier=".cs")
-    else:
-        tl.store(dst_rows + j[None, :], (n1 * c - n2 * s).to(tl.bfloat16), mask=m2)
-        tl.store(dst_rows + HALF + j[None, :], (n2 * c + n1 * s).to(tl.bfloat16), mask=m2)
-
-
-@triton.jit
-def rope_tile_kernel(qg_ptr, k_ptr, pos_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr, stride_qg, stride_k, T, Hq, Hkv,
-                     eps, theta, D: tl.constexpr, ROT: tl.constexpr, TOK: tl.constexpr, HPP: tl.constexpr,
-                     EF: tl.constexpr):
-    t0 = tl.program_id(0) * TOK
-    hb = tl.program_id(1)
-    n_qb = (Hq + HPP - 1) // HPP
-    log2_theta = tl.log2(theta)
-    if hb < n_qb:
-        _rows(qg_ptr, stride_qg, 2 * D, wq_ptr, q_out_ptr, pos_ptr, T, Hq, t0, hb * HPP, eps, log2_theta,
-              D, ROT, TOK, HPP, EF)
-    else:
-        _rows(k_ptr, stride_k, D, wk_ptr, k_out_ptr, pos_ptr, T, Hkv, t0, (hb - n_qb) * HPP, eps, log2_theta,
-              D, ROT, TOK, HPP, EF)
-
-
-# (TOK, HPP, warps, EF); (1, 4, 2, False) is the vendored sm_90a configuration
-ROPE_VARIANTS = [(1, 4, 2, False), (1, 4, 2, True), (2, 4, 4, False), (2, 4, 2, False), (4, 4, 4, False),
-                 (4, 4, 8, False), (2, 8, 4, False), (1, 8, 4, False), (4, 4, 4, True), (8, 4, 8, False)]
+# (TOK, HPP, warps) of kernels_src's qk_norm_rope_kernel; (4, 4, 4) is the vendored sm_90a d256 configuration
+# (session 29 also timed evict-first loads / .cs stores on a copy of it: 1-4% at TOK 4, not kept)
+ROPE_VARIANTS = [(1, 4, 2), (2, 4, 4), (2, 4, 2), (4, 4, 4), (4, 4, 8), (2, 8, 4), (1, 8, 4), (8, 4, 8)]
 ROPE_CASES = [(24, 4, 8192), (24, 4, 32768), (16, 2, 8192)]
 
 
@@ -124,14 +63,15 @@ def bench_rope(rows):
         rows.append({"part": "rope", "case": case, "variant": "vendored op", "us": vend * 1e3,
                      "tbs": nb / vend / 1e9})
         print(rows[-1], flush=True)
-        for tok, hpp, warps, ef in ROPE_VARIANTS:
+        for tok, hpp, warps in ROPE_VARIANTS:
             grid = (triton.cdiv(T, tok), triton.cdiv(Hq, hpp) + triton.cdiv(Hkv, hpp))
 
-            def run(i, st, tok=tok, hpp=hpp, warps=warps, ef=ef):
+            def run(i, st, tok=tok, hpp=hpp, warps=warps):
                 qg, k = sets[i][0]
-                rope_tile_kernel[grid](qg, k, pos, wq, wk, qo, ko, qg.stride(0), k.stride(0), T, Hq, Hkv, 1e-6,
-                                       1e7, D=D, ROT=rot, TOK=tok, HPP=hpp, EF=ef, num_warps=warps)
-            name = f"tok{tok}.h{hpp}.w{warps}" + (".ef" if ef else "")
+                qk_norm_rope_kernel[grid](qg, k, pos, wq, wk, qo, ko, qg.stride(0), k.stride(0), T, Hq, Hkv, 1e-6,
+                                          1e7, D=D, ROT=rot, TOK=tok, HEADS_PER_PROG=hpp, PDL=False,
+                                          num_warps=warps)
+            name = f"tok{tok}.h{hpp}.w{warps}"
             qo.fill_(float("nan"))
             ko.fill_(float("nan"))
             run(0, None)
