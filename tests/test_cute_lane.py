@@ -62,14 +62,14 @@ def good_facts(name):
     return {"tensor_structs": {f"{name}_Tensor_{t}_t": list(rows) for t in "awc"},
             "ciface": f"_mlir_{name}__mlir_ciface_fn", "init": f"_mlir_{name}_cuda_init",
             "load_to_device": f"_mlir_{name}_cuda_load_to_device",
-            "wrapper_args": "a, w, c, &stream, &ret", "wrapper_nargs": 5}
+            "wrapper_args": "a, w, c, &ctas, &stream, &ret", "wrapper_nargs": 6}
 
 
 def good_fp8_facts(name):
     f = good_facts(name)
     vec = ["void *data", "int32_t dynamic_shapes[1]", "int64_t dynamic_strides[1]"]
     f["tensor_structs"].update({f"{name}_Tensor_{t}_t": list(vec) for t in ("scale_a", "scale_w")})
-    f.update(wrapper_args="a, w, c, scale_a, scale_w, &stream, &ret", wrapper_nargs=7)
+    f.update(wrapper_args="a, w, c, scale_a, scale_w, &ctas, &stream, &ret", wrapper_nargs=8)
     return f
 
 
@@ -93,7 +93,8 @@ def test_header_check_accepts_the_expected_layout():
 @pytest.mark.parametrize("mutate", [
     lambda f, n: f["tensor_structs"].__setitem__(f"{n}_Tensor_scale_a_t", ["void *data", "int32_t dynamic_shapes[1]"]),
     lambda f, n: f["tensor_structs"].pop(f"{n}_Tensor_scale_w_t"),
-    lambda f, n: f.__setitem__("wrapper_args", "a, w, c, scale_w, scale_a, &stream, &ret"),
+    lambda f, n: f.__setitem__("wrapper_args", "a, w, c, scale_w, scale_a, &ctas, &stream, &ret"),
+    lambda f, n: f.__setitem__("wrapper_args", "a, w, c, scale_a, scale_w, &stream, &ret"),  # no grid cap
     lambda f, n: f.__setitem__("wrapper_nargs", 5),
 ])
 def test_header_check_refuses_other_fp8_layouts(mutate):
@@ -109,6 +110,7 @@ def test_header_check_refuses_other_fp8_layouts(mutate):
     lambda f, n: f["tensor_structs"].__setitem__(f"{n}_Tensor_c_t", ["void *data", "int32_t dynamic_shapes[1]",
                                                                        "int64_t dynamic_strides[1]"]),
     lambda f, n: f.__setitem__("wrapper_args", "a, w, c, stream, &ret"),
+    lambda f, n: f.__setitem__("wrapper_args", "a, w, c, &stream, &ret"),  # the kernel takes no grid cap
     lambda f, n: f.__setitem__("ciface", None),
 ])
 def test_header_check_refuses_other_layouts(mutate):
@@ -123,7 +125,7 @@ STUB = r"""
 /* stand-ins for one exported object: record what the glue passes */
 typedef struct { void *data; int32_t shape[2]; int64_t stride[1]; } desc;
 int init_calls, load_calls, launch_calls;
-int32_t last_nargs, last_shapes[6];
+int32_t last_nargs, last_shapes[6], last_ctas;
 int64_t last_strides[3];
 void *last_ptrs[3], *last_stream;
 void _mlir_P_cuda_init(void **a) { init_calls++; **(void ***)a[0] = (void *)0x1; **(int32_t **)((char *)a + 8) = 0; }
@@ -135,13 +137,25 @@ void _mlir_P__mlir_ciface_fn(void **args, int32_t n) {
         last_ptrs[i] = d->data; last_shapes[2 * i] = d->shape[0]; last_shapes[2 * i + 1] = d->shape[1];
         last_strides[i] = d->stride[0];
     }
-    last_stream = *(void **)args[3];
-    *(int32_t *)args[4] = 0;
+    last_ctas = *(int32_t *)args[3];
+    last_stream = *(void **)args[4];
+    *(int32_t *)args[5] = 0;
 }
 """
-FAKE_DRIVER = "int vkc_cute_driver_status(void) { return 0; }\n"  # a 'driver' that is always there
+# a 'driver' that is always there; its current device (fake_device, -1: no context) has fake_sms[device] SMs
+FAKE_DRIVER = r"""
+int fake_device, fake_sms[2] = {132, 114};
+int vkc_cute_driver_status(void) { return 0; }
+int _cudaGetDevice(int *device) { if (fake_device < 0) return 201; *device = fake_device; return 0; }
+int _cudaDeviceGetAttribute(int *value, int attr, int device) {
+    if (attr != 16 || device < 0 || device > 1) return 1;
+    *value = fake_sms[device];
+    return 0;
+}
+"""
+FAKE_STATE = "fake_device; fake_sms;"
 STATE = ("init_calls; load_calls; launch_calls; last_nargs; last_shapes; last_strides; last_ptrs; last_stream; "
-         "_cudaGetDevice;")
+         "last_ctas; _cudaGetDevice;")
 
 
 def _build(d: Path, shim: str) -> ctypes.CDLL:
@@ -150,7 +164,8 @@ def _build(d: Path, shim: str) -> ctypes.CDLL:
     (d / "glue.c").write_text(cute_glue.generate([JOB], {JOB["base"]: SPECS[0].symbol}, {JOB["base"]: h}))
     (d / "stub.c").write_text(STUB)
     (d / "exports.map").write_text(cute_glue.version_script([SPECS[0].symbol]).replace(
-        "local: *;", STATE.replace("_cudaGetDevice;", "_cudaGetDevice;" if shim == "real" else "") + " local: *;"))
+        "local: *;", STATE.replace("_cudaGetDevice;", "_cudaGetDevice;" if shim == "real" else FAKE_STATE)
+        + " local: *;"))
     src = REPO / cute_lane.SHIM_DIR
     if shim == "real":
         shim_src = [str(src / "vkc_cute_shim.c")]
@@ -213,7 +228,7 @@ def test_glue_packs_descriptors(glue_fake):
     assert counter(lib, "init_calls") == 1  # the library once, whatever the device
     assert lib.vkc_cute_load(64) == 1 and lib.vkc_cute_load(-1) == 1
     assert fn(*GOOD) == 0
-    assert counter(lib, "last_nargs") == 5
+    assert counter(lib, "last_nargs") == 6 and counter(lib, "last_ctas") == 132   # the grid cap: device 0's SMs
     shapes = list((ctypes.c_int32 * 6).in_dll(lib, "last_shapes"))
     strides = list((ctypes.c_int64 * 3).in_dll(lib, "last_strides"))
     ptrs = list((ctypes.c_void_p * 3).in_dll(lib, "last_ptrs"))
@@ -224,6 +239,22 @@ def test_glue_packs_descriptors(glue_fake):
     assert fn(*wide) == 0 and list((ctypes.c_int64 * 3).in_dll(lib, "last_strides")) == [8192, 4104, 2304]
     n = counter(lib, "launch_calls")
     assert fn(0, 0, 0, 0, 0, 0, 0, 0, 0, None) == 0 and counter(lib, "launch_calls") == n  # m == 0: nothing
+
+
+def test_glue_grid_cap_follows_the_current_device(glue_fake):
+    lib, fn = glue_fake
+    assert lib.vkc_cute_load(0) == 0 and lib.vkc_cute_load(1) == 0
+    dev = ctypes.c_int.in_dll(lib, "fake_device")
+    try:
+        dev.value = 1
+        assert fn(*GOOD) == 0 and counter(lib, "last_ctas") == 114      # device 1's SM count
+        dev.value = 0
+        assert fn(*GOOD) == 0 and counter(lib, "last_ctas") == 132
+        n = counter(lib, "launch_calls")
+        dev.value = -1                                                  # no current context: refused, no launch
+        assert fn(*GOOD) == 3 and counter(lib, "launch_calls") == n
+    finally:
+        dev.value = 0
 
 
 def test_glue_without_driver(glue_real):
@@ -248,7 +279,7 @@ FP8_STUB = r"""
 typedef struct { void *data; int32_t shape[2]; int64_t stride[1]; } desc;
 typedef struct { void *data; int32_t shape[1]; int64_t stride[1]; } vdesc;
 int launch_calls;
-int32_t last_nargs, last_shapes[8];
+int32_t last_nargs, last_shapes[8], last_ctas;
 int64_t last_strides[5];
 void *last_ptrs[5], *last_stream;
 void _mlir_P_cuda_init(void **a) { **(void ***)a[0] = (void *)0x1; **(int32_t **)((char *)a + 8) = 0; }
@@ -264,8 +295,9 @@ void _mlir_P__mlir_ciface_fn(void **args, int32_t n) {
         vdesc *d = (vdesc *)args[i];
         last_ptrs[i] = d->data; last_shapes[3 + i] = d->shape[0]; last_strides[i] = d->stride[0];
     }
-    last_stream = *(void **)args[5];
-    *(int32_t *)args[6] = 0;
+    last_ctas = *(int32_t *)args[5];
+    last_stream = *(void **)args[6];
+    *(int32_t *)args[7] = 0;
 }
 """
 
@@ -281,7 +313,8 @@ def build_scaled_glue(d, spec, stub):
     (d / "stub.c").write_text(stub)
     (d / "fake.c").write_text(FAKE_DRIVER)
     (d / "exports.map").write_text(cute_glue.version_script([spec.symbol]).replace(
-        "local: *;", "launch_calls; last_nargs; last_shapes; last_strides; last_ptrs; last_stream; local: *;"))
+        "local: *;", "launch_calls; last_nargs; last_shapes; last_strides; last_ptrs; last_stream; last_ctas; "
+        + FAKE_STATE + " local: *;"))
     flags = [f for f in cute_lane.CFLAGS if f != "-fvisibility=hidden"]
     subprocess.run(["gcc", *flags, "-shared", f"-I{REPO / cute_lane.SHIM_DIR}", "-Wl,--no-undefined",
                     "-Wl,--version-script=exports.map", "-o", "t.so", "glue.c", "fake.c", "stub.c"], cwd=d, check=True)
@@ -321,7 +354,7 @@ def test_fp8_glue_refuses_bad_arguments(glue_fp8, i, value):
 def test_fp8_glue_packs_descriptors(glue_fp8):
     lib, fn = glue_fp8
     assert fn(*FP8_GOOD) == 0
-    assert counter(lib, "last_nargs") == 7
+    assert counter(lib, "last_nargs") == 8 and counter(lib, "last_ctas") == 132
     shapes = list((ctypes.c_int32 * 8).in_dll(lib, "last_shapes"))
     strides = list((ctypes.c_int64 * 5).in_dll(lib, "last_strides"))
     ptrs = list((ctypes.c_void_p * 5).in_dll(lib, "last_ptrs"))
@@ -374,7 +407,7 @@ def test_block_glue_refuses_bad_arguments(glue_block, i, value):
 def test_block_glue_packs_descriptors(glue_block):
     lib, fn = glue_block
     assert fn(*BLOCK_GOOD) == 0
-    assert counter(lib, "last_nargs") == 7
+    assert counter(lib, "last_nargs") == 8 and counter(lib, "last_ctas") == 132
     shapes = list((ctypes.c_int32 * 10).in_dll(lib, "last_shapes"))
     strides = list((ctypes.c_int64 * 5).in_dll(lib, "last_strides"))
     ptrs = list((ctypes.c_void_p * 5).in_dll(lib, "last_ptrs"))

@@ -101,7 +101,7 @@ def test_descriptor_digest_is_content_and_order_sensitive():
     assert d0 == T.tactic_set("sm_90a")["digest"] == T.descriptor_digest([dict(x) for x in ds])
     assert T.descriptor_digest(ds[::-1]) != d0
     assert T.descriptor_digest([ds[0] | {"stages": 5}] + ds[1:]) != d0
-    assert T.descriptor_digest([ds[0] | {"persistent": True}] + ds[1:]) != d0
+    assert T.descriptor_digest([ds[0] | {"persistent": not ds[0]["persistent"]}] + ds[1:]) != d0
 
 
 # ------------------------------------------------------------------ the ops.gemm hook

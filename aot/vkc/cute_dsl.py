@@ -74,18 +74,18 @@ def fake_args(abi: str):
     w = make_fake_tensor(ab, (n, k), (ldw, 1), assumed_align=16)
     c = make_fake_tensor(bf16, (m, n), (ldc, 1), assumed_align=16)
     if abi == "gemm_bf16":
-        return a, w, c, make_fake_stream()
+        return a, w, c, cutlass.Int32(1), make_fake_stream()
     if abi == "gemm_fp8_block":
         # scale matrices, row-major with runtime row strides: sa [M, KB], sw [NB, KB] (KB = ceil(K / 128), NB =
         # ceil(N / 128))
         kb, nb = cute.sym_int(), cute.sym_int()
         sa = make_fake_tensor(cutlass.Float32, (m, kb), (cute.sym_int64(), 1), assumed_align=4)
         sw = make_fake_tensor(cutlass.Float32, (nb, kb), (cute.sym_int64(), 1), assumed_align=4)
-        return a, w, c, sa, sw, make_fake_stream()
+        return a, w, c, sa, sw, cutlass.Int32(1), make_fake_stream()
     # scale vectors: M / N fp32 elements at a runtime element step (0: one scale broadcast)
     sa = make_fake_tensor(cutlass.Float32, (m,), (cute.sym_int64(),), assumed_align=4)
     sw = make_fake_tensor(cutlass.Float32, (n,), (cute.sym_int64(),), assumed_align=4)
-    return a, w, c, sa, sw, make_fake_stream()
+    return a, w, c, sa, sw, cutlass.Int32(1), make_fake_stream()
 
 
 def compile_kernel(job: dict, out_dir: Path, host: str) -> dict:

@@ -18,7 +18,8 @@ a negative scale step or one whose last element, (m - 1) * sa_step or (n - 1) * 
 [m, kb] / sw [nb, kb] (kb = ceil(k / 128), nb = ceil(n / 128)): null or not 4-byte aligned pointers, a row stride
 below kb (unless the matrix has one row) or at 2^31 or more, an element span ((rows - 1) * ld + kb) above 2^31 - 1.
 Before
-``vkc_cute_load`` succeeded it returns CUDA_ERROR_NOT_INITIALIZED (3). The runtime op checks the same rules
+``vkc_cute_load`` succeeded, or with no current context, it returns CUDA_ERROR_NOT_INITIALIZED (3). Each launcher
+passes the kernel its grid cap, the current device's SM count (the sm_90a GEMMs are persistent: one CTA per SM). The runtime op checks the same rules
 first and raises a Python error naming the argument; these are the last line.
 """
 from __future__ import annotations
@@ -32,8 +33,8 @@ MAX_DEVICES = 64
 # one extent, one element step
 _GEMM_ROWS = ["void *data", "int32_t dynamic_shapes[2]", "int64_t dynamic_strides[1]"]
 _VECTOR = ["void *data", "int32_t dynamic_shapes[1]", "int64_t dynamic_strides[1]"]
-_SCALED_ARGS = "a, w, c, scale_a, scale_w, &stream, &ret"
-_WRAPPER_ARGS = {"gemm_bf16": "a, w, c, &stream, &ret", "gemm_fp8": _SCALED_ARGS, "gemm_fp8_block": _SCALED_ARGS}
+_SCALED_ARGS = "a, w, c, scale_a, scale_w, &ctas, &stream, &ret"
+_WRAPPER_ARGS = {"gemm_bf16": "a, w, c, &ctas, &stream, &ret", "gemm_fp8": _SCALED_ARGS, "gemm_fp8_block": _SCALED_ARGS}
 
 
 def expected_structs(abi: str, export: str) -> dict[str, list[str]]:
@@ -106,6 +107,23 @@ static int32_t vkc_load_kernel(vkc_kernel *v, int32_t device) {{
     return 0;
 }}
 
+/* the persistent kernels' grid cap (their ``ctas`` argument): the current device's SM count, read once per
+   device through the shim's cudart entry points */
+int _cudaGetDevice(int *device);
+int _cudaDeviceGetAttribute(int *value, int attr, int device);
+#define VKC_ATTR_SM_COUNT 16 /* cudaDevAttrMultiProcessorCount */
+static int32_t vkc_sm_counts[VKC_MAX_DEVICES];
+
+static int32_t vkc_sm_count(void) {{
+    int dev = 0, n = 0;
+    if (_cudaGetDevice(&dev) || dev < 0 || dev >= VKC_MAX_DEVICES) return 0;
+    int32_t known = __atomic_load_n(&vkc_sm_counts[dev], __ATOMIC_RELAXED);
+    if (known > 0) return known;
+    if (_cudaDeviceGetAttribute(&n, VKC_ATTR_SM_COUNT, dev) || n <= 0) return 0;
+    __atomic_store_n(&vkc_sm_counts[dev], (int32_t)n, __ATOMIC_RELAXED);
+    return n;
+}}
+
 static int vkc_ptr_ok(const void *p) {{ return p && !((uintptr_t)p & 15); }}
 static int vkc_dim_ok(int64_t d, int64_t lo) {{ return d >= lo && d <= INT32_MAX; }}
 static int vkc_ld_ok(int64_t ld, int64_t cols) {{ return ld >= cols && ld < VKC_MAX_STRIDE && !(ld & 7); }}
@@ -155,9 +173,10 @@ VKC_CUTE_EXPORT int32_t {symbol}(const void *a, int64_t lda, const void *w, int6
     vkc_rows_desc da = {{(void *)a, {{(int32_t)m, (int32_t)k}}, {{lda}}}};
     vkc_rows_desc dw = {{(void *)w, {{(int32_t)n, (int32_t)k}}, {{ldw}}}};
     vkc_rows_desc dc = {{c, {{(int32_t)m, (int32_t)n}}, {{ldc}}}};
-    int32_t ret = 0;
-    void *args[5] = {{&da, &dw, &dc, &stream, &ret}};
-    {h['ciface']}(args, 5);
+    int32_t ctas = vkc_sm_count(), ret = 0;
+    if (ctas <= 0) return VKC_NOT_INITIALIZED; /* no current context */
+    void *args[6] = {{&da, &dw, &dc, &ctas, &stream, &ret}};
+    {h['ciface']}(args, 6);
     return ret;
 }}
 """
@@ -184,9 +203,10 @@ VKC_CUTE_EXPORT int32_t {symbol}(const void *a, int64_t lda, const void *w, int6
     vkc_rows_desc dc = {{c, {{(int32_t)m, (int32_t)n}}, {{ldc}}}};
     vkc_vector_desc dsa = {{(void *)sa, {{(int32_t)m}}, {{sa_step}}}};
     vkc_vector_desc dsw = {{(void *)sw, {{(int32_t)n}}, {{sw_step}}}};
-    int32_t ret = 0;
-    void *args[7] = {{&da, &dw, &dc, &dsa, &dsw, &stream, &ret}};
-    {h['ciface']}(args, 7);
+    int32_t ctas = vkc_sm_count(), ret = 0;
+    if (ctas <= 0) return VKC_NOT_INITIALIZED; /* no current context */
+    void *args[8] = {{&da, &dw, &dc, &dsa, &dsw, &ctas, &stream, &ret}};
+    {h['ciface']}(args, 8);
     return ret;
 }}
 """
@@ -215,9 +235,10 @@ VKC_CUTE_EXPORT int32_t {symbol}(const void *a, int64_t lda, const void *w, int6
     vkc_rows_desc dc = {{c, {{(int32_t)m, (int32_t)n}}, {{ldc}}}};
     vkc_rows_desc dsa = {{(void *)sa, {{(int32_t)m, (int32_t)kb}}, {{ldsa}}}};
     vkc_rows_desc dsw = {{(void *)sw, {{(int32_t)nb, (int32_t)kb}}, {{ldsw}}}};
-    int32_t ret = 0;
-    void *args[7] = {{&da, &dw, &dc, &dsa, &dsw, &stream, &ret}};
-    {h['ciface']}(args, 7);
+    int32_t ctas = vkc_sm_count(), ret = 0;
+    if (ctas <= 0) return VKC_NOT_INITIALIZED; /* no current context */
+    void *args[8] = {{&da, &dw, &dc, &dsa, &dsw, &ctas, &stream, &ret}};
+    {h['ciface']}(args, 8);
     return ret;
 }}
 """

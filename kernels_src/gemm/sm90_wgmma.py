@@ -15,10 +15,13 @@ K >= 8 (FP8: K and the A / W row strides multiples of 16 elements). The tensor-m
 and store to the tensor bounds (zero-filled loads past M, N or K, no stores past M or N), so any such shape is safe
 and a partial last k-slice adds zeros.
 
-CTA organisation (one output tile per CTA, not persistent, so nothing depends on the SM count):
+CTA organisation (persistent: the grid is min(tiles, ``ctas``), where the launcher passes the device's SM count as
+``ctas`` (one CTA per SM fits); CTA b computes output tiles b, b + grid, b + 2 grid, ..., so no SM count is baked
+into the kernel):
 
-* warp group 0 is the loader: its first warp issues the TMA loads of A and W k-slices into a ring of
-  ``stages`` shared-memory buffers; the warp group gives most of its registers to the others (setmaxnreg);
+* warp group 0 is the loader: its first warp issues the TMA loads of A and W k-slices, tile after tile, into a
+  ring of ``stages`` shared-memory buffers, so the next tile's first slices arrive while the math warp groups
+  finish the current one; the warp group gives most of its registers to the others (setmaxnreg);
 * warp groups 1..2 are the math warp groups: each owns ``tile_m / 2`` rows of the tile, waits for a stage,
   issues the WGMMAs of that stage, keeps one batch of WGMMAs in flight and hands the stage before it back to the
   loader; after the k loop they convert the fp32 accumulators to bf16 in chunks (stmatrix into a small staging
@@ -43,8 +46,6 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 WARP_GROUP = 128           # threads in a warp group
-LOADER_REGS = 40           # registers per thread kept by the loader warp group
-MATH_REGS = 232            # registers per thread granted to each math warp group
 EPI_BARRIER_ID = 1         # named barrier among the math threads (0 is __syncthreads)
 SMEM_ALIGN = 1024          # 128B-swizzled tiles want 1 KiB-aligned buffers
 SCALE_BLOCK = 128          # block-scaled FP8: one scale per 128 x 128 weight block and per 1 x 128 activations
@@ -85,6 +86,9 @@ class Sm90BF16Gemm:
     TILE_K = 64  # one 128-byte swizzle row of bf16 per k-slice
     SCALED = False  # the FP8 subclass scales the accumulators in the epilogue
     BLOCK_SCALED = False  # the block-scaled FP8 subclass promotes each k-slice's product with its scales
+    # registers per thread (setmaxnreg) kept by the loader warp group / granted to each math warp group:
+    # 40 + 2 x 232 (x 128 threads) fills the register file
+    REGS = (40, 232)
 
     @staticmethod
     def operand_type():
@@ -106,12 +110,12 @@ class Sm90BF16Gemm:
 
     # ---------------------------------------------------------------- host side (traced once per tile configuration)
     @cute.jit
-    def __call__(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, stream: cuda.CUstream):
-        self._launch(a, w, c, c, c, stream)  # no scales: c stands in for them (never read)
+    def __call__(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, ctas: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, w, c, c, c, ctas, stream)  # no scales: c stands in for them (never read)
 
     @cute.jit
     def _launch(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor, scale_w: cute.Tensor,
-                stream: cuda.CUstream):
+                ctas: cutlass.Int32, stream: cuda.CUstream):
         """The host-side body of ``__call__`` (traced inside it): layouts, TMA atoms, the launch."""
         cfg = self.cfg
         ab_t = self.operand_type()
@@ -146,6 +150,11 @@ class Sm90BF16Gemm:
             sw: cute.struct.Align[cute.struct.MemRange[ab_t, cute.cosize(w_ring)], SMEM_ALIGN]
             sc: cute.struct.Align[cute.struct.MemRange[c_t, cute.cosize(c_ring)], SMEM_ALIGN]
 
+        # a tile's epilogue chunks start again at staging slot 0: the slots must come round exactly once a tile
+        chunks = (cfg.tile_m // cute.size(epi_tile[0])) * (cfg.tile_n // cute.size(epi_tile[1]))
+        if cutlass.const_expr(chunks % cfg.epi_stages != 0):
+            raise ValueError(f"epi_stages={cfg.epi_stages} must divide a tile's {chunks} epilogue chunks")
+
         self.smem_struct = Smem
         self.stage_bytes = stage_bytes
         self.epi_tile = epi_tile
@@ -153,7 +162,7 @@ class Sm90BF16Gemm:
         m_tiles = (c.shape[0] + cfg.tile_m - 1) // cfg.tile_m
         n_tiles = (c.shape[1] + cfg.tile_n - 1) // cfg.tile_n
         self.device(load_a, tma_a, load_w, tma_w, store_c, tma_c, mma, a_ring, w_ring, c_ring, scale_a, scale_w).launch(
-            grid=(m_tiles * n_tiles, 1, 1), block=(self.threads, 1, 1), stream=stream)
+            grid=(cutlass.min(m_tiles * n_tiles, ctas), 1, 1), block=(self.threads, 1, 1), stream=stream)
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
@@ -164,6 +173,7 @@ class Sm90BF16Gemm:
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
+        ctas, _, _ = cute.arch.grid_dim()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // WARP_GROUP)
 
@@ -172,16 +182,9 @@ class Sm90BF16Gemm:
             cpasync.prefetch_descriptor(load_w)
             cpasync.prefetch_descriptor(store_c)
 
-        # ---- which output tile: grouped rasterisation over (m_tiles x n_tiles)
         n_tiles = (tma_c.shape[1] + cfg.tile_n - 1) // cfg.tile_n
         m_tiles = (tma_c.shape[0] + cfg.tile_m - 1) // cfg.tile_m
-        per_group = cfg.group_m * n_tiles
-        group = bid // per_group
-        first_m = group * cfg.group_m
-        rows_here = cutlass.min(m_tiles - first_m, cfg.group_m)
-        in_group = bid - group * per_group
-        tile_m_idx = first_m + in_group % rows_here
-        tile_n_idx = in_group // rows_here
+        tiles = m_tiles * n_tiles
 
         # ---- shared memory and the load ring's barriers
         smem = utils.SmemAllocator().allocate(self.smem_struct)
@@ -198,147 +201,52 @@ class Sm90BF16Gemm:
         sw = smem.sw.get_tensor(w_ring.outer, swizzle=w_ring.inner)
         sc = smem.sc.get_tensor(c_ring.outer, swizzle=c_ring.inner)
 
-        # ---- this tile's slices of the global (TMA coordinate) tensors
-        coord = (tile_m_idx, tile_n_idx, None)
-        ga = cute.local_tile(tma_a, self.tile, coord, proj=(1, None, 1))   # (tm, tk, k_tiles)
-        gw = cute.local_tile(tma_w, self.tile, coord, proj=(None, 1, 1))   # (tn, tk, k_tiles)
-        gc = cute.local_tile(tma_c, self.tile, coord, proj=(1, 1, None))   # (tm, tn)
-        k_tiles = cute.size(ga, mode=[2])
+        # ---- the global (TMA coordinate) tensors cut into tiles; a tile's coordinates pick one below
+        ga = cute.local_tile(tma_a, self.tile, (None, None, None), proj=(1, None, 1))   # (tm, tk, m_tiles, k_tiles)
+        gw = cute.local_tile(tma_w, self.tile, (None, None, None), proj=(None, 1, 1))   # (tn, tk, n_tiles, k_tiles)
+        gc = cute.local_tile(tma_c, self.tile, (None, None, None), proj=(1, 1, None))   # (tm, tn, m_tiles, n_tiles)
+        k_tiles = cute.size(ga, mode=[3])
 
         if wg == 0:
-            # ================= loader warp group
-            cute.arch.setmaxregister_decrease(LOADER_REGS)
+            # ================= loader warp group: every k-slice of every tile of this CTA, in order
+            cute.arch.setmaxregister_decrease(self.REGS[0])
             if warp == 0:
                 a_dst, a_src = cpasync.tma_partition(
                     load_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2), cute.group_modes(ga, 0, 2))
                 w_dst, w_src = cpasync.tma_partition(
                     load_w, 0, cute.make_layout(1), cute.group_modes(sw, 0, 2), cute.group_modes(gw, 0, 2))
                 put = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-                for _ in cutlass.range(k_tiles, unroll=1):
-                    ring.producer_acquire(put)
-                    full = ring.producer_get_barrier(put)
-                    cute.copy(load_a, a_src[(None, put.count)], a_dst[(None, put.index)], tma_bar_ptr=full)
-                    cute.copy(load_w, w_src[(None, put.count)], w_dst[(None, put.index)], tma_bar_ptr=full)
-                    ring.producer_commit(put)
-                    put.advance()
+                for t in cutlass.range(bid, tiles, ctas, unroll=1):
+                    tile_m_idx, tile_n_idx = self._tile_coords(t, m_tiles, n_tiles)
+                    for kt in cutlass.range(k_tiles, unroll=1):
+                        ring.producer_acquire(put)
+                        full = ring.producer_get_barrier(put)
+                        cute.copy(load_a, a_src[(None, tile_m_idx, kt)], a_dst[(None, put.index)], tma_bar_ptr=full)
+                        cute.copy(load_w, w_src[(None, tile_n_idx, kt)], w_dst[(None, put.index)], tma_bar_ptr=full)
+                        ring.producer_commit(put)
+                        put.advance()
                 ring.producer_tail(put)
         else:
-            # ================= math warp groups
-            cute.arch.setmaxregister_increase(MATH_REGS)
+            # ================= math warp groups: one tile at a time, the epilogue of each before the next
+            cute.arch.setmaxregister_increase(self.REGS[1])
             mtid = tidx - WARP_GROUP
             my_mma = mma.get_slice((wg - 1) * WARP_GROUP)
             frag_a = mma.make_fragment_A(my_mma.partition_A(sa))
             frag_w = mma.make_fragment_B(my_mma.partition_B(sw))
-            acc = cute.make_rmem_tensor(my_mma.partition_C(gc).shape, cutlass.Float32)
-            acc.fill(0.0)
-            mma.set(warpgroup.Field.ACCUMULATE, True)
+            one_c = gc[(None, None, 0, 0)]
+            acc = cute.make_rmem_tensor(my_mma.partition_C(one_c).shape, cutlass.Float32)
             k_blocks = cute.size(frag_a, mode=[2])
+            coords = mma.get_slice(mtid).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+            m_last = tma_c.shape[0] - 1
+            n_last = tma_c.shape[1] - 1
 
+            if cutlass.const_expr(self.BLOCK_SCALED):
+                parts = (cute.make_rmem_tensor(acc.shape, cutlass.Float32),
+                         cute.make_rmem_tensor(acc.shape, cutlass.Float32))
             take = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             give = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
 
-            if cutlass.const_expr(self.BLOCK_SCALED):
-                # one k-slice is one 128-wide scale block: its WGMMAs start a fresh fp32 partial product, which is
-                # then promoted, acc += part * (sa[row, kt] * sw[n block, kt]).
-                parts = (cute.make_rmem_tensor(acc.shape, cutlass.Float32),
-                         cute.make_rmem_tensor(acc.shape, cutlass.Float32))
-                coords = mma.get_slice(mtid).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
-                m_last = tma_c.shape[0] - 1
-                # the two rows of this thread's accumulators (_promote); rows past M read row M - 1's scales
-                # (never stored)
-                row_lo = cutlass.min(tile_m_idx * cfg.tile_m + coords[0][0], m_last)
-                row_hi = cutlass.min(tile_m_idx * cfg.tile_m + coords[2][0], m_last)
-                n_blk = cutlass.min(tile_n_idx * cfg.tile_n // SCALE_BLOCK, scale_w.shape[0] - 1)
-
-                # two partial products in turn: slice kt + 1's WGMMAs run while slice kt is promoted; each
-                # slice's scales are loaded when its WGMMAs are issued, a slice before they are used
-                lo0 = scale_a[row_lo, 0]
-                hi0 = scale_a[row_hi, 0]
-                w0 = scale_w[n_blk, 0]
-                ring.consumer_wait(take)
-                mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
-                take.advance()
-                lo1, hi1, w1 = lo0, hi0, w0
-                for j in cutlass.range((k_tiles - 1) // 2, unroll=1):
-                    lo1 = scale_a[row_lo, 2 * j + 1]
-                    hi1 = scale_a[row_hi, 2 * j + 1]
-                    w1 = scale_w[n_blk, 2 * j + 1]
-                    ring.consumer_wait(take)
-                    mma = _issue(mma, parts[1], frag_a, frag_w, take.index)
-                    take.advance()
-                    warpgroup.wait_group(1)
-                    ring.consumer_release(give)
-                    give.advance()
-                    _promote(acc, parts[0], lo0, hi0, w0)
-                    lo0 = scale_a[row_lo, 2 * j + 2]
-                    hi0 = scale_a[row_hi, 2 * j + 2]
-                    w0 = scale_w[n_blk, 2 * j + 2]
-                    ring.consumer_wait(take)
-                    mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
-                    take.advance()
-                    warpgroup.wait_group(1)
-                    ring.consumer_release(give)
-                    give.advance()
-                    _promote(acc, parts[1], lo1, hi1, w1)
-                if (k_tiles - 1) % 2 == 1:
-                    lo1 = scale_a[row_lo, k_tiles - 1]
-                    hi1 = scale_a[row_hi, k_tiles - 1]
-                    w1 = scale_w[n_blk, k_tiles - 1]
-                    ring.consumer_wait(take)
-                    mma = _issue(mma, parts[1], frag_a, frag_w, take.index)
-                    take.advance()
-                    warpgroup.wait_group(1)
-                    ring.consumer_release(give)
-                    give.advance()
-                    _promote(acc, parts[0], lo0, hi0, w0)
-                    warpgroup.wait_group(0)
-                    ring.consumer_release(give)
-                    give.advance()
-                    _promote(acc, parts[1], lo1, hi1, w1)
-                else:
-                    warpgroup.wait_group(0)
-                    ring.consumer_release(give)
-                    give.advance()
-                    _promote(acc, parts[0], lo0, hi0, w0)
-            else:
-                # the first k-slice has no predecessor to hand back
-                ring.consumer_wait(take)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(k_blocks):
-                    cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
-                              frag_w[(None, None, kb, take.index)], acc)
-                warpgroup.commit_group()
-                take.advance()
-
-                for _ in cutlass.range(1, k_tiles, unroll=1):
-                    ring.consumer_wait(take)
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
-                                  frag_w[(None, None, kb, take.index)], acc)
-                    warpgroup.commit_group()
-                    # at most this slice's WGMMAs still run: the previous slice's buffers are free
-                    warpgroup.wait_group(1)
-                    ring.consumer_release(give)
-                    give.advance()
-                    take.advance()
-                warpgroup.wait_group(0)
-                ring.consumer_release(give)
-
-            if cutlass.const_expr(self.SCALED):
-                # acc *= sa[row] * sw[col]; coordinates of this thread's accumulators within the tile
-                coords = mma.get_slice(mtid).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
-                m0 = tile_m_idx * cfg.tile_m
-                n0 = tile_n_idx * cfg.tile_n
-                m_last = tma_c.shape[0] - 1
-                n_last = tma_c.shape[1] - 1
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    crd = coords[i]
-                    row = cutlass.min(m0 + crd[0], m_last)
-                    col = cutlass.min(n0 + crd[1], n_last)
-                    acc[i] = acc[i] * (scale_a[row] * scale_w[col])
-
-            # ---- epilogue: fp32 accumulators -> bf16 -> staging ring (stmatrix) -> global (TMA store)
+            # ---- the epilogue's fixed parts: fp32 accumulators -> bf16 -> staging ring (stmatrix) -> global (TMA)
             c_major = utils.LayoutEnum.ROW_MAJOR
             r2s = cute.make_tiled_copy_S(
                 sm90.sm90_get_smem_store_op(c_major, elem_ty_d=cutlass.BFloat16, elem_ty_acc=cutlass.Float32),
@@ -347,39 +255,152 @@ class Sm90BF16Gemm:
             my_r2s = r2s.get_slice(mtid)
             stage_dst = my_r2s.partition_D(sc)                  # (R2S, R2S_M, R2S_N, epi_stage)
             acc_view = r2s.retile(acc)
+            crd_view = r2s.retile(coords)  # each accumulator's (row, column) in the tile, in acc_view's order
             chunk_shape = cute.shape(my_r2s.partition_S(sc))[:3]
             chunk_f32 = cute.make_rmem_tensor(chunk_shape, cutlass.Float32)
             chunk_bf16 = cute.make_rmem_tensor(chunk_shape, cutlass.BFloat16)
             chunk_len = cute.size(chunk_f32)
-
-            gc_chunks = cute.zipped_divide(gc, self.epi_tile)
-            c_src, c_dst = cpasync.tma_partition(
-                store_c, 0, cute.make_layout(1), cute.group_modes(sc, 0, 2), gc_chunks)
-            chunk_grid = gc_chunks.shape[1]
+            one_chunks = cute.zipped_divide(one_c, self.epi_tile)
+            chunk_grid = one_chunks.shape[1]
             chunk_order = cute.make_layout(chunk_grid, stride=(chunk_grid[1], 1))
-            n_chunks = cute.size(gc_chunks, mode=[1])
-
+            n_chunks = cute.size(one_chunks, mode=[1])
             math_sync = pipeline.NamedBarrier(barrier_id=EPI_BARRIER_ID, num_threads=self.math_threads)
             stores = pipeline.PipelineTmaStore.create(
                 num_stages=cfg.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.math_threads))
             storer = warp == WARP_GROUP // 32  # first warp of the first math warp group
-            for ci in cutlass.range_constexpr(n_chunks):
-                for v in cutlass.range_constexpr(chunk_len):
-                    chunk_f32[v] = acc_view[ci * chunk_len + v]
-                chunk_bf16.store(chunk_f32.load().to(cutlass.BFloat16))
-                slot = ci % cfg.epi_stages
-                cute.copy(r2s, chunk_bf16, stage_dst[(None, None, None, slot)])
-                # make the generic-proxy smem writes visible to the TMA (async proxy), then gather the threads
-                cute.arch.fence_proxy("async.shared", space="cta")
-                math_sync.arrive_and_wait()
-                if storer:
-                    cute.copy(store_c, c_src[(None, slot)], c_dst[(None, chunk_order.get_hier_coord(ci))])
-                    stores.producer_commit()
-                    stores.producer_acquire()   # the slot reused next is free again
-                math_sync.arrive_and_wait()
+
+            for t in cutlass.range(bid, tiles, ctas, unroll=1):
+                tile_m_idx, tile_n_idx = self._tile_coords(t, m_tiles, n_tiles)
+                acc.fill(0.0)
+                if cutlass.const_expr(self.BLOCK_SCALED):
+                    # one k-slice is one 128-wide scale block: its WGMMAs start a fresh fp32 partial product
+                    # (parts), which is then promoted, acc += part * (sa[row, kt] * sw[n block, kt]).
+                    # the two rows of this thread's accumulators (_promote); rows past M read row M - 1's scales
+                    # (never stored)
+                    row_lo = cutlass.min(tile_m_idx * cfg.tile_m + coords[0][0], m_last)
+                    row_hi = cutlass.min(tile_m_idx * cfg.tile_m + coords[2][0], m_last)
+                    n_blk = cutlass.min(tile_n_idx * cfg.tile_n // SCALE_BLOCK, scale_w.shape[0] - 1)
+
+                    # two partial products in turn: slice kt + 1's WGMMAs run while slice kt is promoted; each
+                    # slice's scales are loaded when its WGMMAs are issued, a slice before they are used
+                    lo0 = scale_a[row_lo, 0]
+                    hi0 = scale_a[row_hi, 0]
+                    w0 = scale_w[n_blk, 0]
+                    ring.consumer_wait(take)
+                    mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
+                    take.advance()
+                    lo1, hi1, w1 = lo0, hi0, w0
+                    for j in cutlass.range((k_tiles - 1) // 2, unroll=1):
+                        lo1 = scale_a[row_lo, 2 * j + 1]
+                        hi1 = scale_a[row_hi, 2 * j + 1]
+                        w1 = scale_w[n_blk, 2 * j + 1]
+                        ring.consumer_wait(take)
+                        mma = _issue(mma, parts[1], frag_a, frag_w, take.index)
+                        take.advance()
+                        warpgroup.wait_group(1)
+                        ring.consumer_release(give)
+                        give.advance()
+                        _promote(acc, parts[0], lo0, hi0, w0)
+                        lo0 = scale_a[row_lo, 2 * j + 2]
+                        hi0 = scale_a[row_hi, 2 * j + 2]
+                        w0 = scale_w[n_blk, 2 * j + 2]
+                        ring.consumer_wait(take)
+                        mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
+                        take.advance()
+                        warpgroup.wait_group(1)
+                        ring.consumer_release(give)
+                        give.advance()
+                        _promote(acc, parts[1], lo1, hi1, w1)
+                    if (k_tiles - 1) % 2 == 1:
+                        lo1 = scale_a[row_lo, k_tiles - 1]
+                        hi1 = scale_a[row_hi, k_tiles - 1]
+                        w1 = scale_w[n_blk, k_tiles - 1]
+                        ring.consumer_wait(take)
+                        mma = _issue(mma, parts[1], frag_a, frag_w, take.index)
+                        take.advance()
+                        warpgroup.wait_group(1)
+                        ring.consumer_release(give)
+                        give.advance()
+                        _promote(acc, parts[0], lo0, hi0, w0)
+                        warpgroup.wait_group(0)
+                        ring.consumer_release(give)
+                        give.advance()
+                        _promote(acc, parts[1], lo1, hi1, w1)
+                    else:
+                        warpgroup.wait_group(0)
+                        ring.consumer_release(give)
+                        give.advance()
+                        _promote(acc, parts[0], lo0, hi0, w0)
+                else:
+                    # accumulate into the zeroed tile (the TiledMma's ACCUMULATE field starts cleared); the tile's
+                    # first k-slice has no predecessor to hand back
+                    mma.set(warpgroup.Field.ACCUMULATE, True)
+                    ring.consumer_wait(take)
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
+                                  frag_w[(None, None, kb, take.index)], acc)
+                    warpgroup.commit_group()
+                    take.advance()
+
+                    for _ in cutlass.range(1, k_tiles, unroll=1):
+                        ring.consumer_wait(take)
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
+                                      frag_w[(None, None, kb, take.index)], acc)
+                        warpgroup.commit_group()
+                        # at most this slice's WGMMAs still run: the previous slice's buffers are free
+                        warpgroup.wait_group(1)
+                        ring.consumer_release(give)
+                        give.advance()
+                        take.advance()
+                    warpgroup.wait_group(0)
+                    ring.consumer_release(give)
+                    give.advance()
+
+                # ---- epilogue of this tile (the loader is already filling the ring with the next tile's slices)
+                gc_chunks = cute.zipped_divide(gc[(None, None, tile_m_idx, tile_n_idx)], self.epi_tile)
+                c_src, c_dst = cpasync.tma_partition(
+                    store_c, 0, cute.make_layout(1), cute.group_modes(sc, 0, 2), gc_chunks)
+                if cutlass.const_expr(self.SCALED):
+                    # the FP8 kernel's scales, acc * sa[row] * sw[col], applied chunk by chunk (a few scale loads
+                    # live at a time); rows / columns clamped to M - 1 / N - 1, never stored past them
+                    m0 = tile_m_idx * cfg.tile_m
+                    n0 = tile_n_idx * cfg.tile_n
+                for ci in cutlass.range_constexpr(n_chunks):
+                    for v in cutlass.range_constexpr(chunk_len):
+                        if cutlass.const_expr(self.SCALED):
+                            crd = crd_view[ci * chunk_len + v]
+                            row = cutlass.min(m0 + crd[0], m_last)
+                            col = cutlass.min(n0 + crd[1], n_last)
+                            chunk_f32[v] = acc_view[ci * chunk_len + v] * (scale_a[row] * scale_w[col])
+                        else:
+                            chunk_f32[v] = acc_view[ci * chunk_len + v]
+                    chunk_bf16.store(chunk_f32.load().to(cutlass.BFloat16))
+                    slot = ci % cfg.epi_stages
+                    cute.copy(r2s, chunk_bf16, stage_dst[(None, None, None, slot)])
+                    # make the generic-proxy smem writes visible to the TMA (async proxy), then gather the threads
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    math_sync.arrive_and_wait()
+                    if storer:
+                        cute.copy(store_c, c_src[(None, slot)], c_dst[(None, chunk_order.get_hier_coord(ci))])
+                        stores.producer_commit()
+                        stores.producer_acquire()   # the slot reused next (this tile's or the next one's) is free
+                    math_sync.arrive_and_wait()
             if storer:
                 stores.producer_tail()
+
+    def _tile_coords(self, t, m_tiles, n_tiles):
+        """Output tile ``t`` -> (tile row, tile column), visited in groups of ``group_m`` tile rows: all tile
+        columns of a group before the next group, so a wave's A rows and W columns stay in L2 (traced inline)."""
+        per_group = self.cfg.group_m * n_tiles
+        group = t // per_group
+        first_m = group * self.cfg.group_m
+        rows_here = cutlass.min(m_tiles - first_m, self.cfg.group_m)
+        in_group = t - group * per_group
+        return first_m + in_group % rows_here, in_group // rows_here
 
 
 class Sm90FP8Gemm(Sm90BF16Gemm):
@@ -395,8 +416,8 @@ class Sm90FP8Gemm(Sm90BF16Gemm):
 
     @cute.jit
     def __call__(self, a: cute.Tensor, w: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor, scale_w: cute.Tensor,
-                 stream: cuda.CUstream):
-        self._launch(a, w, c, scale_a, scale_w, stream)
+                 ctas: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, w, c, scale_a, scale_w, ctas, stream)
 
 
 class Sm90FP8BlockGemm(Sm90FP8Gemm):
@@ -412,6 +433,9 @@ class Sm90FP8BlockGemm(Sm90FP8Gemm):
 
     SCALED = False
     BLOCK_SCALED = True
+    # H100, persistent: t128x128 0.93-1.03x of one CTA per tile with 24 + 2 x 240, 0.87-0.96x with 40 + 2 x 232
+    # (BENCHMARKS.md, session 30)
+    REGS = (24, 240)
 
     def __init__(self, **config):
         super().__init__(**config)

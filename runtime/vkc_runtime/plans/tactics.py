@@ -52,10 +52,10 @@ class Tactic:
 
 
 def _sm90_bf16(i: int, tile_n: int, stages: int) -> Tactic:
-    # tile_k 64 (one 128-byte swizzle row of bf16), no cluster, one output tile per CTA (not persistent),
-    # no split-K: kernels_src/gemm/sm90_wgmma.py
+    # tile_k 64 (one 128-byte swizzle row of bf16), no cluster, persistent (one CTA per SM walks its output
+    # tiles), no split-K: kernels_src/gemm/sm90_wgmma.py
     return Tactic(id=i, base=f"gemm.bf16.t128x{tile_n}", runner=RUNNER_BF16, tile_m=128, tile_n=tile_n, tile_k=64,
-                  cluster_m=1, cluster_n=1, stages=stages, epi_stages=2, group_m=8, persistent=False, split_k=1,
+                  cluster_m=1, cluster_n=1, stages=stages, epi_stages=2, group_m=8, persistent=True, split_k=1,
                   dtype="bf16", acc_dtype="fp32", out_dtype="bf16", layout=LAYOUT_TN)
 
 
