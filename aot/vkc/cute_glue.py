@@ -18,9 +18,9 @@ a negative scale step or one whose last element, (m - 1) * sa_step or (n - 1) * 
 [m, kb] / sw [nb, kb] (kb = ceil(k / 128), nb = ceil(n / 128)): null or not 4-byte aligned pointers, a row stride
 below kb (unless the matrix has one row) or at 2^31 or more, an element span ((rows - 1) * ld + kb) above 2^31 - 1.
 Before
-``vkc_cute_load`` succeeded, or with no current context, it returns CUDA_ERROR_NOT_INITIALIZED (3). Each launcher
-passes the kernel its grid cap, the current device's SM count (the sm_90a GEMMs are persistent: one CTA per SM). The runtime op checks the same rules
-first and raises a Python error naming the argument; these are the last line.
+``vkc_cute_load`` succeeded, or with no current context, it returns CUDA_ERROR_NOT_INITIALIZED (3). The runtime op
+checks the same rules first and raises a Python error naming the argument; these are the last line. Each launcher
+passes the kernel its grid cap, the current device's SM count (the sm_90a GEMMs are persistent: one CTA per SM).
 """
 from __future__ import annotations
 

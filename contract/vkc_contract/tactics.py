@@ -23,7 +23,7 @@ ABI_FACTS: dict[str, dict[str, Any]] = {
                   "layout": "x_mk.w_nk"},
 }
 CLASS_FACTS: dict[str, dict[str, Any]] = {
-    # kernels_src/gemm/sm90_wgmma.py: k tile 64, no cluster, one output tile per CTA, no split-K
+    # kernels_src/gemm/sm90_wgmma.py: k tile 64, no cluster, persistent (one CTA per SM walks its tiles), no split-K
     "Sm90BF16Gemm": {"tile_k": 64, "cluster_m": 1, "cluster_n": 1, "persistent": True, "split_k": 1},
 }
 CONFIG_KEYS = ("tile_m", "tile_n", "stages", "epi_stages", "group_m")

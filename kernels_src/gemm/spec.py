@@ -6,8 +6,9 @@ launcher (C signatures ``vkc.cute_spec.ABIS["gemm_bf16"]`` and ``["gemm_fp8"]``:
 fp32 scale vectors with element steps, per tensor = step 0). ``vkc_runtime.ops.gemm`` picks the tile per call (its
 docstring states the rule) and names the bases with the same ``<type>.t<tile_m>x<tile_n>`` spelling.
 
-Tiles (sm_90a WGMMA, 128-row tiles: two math warp groups of 64 rows each; persistent kernels: the launcher caps the grid
-at the device's SM count, and each CTA walks its tiles while its loader already fetches the next tile's slices):
+Tiles (sm_90a WGMMA, 128-row tiles: two math warp groups of 64 rows each; persistent kernels: the launcher caps
+the grid at the device's SM count, and each CTA walks its tiles while its loader already fetches the next tile's
+slices):
 
 * 128x256, 4 stages: the most MMA work per byte of shared-memory traffic, the large-shape workhorse;
 * 128x128, 6 stages: quantises better when few 128x256 tiles would fill the last wave (e.g. M = 2048, N = 5120);
