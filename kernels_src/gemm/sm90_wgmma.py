@@ -71,6 +71,15 @@ def _issue(mma, part, frag_a, frag_w, stage):
     return mma
 
 
+def _accumulate(mma, acc, frag_a, frag_w, stage):
+    """The WGMMAs of one k-slice (shared-memory stage ``stage``) accumulated into ``acc`` (ACCUMULATE set), committed
+    as one group (bf16 / FP8; traced inline)."""
+    warpgroup.fence()
+    for kb in range(cute.size(frag_a, mode=[2])):  # a plain (trace-time) loop: this helper is not preprocessed
+        cute.gemm(mma, acc, frag_a[(None, None, kb, stage)], frag_w[(None, None, kb, stage)], acc)
+    warpgroup.commit_group()
+
+
 def _promote(acc, part, a_lo, a_hi, s_w):
     """acc += part * (sa * sw): a thread's accumulators lie on two rows, 8 apart (the WGMMA f32 accumulator layout:
     value i is on the second row when bit 1 of i is set), with activation scales a_lo / a_hi."""
@@ -78,6 +87,31 @@ def _promote(acc, part, a_lo, a_hi, s_w):
     s_hi = a_hi * s_w
     for i in range(cute.size(acc)):
         acc[i] = acc[i] + part[i] * (s_hi if (i // 2) % 2 else s_lo)
+
+
+def _block_slice(ring, take, give, mma, part_new, part_done, acc, frag_a, frag_w, a_lo, a_hi, s_w):
+    """One k-slice of the block-scaled loop (traced inline): wait for stage ``take``, issue its WGMMAs into
+    ``part_new``, wait until only they still run, hand the previous slice's stage back and promote that slice's
+    ``part_done``. Returns the advanced pipeline states and ``mma`` for the caller to rebind (the loop carries
+    them)."""
+    ring.consumer_wait(take)
+    mma = _issue(mma, part_new, frag_a, frag_w, take.index)
+    take.advance()
+    warpgroup.wait_group(1)
+    ring.consumer_release(give)
+    give.advance()
+    _promote(acc, part_done, a_lo, a_hi, s_w)
+    return take, give, mma
+
+
+def _block_last(ring, give, acc, part, a_lo, a_hi, s_w):
+    """The block-scaled loop's drain (traced inline): wait for the last slice, hand its stage back, promote it.
+    Returns the advanced release state."""
+    warpgroup.wait_group(0)
+    ring.consumer_release(give)
+    give.advance()
+    _promote(acc, part, a_lo, a_hi, s_w)
+    return give
 
 
 class Sm90BF16Gemm:
@@ -235,7 +269,6 @@ class Sm90BF16Gemm:
             frag_w = mma.make_fragment_B(my_mma.partition_B(sw))
             one_c = gc[(None, None, 0, 0)]
             acc = cute.make_rmem_tensor(my_mma.partition_C(one_c).shape, cutlass.Float32)
-            k_blocks = cute.size(frag_a, mode=[2])
             coords = mma.get_slice(mtid).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
             m_last = tma_c.shape[0] - 1
             n_last = tma_c.shape[1] - 1
@@ -295,62 +328,33 @@ class Sm90BF16Gemm:
                         lo1 = scale_a[row_lo, 2 * j + 1]
                         hi1 = scale_a[row_hi, 2 * j + 1]
                         w1 = scale_w[n_blk, 2 * j + 1]
-                        ring.consumer_wait(take)
-                        mma = _issue(mma, parts[1], frag_a, frag_w, take.index)
-                        take.advance()
-                        warpgroup.wait_group(1)
-                        ring.consumer_release(give)
-                        give.advance()
-                        _promote(acc, parts[0], lo0, hi0, w0)
+                        take, give, mma = _block_slice(ring, take, give, mma, parts[1], parts[0], acc, frag_a,
+                                                       frag_w, lo0, hi0, w0)
                         lo0 = scale_a[row_lo, 2 * j + 2]
                         hi0 = scale_a[row_hi, 2 * j + 2]
                         w0 = scale_w[n_blk, 2 * j + 2]
-                        ring.consumer_wait(take)
-                        mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
-                        take.advance()
-                        warpgroup.wait_group(1)
-                        ring.consumer_release(give)
-                        give.advance()
-                        _promote(acc, parts[1], lo1, hi1, w1)
+                        take, give, mma = _block_slice(ring, take, give, mma, parts[0], parts[1], acc, frag_a,
+                                                       frag_w, lo1, hi1, w1)
                     if (k_tiles - 1) % 2 == 1:
                         lo1 = scale_a[row_lo, k_tiles - 1]
                         hi1 = scale_a[row_hi, k_tiles - 1]
                         w1 = scale_w[n_blk, k_tiles - 1]
-                        ring.consumer_wait(take)
-                        mma = _issue(mma, parts[1], frag_a, frag_w, take.index)
-                        take.advance()
-                        warpgroup.wait_group(1)
-                        ring.consumer_release(give)
-                        give.advance()
-                        _promote(acc, parts[0], lo0, hi0, w0)
-                        warpgroup.wait_group(0)
-                        ring.consumer_release(give)
-                        give.advance()
-                        _promote(acc, parts[1], lo1, hi1, w1)
+                        take, give, mma = _block_slice(ring, take, give, mma, parts[1], parts[0], acc, frag_a,
+                                                       frag_w, lo0, hi0, w0)
+                        give = _block_last(ring, give, acc, parts[1], lo1, hi1, w1)
                     else:
-                        warpgroup.wait_group(0)
-                        ring.consumer_release(give)
-                        give.advance()
-                        _promote(acc, parts[0], lo0, hi0, w0)
+                        give = _block_last(ring, give, acc, parts[0], lo0, hi0, w0)
                 else:
                     # accumulate into the zeroed tile (the TiledMma's ACCUMULATE field starts cleared); the tile's
                     # first k-slice has no predecessor to hand back
                     mma.set(warpgroup.Field.ACCUMULATE, True)
                     ring.consumer_wait(take)
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
-                                  frag_w[(None, None, kb, take.index)], acc)
-                    warpgroup.commit_group()
+                    _accumulate(mma, acc, frag_a, frag_w, take.index)
                     take.advance()
 
                     for _ in cutlass.range(1, k_tiles, unroll=1):
                         ring.consumer_wait(take)
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(k_blocks):
-                            cute.gemm(mma, acc, frag_a[(None, None, kb, take.index)],
-                                      frag_w[(None, None, kb, take.index)], acc)
-                        warpgroup.commit_group()
+                        _accumulate(mma, acc, frag_a, frag_w, take.index)
                         # at most this slice's WGMMAs still run: the previous slice's buffers are free
                         warpgroup.wait_group(1)
                         ring.consumer_release(give)
