@@ -46,10 +46,12 @@ def variants(kind):
     for t in G.TILES[kind]:
         if has_kernel(G.gemm_base(kind, *t)):
             out.append((f"triton_t{t[0]}x{t[1]}", "triton", (G, "pick_tile", lambda m, n, s, tiles=None, t_=t: t_)))
-    cute_tiles = (G._cute.TILES if G._cute_available() else ()) if kind == "scaled" else (
-        G._cute.FP8_BLOCK_TILES if G._cute.has_fp8_block() else ())
-    for tn in cute_tiles:
-        out.append((f"cute_t128x{tn}", "cute", (G._cute, "pick_tile", lambda m, n, s, tiles=None, t_=tn: t_)))
+    if kind == "scaled":
+        for tn in (G._cute.TILES if G._cute_available() else ()):
+            out.append((f"cute_t128x{tn}", "cute", (G._cute, "pick_tile", lambda m, n, s, tiles=None, t_=tn: t_)))
+    else:
+        for t in (G._cute.FP8_BLOCK_TILES if G._cute.has_fp8_block() else ()):
+            out.append((f"cute_t{t[0]}x{t[1]}", "cute", (G._cute, "pick_block_tile", lambda m, n, s, t_=t: t_)))
     return out
 
 

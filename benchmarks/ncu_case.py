@@ -11,9 +11,10 @@ usage: python benchmarks/ncu_case.py gdn <T> <hk> <hv>      (chunked GDN prefill
        python benchmarks/ncu_case.py moe <M> [decode|grouped] [nvfp4|nvfp4_mma|fp8]  (the 35B-A3B MoE block,
                                      sparse_moe_block on M tokens, random weights: ~1.6 GB, no engine; the path the
                                      rule takes unless named; nvfp4 / fp8: the experts quantized, bench_moe's)
-       python benchmarks/ncu_case.py gemm_fp8 <tensor|block> <M> <N> <K> [tile_n]
+       python benchmarks/ncu_case.py gemm_fp8 <tensor|block> <M> <N> <K> [tile]
                                      (the FP8 GEMM on the CuTe lane, random e4m3 operands and bench_gemm_fp8's
-                                     scales; tile_n forces the CuTe tile 128 x tile_n, else the op's rule)
+                                     scales; tile "N" or "MxN" forces the CuTe tile 128 x N / M x N, else the
+                                     op's rule)
 """
 from __future__ import annotations
 
@@ -69,16 +70,21 @@ def _moe_block(M: int, path, kind=None):
     return call
 
 
-def _gemm_fp8(kind: str, M: int, N: int, K: int, tile_n: int | None):
-    """One CuTe-lane FP8 GEMM: per-tensor scales (``tensor``) or 128 x 128 weight blocks (``block``)."""
+def _gemm_fp8(kind: str, M: int, N: int, K: int, tile: str | None):
+    """One CuTe-lane FP8 GEMM: per-tensor scales (``tensor``) or 128 x 128 weight blocks (``block``); ``tile``
+    ("128" or "192x128") forces the kernel's tile."""
     from vkc_runtime.ops import gemm_fp8 as G
     f8 = torch.float8_e4m3fn
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(M, K, device="cuda", generator=g) * 16).clamp(-448, 448).to(f8)
     w = (torch.randn(N, K, device="cuda", generator=g) * 16).clamp(-448, 448).to(f8)
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-    if tile_n is not None:
-        G._cute.pick_tile = lambda m, n, s, tiles=None: tile_n
+    if tile is not None:
+        tm, _, tn = tile.rpartition("x")
+        if kind == "block":
+            G._cute.pick_block_tile = lambda m, n, s: (int(tm or 128), int(tn))
+        else:
+            G._cute.pick_tile = lambda m, n, s, tiles=None: int(tn)
     if kind == "block":
         xs = torch.rand(M, -(-K // 128), device="cuda", generator=g) + 0.5
         ws = torch.rand(-(-N // 128), -(-K // 128), device="cuda", generator=g) * 1e-3 + 1e-3
@@ -106,7 +112,7 @@ def main(argv):
         kind = argv[-1] if argv[-1] in ("nvfp4", "nvfp4_mma", "fp8") else None
         call = _moe_block(int(argv[1]), path, kind)
     elif what == "gemm_fp8":
-        call = _gemm_fp8(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), int(argv[5]) if len(argv) > 5 else None)
+        call = _gemm_fp8(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), argv[5] if len(argv) > 5 else None)
     elif what == "engine":
         call = _engine_step(argv[1], int(argv[2]), graphs=len(argv) > 3 and argv[3] == "graph")
     else:

@@ -47,10 +47,10 @@ def _dsl() -> str | None:
 def test_specs_and_symbols():
     assert [s.base for s in SPECS] == ["gemm.bf16.t128x256", "gemm.bf16.t128x128", "gemm.bf16.t128x64",
                                        "gemm.fp8.t128x256", "gemm.fp8.t128x128", "gemm.fp8.t128x64",
-                                       "gemm.fp8_block.t128x128", "gemm.fp8_block.t128x64"]
-    assert [s.abi for s in SPECS] == ["gemm_bf16"] * 3 + ["gemm_fp8"] * 3 + ["gemm_fp8_block"] * 2
+                                       "gemm.fp8_block.t192x128", "gemm.fp8_block.t128x128", "gemm.fp8_block.t128x64"]
+    assert [s.abi for s in SPECS] == ["gemm_bf16"] * 3 + ["gemm_fp8"] * 3 + ["gemm_fp8_block"] * 3
     assert SPECS[0].symbol == "vkc_cute_gemm_bf16_t128x256" and FP8.symbol == "vkc_cute_gemm_fp8_t128x256"
-    assert BLOCK.symbol == "vkc_cute_gemm_fp8_block_t128x128"
+    assert BLOCK.symbol == "vkc_cute_gemm_fp8_block_t192x128"
     assert FP8_JOB["kernel_class"] == "Sm90FP8Gemm" and BLOCK_JOB["kernel_class"] == "Sm90FP8BlockGemm"
     assert JOB["export"] == "gemm_bf16_t128x256" and JOB["module"] == "kernels_src.gemm.sm90_wgmma"
     assert discover.cute_specs_for_arch(REPO, "sm_80") == []

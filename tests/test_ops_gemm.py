@@ -48,9 +48,11 @@ def test_tile_rule():
     assert G.pick_tile(1, 10240, 132) == 128
     assert G.pick_tile(2048, 5120, 132, tiles=(256,)) == 256
     assert set(G.OPTIONAL_BASES) == ({G.gemm_base(t) for t in G.TILES} | {G.fp8_base(t) for t in G.TILES}
-                                     | {G.fp8_block_base(t) for t in G.FP8_BLOCK_TILES})
-    assert G.pick_tile(2048, 10240, 132, G.FP8_BLOCK_TILES) == 128
-    assert G.pick_tile(255, 2048, 132, G.FP8_BLOCK_TILES) == 64   # 32 wide tiles on 132 SMs: the narrow ones
+                                     | {G.fp8_block_base(*t) for t in G.FP8_BLOCK_TILES})
+    assert G.pick_block_tile(8192, 10240, 132) == (192, 128)
+    assert G.pick_block_tile(2048, 10240, 132) == (192, 128)
+    assert G.pick_block_tile(255, 2048, 132) == (128, 64)   # 32 wide tiles on 132 SMs: the narrow ones
+    assert G.pick_block_tile(2048, 5120, 132) == (128, 128)  # 440 tall tiles: 3.3 waves; 640: 4.85 waves
     assert G.BASES == tuple(G.mma_base(*t) for t in G.MMA_TILES) + tuple(G.w4a16_base(*t) for t in G.W4A16_TILES) + \
         (G.DEQUANT_BASE,)
     T = G.MMA_TILES

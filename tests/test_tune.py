@@ -9,7 +9,7 @@ from vkc import tune
 def results():
     def cand(value, times):
         return {"candidate": {"arch": "sm_90a", "family": "norm", "knob": "num_warps", "value": value,
-                              "specs": ["rmsnorm.b8192.a16"]},
+                              "specs": ["rmsnorm.b8192.a16", "add_rmsnorm.b8192.a16"]},
                 "rows": [{"spec": "rmsnorm.b8192.a16", "case": c, "us": t} for c, t in times.items()]
                 + [{"spec": "add_rmsnorm.b8192.a16", "case": c, "us": 2 * t * (1 if value == 8 else 1.5)}
                    for c, t in times.items()]}
@@ -24,6 +24,14 @@ def test_choose_geomean_per_spec():
     assert ch["rmsnorm.b8192.a16"]["value"] == 4      # sqrt(10*100)=31.6 < sqrt(12*90)=32.9
     assert ch["add_rmsnorm.b8192.a16"]["value"] == 8  # 1.5x penalty on the others
     assert set(ch["rmsnorm.b8192.a16"]["geomean_us"]) == {"num_warps4", "num_warps8"}
+
+
+def test_choose_only_the_candidates_own_specs():
+    r = results()
+    for c in r.values():
+        c["candidate"]["specs"] = ["rmsnorm.b8192.a16"]   # add_rmsnorm rows: timed, but the knob is not in them
+    ch = tune.choose(r)
+    assert set(ch) == {"rmsnorm.b8192.a16"}
 
 
 def test_choose_ignores_candidates_missing_cases():

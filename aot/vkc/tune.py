@@ -105,10 +105,15 @@ def run(tune_dir: Path, bench: Path, env: dict[str, str] | None = None) -> dict[
 
 
 def choose(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per spec: the candidate with the lowest geometric mean of its case times (all cases must be present)."""
+    """Per spec: the candidate with the lowest geometric mean of its case times (all cases must be present). Only
+    a candidate's own specs count (the benchmark also times the family's other kernels, the same in every
+    candidate: their spread is noise, and the knob was never compiled into them)."""
     per_spec: dict[str, dict[str, dict[str, float]]] = {}
     for name, r in results.items():
+        own = set(r["candidate"].get("specs", ()))
         for row in r.get("rows", []):
+            if row["spec"] not in own:
+                continue
             per_spec.setdefault(row["spec"], {}).setdefault(name, {})[row["case"]] = float(row["us"])
     out = {}
     for spec, cands in sorted(per_spec.items()):

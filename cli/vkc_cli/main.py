@@ -320,14 +320,19 @@ def tune_run(tune_dir, bench, out) -> None:
 
 
 @tune.command("apply")
-@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--mirror", multiple=True, help="SUFFIX_MEASURED:SUFFIX_TWIN, e.g. .a16:.any")
 @click.option("--root", type=click.Path(file_okay=False), default=None)
 def tune_apply(results, mirror, root) -> None:
-    """Write the fastest candidate per spec into kernels_src/<family>/tuning/<arch>.json (then run regen)."""
+    """Write the fastest candidate per spec into kernels_src/<family>/tuning/<arch>.json (then run regen).
+    RESULTS: one or more `vkc tune run` outputs (e.g. one per fixed num_warps), compared together."""
     from vkc import tune as T  # noqa: PLC0415
 
-    choices = T.choose(json.loads(Path(results).read_text()))
+    merged = {}
+    for f in results:
+        for name, r in json.loads(Path(f).read_text()).items():
+            merged[f"{Path(f).stem}/{name}" if len(results) > 1 else name] = r
+    choices = T.choose(merged)
     pairs = [tuple(m.split(":", 1)) for m in mirror]
     for spec, c in choices.items():
         others = ", ".join(f"{n} {t:.1f}" for n, t in c["geomean_us"].items())

@@ -22,12 +22,13 @@ into the kernel):
 * warp group 0 is the loader: its first warp issues the TMA loads of A and W k-slices, tile after tile, into a
   ring of ``stages`` shared-memory buffers, so the next tile's first slices arrive while the math warp groups
   finish the current one; the warp group gives most of its registers to the others (setmaxnreg);
-* warp groups 1..2 are the math warp groups: each owns ``tile_m / 2`` rows of the tile, waits for a stage,
-  issues the WGMMAs of that stage, keeps one batch of WGMMAs in flight and hands the stage before it back to the
-  loader; after the k loop they convert the fp32 accumulators to bf16 in chunks (stmatrix into a small staging
-  ring in shared memory) that one warp stores to global memory with TMA. The FP8 kernel first multiplies each
-  accumulator by the scales of its row and column (row / column clamped to M - 1 / N - 1, so every scale read is
-  inside the scale vectors; rows and columns past M / N are never stored).
+* warp groups 1..n are the math warp groups (n = tile_m / 64: two, or three for the block-scaled 192-row tile):
+  each owns 64 rows of the tile, waits for a stage, issues the WGMMAs of that stage, keeps one batch of WGMMAs in
+  flight and hands the stage before it back to the loader; after the k loop they convert the fp32 accumulators to
+  bf16 in chunks (stmatrix into a small staging ring in shared memory) that one warp stores to global memory with
+  TMA. The FP8 kernel first multiplies each accumulator by the scales of its row and column (row / column clamped
+  to M - 1 / N - 1, so every scale read is inside the scale vectors; rows and columns past M / N are never
+  stored).
 
 Tiles are visited in groups of ``group_m`` tile rows (all tile columns of a group before the next group) so the
 A rows and W columns that a wave of CTAs reads stay in L2.
@@ -128,16 +129,18 @@ class Sm90BF16Gemm:
     def operand_type():
         return cutlass.BFloat16
 
+    TILE_MS = (128,)  # tile rows: 64 per math warp group
+
     def __init__(self, *, tile_m: int, tile_n: int, stages: int, epi_stages: int, group_m: int):
         """The keyword arguments are a spec's ``config`` (kernels_src/gemm/spec.py)."""
-        if tile_m != 128:
-            raise ValueError("tile_m must be 128 (two math warp groups of 64 rows)")
+        if tile_m not in self.TILE_MS:
+            raise ValueError(f"tile_m must be one of {self.TILE_MS} (64 rows per math warp group)")
         if tile_n not in (64, 128, 256):
             raise ValueError("tile_n must be 64, 128 or 256")
         if stages < 2 or epi_stages < 1 or group_m < 1:
             raise ValueError("need stages >= 2, epi_stages >= 1, group_m >= 1")
         self.cfg = _Tile(tile_m, tile_n, stages, epi_stages, group_m)
-        self.n_math_wg = 2
+        self.n_math_wg = tile_m // 64
         self.threads = WARP_GROUP * (1 + self.n_math_wg)
         self.math_threads = WARP_GROUP * self.n_math_wg
         self.tile = (tile_m, tile_n, self.TILE_K)
@@ -164,7 +167,8 @@ class Sm90BF16Gemm:
 
         a_ring = sm90.make_smem_layout_a(a_major, self.tile, ab_t, cfg.stages)
         w_ring = sm90.make_smem_layout_b(w_major, self.tile, ab_t, cfg.stages)
-        epi_tile = sm90.compute_tile_shape_or_override(self.tile, c_t, is_cooperative=True)
+        epi_tile = sm90.compute_tile_shape_or_override(
+            self.tile, c_t, is_cooperative=True, epi_tile_override=None if cfg.tile_m == 128 else (cfg.tile_m, 32))
         c_ring = sm90.make_smem_layout_epi(c_t, c_major, epi_tile, cfg.epi_stages)
 
         one_a = cute.slice_(a_ring, (None, None, 0))
@@ -243,7 +247,7 @@ class Sm90BF16Gemm:
 
         if wg == 0:
             # ================= loader warp group: every k-slice of every tile of this CTA, in order
-            cute.arch.setmaxregister_decrease(self.REGS[0])
+            cute.arch.setmaxregister_decrease(self.regs()[0])
             if warp == 0:
                 a_dst, a_src = cpasync.tma_partition(
                     load_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2), cute.group_modes(ga, 0, 2))
@@ -262,7 +266,7 @@ class Sm90BF16Gemm:
                 ring.producer_tail(put)
         else:
             # ================= math warp groups: one tile at a time, the epilogue of each before the next
-            cute.arch.setmaxregister_increase(self.REGS[1])
+            cute.arch.setmaxregister_increase(self.regs()[1])
             mtid = tidx - WARP_GROUP
             my_mma = mma.get_slice((wg - 1) * WARP_GROUP)
             frag_a = mma.make_fragment_A(my_mma.partition_A(sa))
@@ -274,8 +278,7 @@ class Sm90BF16Gemm:
             n_last = tma_c.shape[1] - 1
 
             if cutlass.const_expr(self.BLOCK_SCALED):
-                parts = (cute.make_rmem_tensor(acc.shape, cutlass.Float32),
-                         cute.make_rmem_tensor(acc.shape, cutlass.Float32))
+                parts = tuple(cute.make_rmem_tensor(acc.shape, cutlass.Float32) for _ in range(self.block_parts()))
             take = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             give = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
 
@@ -314,36 +317,53 @@ class Sm90BF16Gemm:
                     row_lo = cutlass.min(tile_m_idx * cfg.tile_m + coords[0][0], m_last)
                     row_hi = cutlass.min(tile_m_idx * cfg.tile_m + coords[2][0], m_last)
                     n_blk = cutlass.min(tile_n_idx * cfg.tile_n // SCALE_BLOCK, scale_w.shape[0] - 1)
-
-                    # two partial products in turn: slice kt + 1's WGMMAs run while slice kt is promoted; each
-                    # slice's scales are loaded when its WGMMAs are issued, a slice before they are used
-                    lo0 = scale_a[row_lo, 0]
-                    hi0 = scale_a[row_hi, 0]
-                    w0 = scale_w[n_blk, 0]
-                    ring.consumer_wait(take)
-                    mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
-                    take.advance()
-                    lo1, hi1, w1 = lo0, hi0, w0
-                    for j in cutlass.range((k_tiles - 1) // 2, unroll=1):
-                        lo1 = scale_a[row_lo, 2 * j + 1]
-                        hi1 = scale_a[row_hi, 2 * j + 1]
-                        w1 = scale_w[n_blk, 2 * j + 1]
-                        take, give, mma = _block_slice(ring, take, give, mma, parts[1], parts[0], acc, frag_a,
-                                                       frag_w, lo0, hi0, w0)
-                        lo0 = scale_a[row_lo, 2 * j + 2]
-                        hi0 = scale_a[row_hi, 2 * j + 2]
-                        w0 = scale_w[n_blk, 2 * j + 2]
-                        take, give, mma = _block_slice(ring, take, give, mma, parts[0], parts[1], acc, frag_a,
-                                                       frag_w, lo1, hi1, w1)
-                    if (k_tiles - 1) % 2 == 1:
-                        lo1 = scale_a[row_lo, k_tiles - 1]
-                        hi1 = scale_a[row_hi, k_tiles - 1]
-                        w1 = scale_w[n_blk, k_tiles - 1]
-                        take, give, mma = _block_slice(ring, take, give, mma, parts[1], parts[0], acc, frag_a,
-                                                       frag_w, lo0, hi0, w0)
-                        give = _block_last(ring, give, acc, parts[1], lo1, hi1, w1)
+                    if cutlass.const_expr(len(parts) == 1):
+                        # one partial product per warp group: issue a slice, wait for it, promote it; the other
+                        # warp groups' WGMMAs keep the tensor cores busy meanwhile (the warp groups are not put in
+                        # turn: issuing in named-barrier order measured 3% slower on the H100, session 32). The
+                        # slice's scales are loaded before its WGMMAs are issued; this tile's scale rows are 1-D
+                        # views (a slice's loads: one offset from three bases).
+                        sa_lo = scale_a[(row_lo, None)]
+                        sa_hi = scale_a[(row_hi, None)]
+                        sw_blk = scale_w[(n_blk, None)]
+                        for kt in cutlass.range(k_tiles, unroll=1):
+                            lo0 = sa_lo[kt]
+                            hi0 = sa_hi[kt]
+                            w0 = sw_blk[kt]
+                            ring.consumer_wait(take)
+                            mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
+                            take.advance()
+                            give = _block_last(ring, give, acc, parts[0], lo0, hi0, w0)
                     else:
-                        give = _block_last(ring, give, acc, parts[0], lo0, hi0, w0)
+                        # two partial products in turn: slice kt + 1's WGMMAs run while slice kt is promoted; each
+                        # slice's scales are loaded when its WGMMAs are issued, a slice before they are used
+                        lo0 = scale_a[row_lo, 0]
+                        hi0 = scale_a[row_hi, 0]
+                        w0 = scale_w[n_blk, 0]
+                        ring.consumer_wait(take)
+                        mma = _issue(mma, parts[0], frag_a, frag_w, take.index)
+                        take.advance()
+                        lo1, hi1, w1 = lo0, hi0, w0
+                        for j in cutlass.range((k_tiles - 1) // 2, unroll=1):
+                            lo1 = scale_a[row_lo, 2 * j + 1]
+                            hi1 = scale_a[row_hi, 2 * j + 1]
+                            w1 = scale_w[n_blk, 2 * j + 1]
+                            take, give, mma = _block_slice(ring, take, give, mma, parts[1], parts[0], acc, frag_a,
+                                                           frag_w, lo0, hi0, w0)
+                            lo0 = scale_a[row_lo, 2 * j + 2]
+                            hi0 = scale_a[row_hi, 2 * j + 2]
+                            w0 = scale_w[n_blk, 2 * j + 2]
+                            take, give, mma = _block_slice(ring, take, give, mma, parts[0], parts[1], acc, frag_a,
+                                                           frag_w, lo1, hi1, w1)
+                        if (k_tiles - 1) % 2 == 1:
+                            lo1 = scale_a[row_lo, k_tiles - 1]
+                            hi1 = scale_a[row_hi, k_tiles - 1]
+                            w1 = scale_w[n_blk, k_tiles - 1]
+                            take, give, mma = _block_slice(ring, take, give, mma, parts[1], parts[0], acc, frag_a,
+                                                           frag_w, lo0, hi0, w0)
+                            give = _block_last(ring, give, acc, parts[1], lo1, hi1, w1)
+                        else:
+                            give = _block_last(ring, give, acc, parts[0], lo0, hi0, w0)
                 else:
                     # accumulate into the zeroed tile (the TiledMma's ACCUMULATE field starts cleared); the tile's
                     # first k-slice has no predecessor to hand back
@@ -396,6 +416,10 @@ class Sm90BF16Gemm:
             if storer:
                 stores.producer_tail()
 
+    def regs(self):
+        """(loader, math) registers per thread for this warp-group count."""
+        return self.REGS
+
     def _tile_coords(self, t, m_tiles, n_tiles):
         """Output tile ``t`` -> (tile row, tile column), visited in groups of ``group_m`` tile rows: all tile
         columns of a group before the next group, so a wave's A rows and W columns stay in L2 (traced inline)."""
@@ -433,13 +457,25 @@ class Sm90FP8BlockGemm(Sm90FP8Gemm):
     Hopper's FP8 WGMMA accumulation, which holds fewer bits than fp32, to 128 products). Two partial products are
     used in turn, so that a slice's WGMMAs run while the previous slice is promoted (H200: 1.05-1.3x the one-buffer
     form). Tiles are 128 rows by 64 or 128 columns (one weight-scale block per tile; three fp32 tiles of registers
-    per thread: no 256-column tile)."""
+    per thread: no 256-column tile), or 192 x 128 with three math warp groups and one partial product each: while
+    one warp group promotes, the other two keep the tensor cores busy (H100, session 32: 0.89x the time of the
+    128 x 128 tile over the benchmark's shapes, picked per shape)."""
 
     SCALED = False
     BLOCK_SCALED = True
     # H100, persistent: t128x128 0.93-1.03x of one CTA per tile with 24 + 2 x 240, 0.87-0.96x with 40 + 2 x 232
     # (BENCHMARKS.md, session 30)
     REGS = (24, 240)
+
+    TILE_MS = (128, 192)
+
+    def regs(self):
+        # three math warp groups (tile_m 192): 24 + 3 x 160 of the 512 registers-per-thread budget
+        return self.REGS if self.n_math_wg == 2 else (24, 160)
+
+    def block_parts(self):
+        """Partial-product buffers per warp group: two in turn with two math warp groups, one with three."""
+        return 2 if self.n_math_wg == 2 else 1
 
     def __init__(self, **config):
         super().__init__(**config)

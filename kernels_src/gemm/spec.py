@@ -15,9 +15,11 @@ slices):
 * 128x64, 8 stages: narrow outputs (N <= 64) and small grids, where wider tiles leave most SMs idle.
 
 The FP8 kernels use the same tiles and stages: a k-slice is 128 fp8 values (one 128-byte swizzle row, as 64 bf16
-are), so the shared-memory ring has the same bytes. The block-scaled FP8 kernels (``fp8_block.t128x{128,64}``, ABI
-``gemm_fp8_block``: Qwen's 128 x 128 weight blocks and 1 x 128 activation groups) promote every k-slice's partial
-product with its scales, which takes a second fp32 tile of registers: no 128x256 tile.
+are), so the shared-memory ring has the same bytes. The block-scaled FP8 kernels (``fp8_block.t192x128``,
+``fp8_block.t128x{128,64}``, ABI ``gemm_fp8_block``: Qwen's 128 x 128 weight blocks and 1 x 128 activation groups)
+promote every k-slice's partial product with its scales, which takes a second fp32 tile of registers: no 128x256
+tile. The 192-row tile runs three math warp groups with one partial product each, so that two warp groups' WGMMAs
+keep the tensor cores busy while the third promotes (sm90_wgmma.py, Sm90FP8BlockGemm).
 
 The Triton BF16 GEMM (``bf16.mma.t<bm>x<bn>``, all seven archs; the op runs it where no CuTe kernel exists and
 tests / benchmarks force it on sm_90a): BLOCK_K 32, 4 stages (64 / 48 KB of shared memory, inside the 99 KB of
@@ -61,6 +63,9 @@ SPECS = [
 ]
 
 _SM90_TILES = [(128, 256, 4), (128, 128, 6), (128, 64, 8)]
+# block-scaled FP8: one weight-scale block per tile column range (no 256-wide tile); 192 rows = three math warp
+# groups with one partial product each, 5 stages of 40 KB
+_SM90_BLOCK_TILES = [(192, 128, 5), (128, 128, 6), (128, 64, 8)]
 
 CUTE_SPECS = [
     CuteKernelSpec(
@@ -82,5 +87,5 @@ CUTE_SPECS = [
         abi="gemm_fp8_block", archs=("sm_90a",),
         config={"tile_m": tm, "tile_n": tn, "stages": st, "epi_stages": 2, "group_m": 8},
     )
-    for tm, tn, st in _SM90_TILES if tn <= 128  # one weight-scale block per tile
+    for tm, tn, st in _SM90_BLOCK_TILES
 ]

@@ -103,8 +103,8 @@ def block_variants(G, all_tiles: bool):
                 for t in tiles_here(G, "block")]
         cute = G._cute
         if cute.has_fp8_block():
-            out += [(f"cute t128x{tn}", "cute", (lambda mp, tn=tn: mp.setattr(
-                cute, "pick_tile", lambda m, n, sms, tiles=None: tn))) for tn in cute.FP8_BLOCK_TILES]
+            out += [(f"cute t{t[0]}x{t[1]}", "cute", (lambda mp, t=t: mp.setattr(
+                cute, "pick_block_tile", lambda m, n, sms: t))) for t in cute.FP8_BLOCK_TILES]
     return out
 
 
@@ -386,7 +386,7 @@ def test_cute_block_launcher_refuses_bad_arguments(G):
     if not G._cute.has_fp8_block():
         pytest.skip("no CuTe block-scaled FP8 GEMM on this arch")
     from vkc_runtime.kernels import get_kernel
-    fn = get_kernel(G._cute.fp8_block_base(G._cute.FP8_BLOCK_TILES[0])).load()
+    fn = get_kernel(G._cute.fp8_block_base(*G._cute.FP8_BLOCK_TILES[0])).load()
     g = gen()
     m, n, k = 16, 2048, 4096
     kb = k // 128

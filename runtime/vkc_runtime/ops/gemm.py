@@ -43,8 +43,10 @@ with the highest ``useful fraction x last-wave efficiency x tile factor``, where
 rounded up to the tile width), the wave efficiency is tiles / (waves x SMs) on this device's SM count, and the
 tile factor (:data:`TILE_FACTOR`) discounts the narrower tiles' lower MMA work per shared-memory byte. Ties go to
 the wider tile. The Triton lane scores its (BLOCK_M, BLOCK_N) tiles (:data:`MMA_TILES`: 128x256, 128x128, 64x128)
-the same way with M padding counted too (:func:`pick_mn_tile`, :data:`MMA_TILE_FACTOR`). The factors are first
-guesses (benchmarks/bench_gemm.py times every tile: re-fit them from its JSON).
+the same way with M padding counted too (:func:`pick_mn_tile`, :data:`MMA_TILE_FACTOR`), and so does the
+block-scaled FP8 kernel over its (tile_m, tile_n) tiles (:func:`pick_block_tile`: 192x128, 128x128, 128x64,
+:data:`FP8_BLOCK_TILE_FACTOR`). The factors are fitted to benchmarks/bench_gemm.py / bench_gemm_fp8.py, which time
+every tile (re-fit them from their JSON).
 
 Plans (:func:`plan_tactic`): when the resolved GEMM plan of the device (:mod:`vkc_runtime.plans`: the committed
 default plan of the arch, a native plan file, a warm-up's tuned entries) covers the call's (M bucket, N, K), its
@@ -63,14 +65,19 @@ from ._check import sm_count as _sm_count
 
 __all__ = ["linear", "linear_w4a16", "dequantize_nvfp4", "DEQUANT_MIN_M", "pick_tile", "pick_mn_tile", "plan_tactic",
            "gemm_base", "mma_base", "w4a16_base", "fp8_base", "fp8_block_base", "has_fp8", "has_fp8_block", "has_cute",
-           "launch_fp8", "launch_fp8_block", "FP8_BLOCK_TILES", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR",
+           "launch_fp8", "launch_fp8_block", "pick_block_tile", "FP8_BLOCK_TILES", "FP8_BLOCK_TILE_FACTOR", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR",
            "LANES", "BASES", "OPTIONAL_BASES", "OpError"]
 
 BF16 = "bfloat16"
 TILE_M = 128
 TILES = (256, 128, 64)  # tile widths (N) of the compiled kernels, all 128 rows
 TILE_FACTOR = {256: 1.0, 128: 0.93, 64: 0.72}
-FP8_BLOCK_TILES = (128, 64)  # the block-scaled FP8 kernels' widths (a second fp32 tile of registers: no 256)
+# the block-scaled FP8 kernels' (tile_m, tile_n), kernels_src/gemm/spec.py (a second fp32 tile of registers: no 256
+# wide tile; 192 rows: three math warp groups)
+FP8_BLOCK_TILES = ((192, 128), (128, 128), (128, 64))
+# (fitted: median over session 32's H100 runs of benchmarks/bench_gemm_fp8.py, each tile's time against the
+# 192x128 tile's with the wave and padding terms divided out)
+FP8_BLOCK_TILE_FACTOR = {(192, 128): 1.0, (128, 128): 0.84, (128, 64): 0.69}
 MAX_DIM = 2**31 - 1
 # the Triton lane's (BLOCK_M, BLOCK_N) tiles, widest first (kernels_src/gemm/spec.py MMA_TILES)
 MMA_TILES = ((128, 256), (128, 128), (64, 128))
@@ -92,9 +99,9 @@ def fp8_base(tile_n: int) -> str:
     return f"gemm.fp8.t{TILE_M}x{tile_n}"
 
 
-def fp8_block_base(tile_n: int) -> str:
-    """The base name of the block-scaled FP8 GEMM kernel with a 128 x ``tile_n`` tile."""
-    return f"gemm.fp8_block.t{TILE_M}x{tile_n}"
+def fp8_block_base(tile_m: int, tile_n: int) -> str:
+    """The base name of the block-scaled FP8 GEMM kernel with a ``tile_m`` x ``tile_n`` tile."""
+    return f"gemm.fp8_block.t{tile_m}x{tile_n}"
 
 
 def mma_base(bm: int, bn: int) -> str:
@@ -111,7 +118,7 @@ DEQUANT_BASE = "gemm.nvfp4_dequant"
 BASES = tuple(mma_base(*t) for t in MMA_TILES) + tuple(w4a16_base(*t) for t in W4A16_TILES) + (DEQUANT_BASE,)
 # the CuTe lane: sm_90a
 OPTIONAL_BASES = (tuple(gemm_base(t) for t in TILES) + tuple(fp8_base(t) for t in TILES)
-                  + tuple(fp8_block_base(t) for t in FP8_BLOCK_TILES))
+                  + tuple(fp8_block_base(*t) for t in FP8_BLOCK_TILES))
 
 _calls = CallCache(per_key=8)
 
@@ -143,6 +150,12 @@ def pick_mn_tile(m: int, n: int, sms: int, tiles, factor) -> tuple[int, int]:
         if best is None or score > best[0] + 1e-9:
             best = (score, t)
     return best[1]
+
+
+def pick_block_tile(m: int, n: int, sms: int) -> tuple[int, int]:
+    """The block-scaled FP8 kernel's (tile_m, tile_n) for an [m, n] output on ``sms`` SMs (:func:`pick_mn_tile`
+    over :data:`FP8_BLOCK_TILES`)."""
+    return pick_mn_tile(m, n, sms, FP8_BLOCK_TILES, FP8_BLOCK_TILE_FACTOR)
 
 
 def has_cute() -> bool:
@@ -354,7 +367,7 @@ def launch_fp8(x_ptr: int, lda: int, w_ptr: int, ldw: int, out_ptr: int, ldc: in
 
 def has_fp8_block() -> bool:
     """Whether this device's arch has the CuTe block-scaled FP8 GEMM (sm_90a)."""
-    return has_kernel(fp8_block_base(FP8_BLOCK_TILES[0]))
+    return has_kernel(fp8_block_base(*FP8_BLOCK_TILES[0]))
 
 
 def launch_fp8_block(x_ptr: int, lda: int, w_ptr: int, ldw: int, out_ptr: int, ldc: int, sa_ptr: int, ldsa: int,
@@ -362,8 +375,8 @@ def launch_fp8_block(x_ptr: int, lda: int, w_ptr: int, ldw: int, out_ptr: int, l
     """out = sum_kt (x[:, kt] @ w[:, kt]^T) * sa[m, kt] * sw[n // 128, kt] with the CuTe block-scaled FP8 GEMM, on
     arguments the caller validated (vkc_runtime.ops.gemm_fp8.linear_fp8_block: as :func:`launch_fp8`, with fp32
     sa [M, cdiv(K, 128)] / sw [cdiv(N, 128), cdiv(K, 128)] of row strides ldsa / ldsw); the C launcher re-checks.
-    Tile: :func:`pick_tile` over :data:`FP8_BLOCK_TILES`."""
-    k0 = get_kernel(fp8_block_base(FP8_BLOCK_TILES[0]))
-    tn = pick_tile(M, N, _sm_count(k0.device), FP8_BLOCK_TILES)
-    k = k0 if tn == FP8_BLOCK_TILES[0] else get_kernel(fp8_block_base(tn))
+    Tile: :func:`pick_block_tile`."""
+    k0 = get_kernel(fp8_block_base(*FP8_BLOCK_TILES[0]))
+    t = pick_block_tile(M, N, _sm_count(k0.device))
+    k = k0 if t == FP8_BLOCK_TILES[0] else get_kernel(fp8_block_base(*t))
     k.launch(x_ptr, lda, w_ptr, ldw, out_ptr, ldc, sa_ptr, ldsa, sw_ptr, ldsw, M, N, K, stream)

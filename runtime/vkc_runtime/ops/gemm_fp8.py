@@ -234,7 +234,7 @@ def linear_fp8_block(x_q, x_scale, w_q, w_scale, out=None, *, stream=None, _lane
     fits_i32(op, M=M, N=N, K=K, stride_x=sx, stride_w=sw, stride_out=so, x_scale_stride=ssa,
              w_scale_stride=ssb, x_scale_span=(M - 1) * ssa + kb, w_scale_span=(bt.shape[0] - 1) * ssb + kb)
     if _lane_for(op, _lane, N, so, _cute_block_available, "block-scaled FP8 GEMM",
-                 _cute.fp8_block_base(_cute.FP8_BLOCK_TILES[0])) == "cute":
+                 _cute.fp8_block_base(*_cute.FP8_BLOCK_TILES[0])) == "cute":
         _cute.launch_fp8_block(xt.ptr, sx, wt.ptr, sw, yt.ptr, so, at.ptr, ssa, bt.ptr, ssb, M, N, K, s)
         return res
     k, bm, bn = _gemm_kernel(op, "block", M, N, dev)
