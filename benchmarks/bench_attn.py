@@ -11,7 +11,7 @@ prefill: causal, one sequence whose cache holds exactly its T tokens, Hq/Hkv in 
 decode:  B x context from bench_common.attn_decode_cases(), 24/4 x 256, block 16 (BENCH_ATTN_DECODE_BS=64: the
          engine's block size, the TMA kernels on sm_90a; row "tma" says which ran); peers SDPA FLASH, EFFICIENT
          and CUDNN (native GQA, q [B, Hq, 1, D]); vkc through decode() and a DecodePlan. HBM floor = K + V +
-         q + out bytes at the nominal 4.8 TB/s (pct_limit) and at the copy bandwidth measured in this
+         q + out bytes at the card's nominal HBM bandwidth (pct_limit) and at the copy bandwidth measured in this
          process (*_pct_copy). At B*L <= 16*4096 also host times, VKC_FASTPATH=0 (validated) times and the
          graph time of each forced split count; then a cProfile of the decode call's host path (printed).
          BENCH_ATTN_DECODE_CASES="64x4096 ..." keeps only those B x L; BENCH_ATTN_SPLITS="1 2 3 ..." sweeps those

@@ -34,9 +34,26 @@ import sys
 SCHEMA = "vkc-bench/2"
 MODES = ("device", "eager", "host")
 
-# Physical limits (H200 SXM). Nominal figures from NVIDIA's H200 datasheet; measured copy bandwidth is taken
-# in the same process by measured_copy_tbs() and recorded next to the nominal one.
-HBM_NOMINAL_TBS = 4.8
+# Physical limits. Nominal HBM bandwidth from NVIDIA's datasheets, by the card this process runs on (the device
+# machine is an H200 SXM or an H100 SXM 80 GB; without a GPU: the H200's); measured copy bandwidth is taken in the
+# same process by measured_copy_tbs() and recorded next to the nominal one.
+HBM_NOMINAL_BY_CARD = (("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35))
+
+
+def _nominal_hbm_tbs() -> tuple[float, str]:
+    name = ""
+    try:  # nvidia-smi, not torch: this module imports on any machine without importing torch
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for key, tbs in HBM_NOMINAL_BY_CARD:
+        if key in name:
+            return tbs, f"{name} datasheet"
+    return 4.8, f"H200 datasheet (card {name or 'unknown'})"
+
+
+HBM_NOMINAL_TBS, HBM_NOMINAL_SOURCE = _nominal_hbm_tbs()
 BF16_DENSE_TFLOPS = 989.0   # dense bf16 tensor-core peak (no sparsity)
 L2_BYTES = 60e6
 
@@ -331,5 +348,6 @@ def measured_copy_tbs(nbytes=1 << 30):
 
 def hbm_limits(copy_tbs):
     return {"hbm_nominal_tbs": HBM_NOMINAL_TBS, "hbm_measured_copy_tbs": copy_tbs,
-            "hbm_used_for_pct_limit": "nominal 4.8 TB/s (H200 datasheet); *_pct_copy columns use the measured copy",
+            "hbm_used_for_pct_limit": f"nominal {HBM_NOMINAL_TBS} TB/s ({HBM_NOMINAL_SOURCE}); *_pct_copy columns "
+                                      "use the measured copy",
             "bf16_dense_tflops_nominal": BF16_DENSE_TFLOPS}

@@ -178,7 +178,7 @@ def fla_kernel_pass(rows):
 
 def gdn_comparisons(cmp, row):
     case = f"{row['heads']} {row['case']}"
-    lim, limit = row["floor_ms"], "HBM floor of the compulsory bytes at 4.8 TB/s (a lower bound only)"
+    lim, limit = row["floor_ms"], f"HBM floor of the compulsory bytes at {C.HBM_NOMINAL_TBS} TB/s (a lower bound only)"
     cmp.add("gdn_prefill", case, "device", "op", row.get("vkc_graph_ms"), "fla_chunk", row.get("fla_graph_ms"),
             pct_limit=C.pct(lim, row.get("vkc_graph_ms")), limit=limit)
     cmp.add("gdn_prefill", case, "device", "op", row.get("vkc_graph_ms"), "fla_chunk_profiler_kernel_sum",

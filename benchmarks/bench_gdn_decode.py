@@ -2,7 +2,7 @@
 floor, and FLA's fused_recurrent_gated_delta_rule side by side in the same process when FLA is importable.
 
 Decode bytes = the state read + written (bench_common.gdn_decode_bytes; qkv/a/b/o are < 1% and not counted);
-floor = bytes at the nominal 4.8 TB/s (pct_floor) and at the copy bandwidth measured in this process
+floor = bytes at the card's nominal HBM bandwidth (pct_floor) and at the copy bandwidth measured in this process
 (pct_copy). Inputs rotate over enough state-pool regions to exceed the 60 MB L2. Both sides are timed the same
 three ways (bench_common modes): device = many calls captured in one CUDA graph (vkc_runtime.Graph /
 torch.cuda.CUDAGraph; a capture failure is recorded as fla_graph_error), eager = CUDA events around 50
@@ -181,7 +181,7 @@ def bench_conv_prefill(lens, C, copy_tbs=None):
 
 def decode_comparisons(cmp, r):
     case = f"Hv={r['Hv']} B={r['B']}"
-    lim, limit = r["floor_us"], "HBM floor (state read + write) at 4.8 TB/s nominal"
+    lim, limit = r["floor_us"], f"HBM floor (state read + write) at {HBM_TBS} TB/s nominal"
     cmp.add("gdn_decode", case, "device", "op", r.get("vkc_graph_us"), "fla_fused_recurrent", r.get("fla_graph_us"),
             unit="us", pct_limit=BC.pct(lim, r.get("vkc_graph_us")), limit=limit)
     cmp.add("gdn_decode", case, "eager", "op", r.get("vkc_eager_us"), "fla_fused_recurrent", r.get("fla_eager_us"),

@@ -1,7 +1,7 @@
 """Achieved HBM bandwidth of the row kernels (norm, rope, act, embedding) vs torch doing the same op, in one
 process (H200).
 
-Bytes = each input read once + each output written once; % of limit at the nominal 4.8 TB/s (vkc_pct_hbm)
+Bytes = each input read once + each output written once; % of limit at the card's nominal HBM bandwidth (vkc_pct_hbm)
 and at the copy bandwidth measured in this process (vkc_pct_copy). Inputs rotate over enough copies to exceed
 the 60 MB L2. Both sides are timed the same three ways (bench_common modes): device = many calls in one CUDA
 graph (vkc_runtime.Graph / torch.cuda.CUDAGraph), eager = CUDA events around back-to-back Python calls (host
@@ -83,7 +83,7 @@ def measure(name, hidden, T, nb, make, f_vkc, f_torch, tdesc, host=False):
 
 def norm_comparisons(cmp, r):
     case = f"{r['op']} h={r['hidden']} T={r['tokens']}" if r["hidden"] else f"{r['op']} T={r['tokens']}"
-    lim, limit = r["floor_us"], "HBM floor (inputs read + outputs written) at 4.8 TB/s nominal"
+    lim, limit = r["floor_us"], f"HBM floor (inputs read + outputs written) at {HBM_TBS} TB/s nominal"
     fam = "norm"
     cmp.add(fam, case, "device", "op", r["vkc_graph_us"], "torch", r["torch_graph_us"], unit="us",
             pct_limit=C.pct(lim, r["vkc_graph_us"]), limit=limit, peer_backend=r["torch_impl"])

@@ -1,6 +1,6 @@
 """The sampler (vkc_runtime.ops.sample) on the H200 at Qwen3.6's vocabulary (V = 248320), B in {1, 16, 64}:
 greedy and top-p sampling against torch in the same process, graph vs graph (device time) and eager vs eager,
-and the HBM floor (the fp32 logits read once at the nominal 4.8 TB/s).
+and the HBM floor (the fp32 logits read once at the card's nominal HBM bandwidth).
 
 Peers: greedy = torch.argmax(logits, -1); top-p = softmax(logits / T), a descending sort, cumsum, the tokens past
 top_p zeroed, then torch.multinomial (``torch_multinomial``) and the exponential-race draw vLLM uses
@@ -29,7 +29,7 @@ BATCHES = (1, 16, 64)
 TEMP, TOP_P = 0.8, 0.9
 EAGER = {"inner": 20, "reps": 20, "warm": 2}
 GRAPH_INNER = 20
-LIMIT = "HBM floor: the fp32 logits read once at 4.8 TB/s nominal"
+LIMIT = f"HBM floor: the fp32 logits read once at {BC.HBM_NOMINAL_TBS} TB/s nominal"
 
 
 def torch_top_p(x, gen_kind):

@@ -3,7 +3,7 @@ TMA (a device-built descriptor over W [N, K], one [BLOCK_N, BLOCK_K] box per ste
 by tl.range; x from L2 in registers; CUDA-core FMAs), and the same loop with plain loads pipelined by tl.range,
 against the vendored gemv op and cuBLAS (torch.matmul) on the decode projections of the 35B-A3B and 27B shapes.
 Weights rotate over sets that together exceed 2.5 x the L2; graph-replayed medians; each variant checked against
-torch in fp32 first. Rows: {"shape", "N", "K", "variant", "us", "pct_floor" (4.8 TB/s), "err"}.
+torch in fp32 first. Rows: {"shape", "N", "K", "variant", "us", "pct_floor" (nominal HBM bandwidth), "err"}.
 Usage: python benchmarks/explore_gemv_tma.py OUT.json
 """
 from __future__ import annotations
