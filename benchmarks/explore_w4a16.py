@@ -4,7 +4,7 @@ The dot product over k does not care about the order of k as long as x is permut
 decoded nibbles can feed the MMA as they come out of the bytes (low nibbles = even k, high nibbles = odd k;
 or the 8 codes of a word = k mod 8) with x gathered at the matching k, instead of being joined back into k
 order. Prints one JSON line per (variant, shape, M) with the graph-replayed median and the % of the 4-bit floor.
-Results: benchmarks/results/2026-12-01-h200-w4a16-explore/ (round 1's "base.prmt" rows are the vendored kernel
+Results: benchmarks/results/2026-12-01-h200-w4a16-explore.tgz (round 1's "base.prmt" rows are the vendored kernel
 before the int64-word rewrite that came out of this; later rounds import the rewritten kernel under that name).
 Run on the device: ``python3 benchmarks/explore_w4a16.py`` (``PROFILE=1 ONLY=variant/BN/BK/warps`` runs each
 selected kernel once for Nsight Compute).

@@ -213,7 +213,7 @@ def test_plan_is_well_formed(M, N, K):
     assert (p.split - 1) * p.k_split < kb * 128  # no empty split
 
 
-# the fastest forced alternative per shape on the H200 at M = 1 (benchmarks/results/2026-12-03-h200-session16,
+# the fastest forced alternative per shape on the H200 at M = 1 (benchmarks/results/2026-12-03-h200-session16.tgz,
 # nvfp4-mma-f65604f.json); H200 occupancy: 3 resident 8-warp programs per SM at BLOCK_M 8
 MEASURED_BEST_M1 = {(16480, 5120): (4, 2, 1), (34816, 5120): (4, 2, 1), (10240, 5120): (8, 1, 1),
                     (5120, 6144): (8, 1, 1), (5120, 17408): (8, 1, 2), (2048, 4096): (8, 1, 1)}

@@ -18,7 +18,7 @@ every output element is stored alone (2-byte stores; GEMM2 at M = 8192 writes 30
 num_warps / num_stages: the m16 tiles are first choices made without a device to time them; the m64 / m128
 tiles follow a JIT sweep on the H200 (benchmarks/explore_moe_grouped.py, 35B-A3B shape, M 2048 and 8192:
 BLOCK_M {64, 128} x BLOCK_N {64, 128} x BLOCK_K {64, 128} x warps {4, 8} x stages {3, 4}; results in
-benchmarks/results/2026-12-01-h200-session10/).
+benchmarks/results/2026-12-01-h200-session10.tgz).
 
 Grid (axis 0 first): (cdiv(N, BLOCK_N), n_blocks), n_blocks <= len(sorted_ids) / BLOCK_M.
 """
