@@ -4,6 +4,6 @@
 set -x
 O=$OUT; R=$O/r; mkdir -p $R
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > $R/gpu.txt
-OUT=$O/t MEMCHECK_TIMEOUT=250 MEMCHECK_TESTS="tests/gpu/test_gpu_gemm_fp8.py tests/gpu/test_gpu_norm.py" \
-  KEXPR="(block_matches and ([7- or [255-)) or odd_legal or block_launcher or gated" timeout 320 bash tools/gpu/run.sh memcheck > $R/memcheck.txt 2>&1
+OUT=$O/t MEMCHECK_TIMEOUT=200 MEMCHECK_TESTS="tests/gpu/test_gpu_gemm_fp8.py tests/gpu/test_gpu_norm.py" \
+  KEXPR="(block_matches and ([7- or [255-)) or odd_legal or block_launcher or gated" timeout 270 bash tools/gpu/run.sh memcheck > $R/memcheck.txt 2>&1
 tail -5 $R/memcheck.txt; cp $O/t/memcheck.log $R/; rm -rf $O/t; tar -czf $O/call4.tgz -C $O r; rm -rf $R
