@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import tarfile
 import types
 
 import numpy as np
@@ -255,12 +256,13 @@ def test_summarize_single_file_and_result_builder(tmp_path):
     assert "| rmsnorm h=2048 T=1 | op | 1.000 | 2.000 | 2.00× | 5.0% |" in md
 
 
-LEGACY = os.path.join(ROOT, "benchmarks", "results", "2026-11-30-h200-session6", "final")
+LEGACY = os.path.join(ROOT, "benchmarks", "results", "2026-11-30-h200-session6.tgz")  # archived session results
 
 
-@pytest.mark.skipif(not os.path.isdir(LEGACY), reason="committed session-6 results not present")
-def test_summarize_legacy_results():
-    loaded = summarize.load(LEGACY)
+def test_summarize_legacy_results(tmp_path):
+    with tarfile.open(LEGACY) as tar:
+        tar.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    loaded = summarize.load(str(tmp_path / "2026-11-30-h200-session6" / "final"))
     (name, meta, cmps), = summarize.collect(loaded)
     assert name == "attn.json" and meta["commit"].startswith("unknown")
     rng = summarize.ranges(cmps)
