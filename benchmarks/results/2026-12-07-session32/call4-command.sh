@@ -1,4 +1,4 @@
-# session 32, call 4 (tree d787422): compute-sanitizer memcheck over the block-scaled FP8 tests (every tile forced at
+# session 32, call 4 (prepared, NOT RUN: no device time left): compute-sanitizer memcheck over the block-scaled FP8 tests (every tile forced at
 # M = 7 and 255, guarded outputs; device time allowed no more) and
 # the gated RMSNorm tests (sm_90a now 8 heads a program)
 set -x
