@@ -40,13 +40,20 @@ MODES = ("device", "eager", "host")
 HBM_NOMINAL_BY_CARD = (("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35))
 
 
-def _nominal_hbm_tbs() -> tuple[float, str]:
-    name = ""
-    try:  # nvidia-smi, not torch: this module imports on any machine without importing torch
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
+def _smi_query(fields: str) -> str:
+    """nvidia-smi's CSV line for GPU 0 (``--query-gpu=fields``), "" without a driver. nvidia-smi, not torch: this
+    module imports on any machine without importing torch."""
+    try:
+        q = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader", "-i", "0"],
+                           capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
-        pass
+        return ""
+    lines = q.stdout.strip().splitlines()
+    return lines[0] if q.returncode == 0 and lines else ""
+
+
+def _nominal_hbm_tbs() -> tuple[float, str]:
+    name = _smi_query("name")
     for key, tbs in HBM_NOMINAL_BY_CARD:
         if key in name:
             return tbs, f"{name} datasheet"
@@ -261,13 +268,9 @@ def meta(**extra):
     if torch is not None and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         m.update(device=torch.cuda.get_device_name(0), sm_count=p.multi_processor_count, cuda=torch.version.cuda)
-        try:
-            q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm",
-                                "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-            if q.returncode == 0:
-                m["nvidia_smi"] = q.stdout.strip().splitlines()[0]  # driver, SM clock now, max SM clock
-        except (OSError, subprocess.SubprocessError, IndexError):
-            pass
+        smi = _smi_query("driver_version,clocks.sm,clocks.max.sm")  # driver, SM clock now, max SM clock
+        if smi:
+            m["nvidia_smi"] = smi
     try:
         import vkc_runtime
         m["vkc_arch"] = vkc_runtime.doctor.report()["selected_arch"]

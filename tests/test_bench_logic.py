@@ -548,3 +548,11 @@ def test_dry_run_bench_norm(dry, monkeypatch, tmp_path):
     assert "vkc_host_us" not in by[("rmsnorm", 4000)]
     hosts = [c for c in res["comparisons"] if c["mode"] == "host"]
     assert {c["vkc"] for c in hosts} == {"op", "op_validated"} and all(c["case"].endswith("T=1") for c in hosts)
+
+
+@pytest.mark.parametrize("card,tbs", [("NVIDIA H200", 4.8), ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0),
+                                      ("NVIDIA H100 NVL", 3.9), ("", 4.8)])
+def test_nominal_hbm_follows_the_card(monkeypatch, card, tbs):
+    monkeypatch.setattr(C, "_smi_query", lambda fields: card)
+    got, source = C._nominal_hbm_tbs()
+    assert got == tbs and ("datasheet" in source)

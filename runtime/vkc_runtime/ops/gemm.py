@@ -65,8 +65,8 @@ from ._check import sm_count as _sm_count
 
 __all__ = ["linear", "linear_w4a16", "dequantize_nvfp4", "DEQUANT_MIN_M", "pick_tile", "pick_mn_tile", "plan_tactic",
            "gemm_base", "mma_base", "w4a16_base", "fp8_base", "fp8_block_base", "has_fp8", "has_fp8_block", "has_cute",
-           "launch_fp8", "launch_fp8_block", "pick_block_tile", "FP8_BLOCK_TILES", "FP8_BLOCK_TILE_FACTOR", "TILES", "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR",
-           "LANES", "BASES", "OPTIONAL_BASES", "OpError"]
+           "launch_fp8", "launch_fp8_block", "pick_block_tile", "FP8_BLOCK_TILES", "FP8_BLOCK_TILE_FACTOR", "TILES",
+           "TILE_FACTOR", "MMA_TILES", "MMA_TILE_FACTOR", "LANES", "BASES", "OPTIONAL_BASES", "OpError"]
 
 BF16 = "bfloat16"
 TILE_M = 128
