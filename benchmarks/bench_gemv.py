@@ -11,7 +11,8 @@ cuBLAS bf16 on the dequantized weights (the bytes the format saves); the W8A16 r
 a multiple of 16 rows, which cuBLASLt FP8 needs) as ``torch_scaled_mm_graph_us``.
 Every vkc case records its relative error against torch (a fast wrong kernel cannot pass unnoticed), the plan
 the dispatch rule picked, and, for weights up to SWEEP_MAX_BYTES, forced alternatives (each tile, split
-1/2/4/8) so the rule can be checked and retuned (``alternatives``, ``best_alternative``). W4A16 rows time both
+1/2/4/8) so the rule can be checked and retuned (``alternatives``, ``best_alternative``; env
+BENCH_GEMV_SWEEP_MAX_BYTES sets that limit, 0 for none). W4A16 rows time both
 weight decoders (``vkc_graph_us``: the default, ``vkc_<other>_graph_us``; the alternatives use the other one).
 Usage: python benchmarks/bench_gemv.py OUT.json [M,M,...] [kind,kind,...]   (kinds: bf16, w4a16, w8a16, all by
 default; about 5 minutes for all: BENCH_TIMEOUT=600)
@@ -46,7 +47,7 @@ SHAPES = [  # (model, projection, N, K)
     ("35B-A3B", "lm_head", 248320, 2048),
 ]
 MS = (1, 7, 16, 64)
-SWEEP_MAX_BYTES = 400e6
+SWEEP_MAX_BYTES = float(os.environ.get("BENCH_GEMV_SWEEP_MAX_BYTES", 400e6))  # 0: the rule's plan only
 INNER, REPS = 20, 20
 
 

@@ -30,8 +30,8 @@ from tests import refs_attn  # noqa: E402
 
 @pytest.mark.parametrize("mod", ["bench_attn", "bench_gdn", "bench_gdn_decode", "bench_gemm", "bench_gemm_fp8",
                                  "bench_gemm_triton", "bench_gemv", "bench_norm", "bench_sample",
-                                 "timing", "summarize", "tune_attn", "tune_conv", "tune_gdn", "tune_gemv", "tune_norm",
-                                 "tune_rope", "ncu_case", "step_timeline"])
+                                 "timing", "summarize", "tune_attn", "tune_conv", "tune_gdn", "tune_gemv", "tune_moe",
+                                 "tune_norm", "tune_rope", "ncu_case", "step_timeline"])
 def test_benchmarks_import_on_cpu(mod):
     m = importlib.import_module(mod)
     if mod.startswith("bench_"):
