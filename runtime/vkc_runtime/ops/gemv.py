@@ -53,9 +53,9 @@ without one the op uses a per-device default buffer that grows only on eager cal
 OpError if too small). One workspace must not serve two streams at once. Calls with ``out=`` and torch tensors
 are bound calls (vkc_runtime.bound) except split-K calls on the default workspace, which validate every time.
 
-Programmatic dependent launch (sm_90a+, ARCHITECTURE.md section 8): the M = 1 BF16 and FP8 kernels read their
-first weight tile before their device-side wait, so ``weight`` must not be written by the kernel launched just before
-it on the same stream (model weights never are; ``VKC_PDL=0`` lifts the rule). x and everything else are read after it.
+Programmatic dependent launch (sm_90a+, ARCHITECTURE.md section 8): the M = 1 BF16 kernel reads its first weight
+tile before its device-side wait, so ``weight`` must not be written by the kernel launched just before it on the
+same stream (model weights never are; ``VKC_PDL=0`` lifts the rule). x and everything else are read after it.
 """
 from __future__ import annotations
 
