@@ -1,4 +1,5 @@
-# How call 3's GEMV variants were built (CPU box, from the tree at 4aaf287 = variant A): python3 call3-variants.py {B,C,E}
+# How call 3's GEMV variants were built (CPU box): B, C, E from the tree at 4aaf287 (= variant A), F from the tree at
+# ec5c86c (the old kernel): python3 call3-variants.py {B,C,E,F}
 import re, shutil, subprocess, sys, pathlib, os
 root = pathlib.Path('/work/main'); name = sys.argv[1]
 tree = pathlib.Path(f'build/var-src/{name}/tree'); shutil.rmtree(tree.parent, ignore_errors=True)
@@ -18,6 +19,14 @@ elif name in ('C',):  # per-step sums, no tile ahead
     body = body.replace('''        b_next = tl.load(w_rows + (k0 + BLOCK_K), mask=n_ok[:, None] & ((k0 + BLOCK_K + rk) < k_hi)[None, :],
                          other=0)''', '''        b = tl.load(w_rows + k0, mask=n_ok[:, None] & k_ok[None, :], other=0)''')
     body = body.replace('        b = b_next\n', '')
+if name == 'F':  # (from the old kernel) x and the scales loaded as [BLOCK_N, BLOCK_K] tiles in the weight tile's layout
+    old = '''        xs = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * tl.load(s_row + k // 128, mask=k_ok, other=0.0)
+        acc += w * xs[None, :]'''
+    assert old in body
+    body = body.replace(old, '''        z = n[:, None] * 0
+        xs = (tl.load(x_ptr + (k[None, :] + z), mask=k_ok[None, :], other=0.0).to(tl.float32)
+              * tl.load(s_row + ((k // 128)[None, :] + z), mask=k_ok[None, :], other=0.0))
+        acc += w * xs''')
 assert body != s[k0:k1] or name == 'E', name
 g.write_text(s[:k0] + body + s[k1:])
 if name == 'E':
