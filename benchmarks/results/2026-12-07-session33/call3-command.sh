@@ -1,5 +1,6 @@
 # NOT RUN (session 33): the device time ran out before a machine started for it. The carried
 # build/carry/gemv-{old,var}.tgz are rebuilt by call3-variants.py (variants) and `git show f12fdf2:...` (old).
+# Variant F passes tests/test_gemv_w8a16_interp.py -k m1 (11 tests, Triton interpreter) in its build tree.
 # session 33, call 3: variants of the FP8 M = 1 GEMV in one process: old (`f12fdf2`'s kernel, full-tile fp32
 # accumulator, no tile ahead; the tree sent = the revert `ec5c86c`, identical), B (full-tile accumulator + the next
 # tile ahead + the first tile before the wait), C (per-step sums, no tile ahead), E (call 2's variant A -- per-step sums +
