@@ -5,7 +5,8 @@ out[M, N] = x[M, K] @ weight[N, K]^T over the Qwen3.5 27B/35B projection shapes.
 CUDA events around replays; median); weights rotate over enough copies to exceed 2.5 x the L2 so small ones are
 not timed from cache. Per case: the tile the op picks (ops/gemm.py pick_tile) and every compiled tile forced, each
 with its relative error against cuBLAS's output (a fast wrong kernel cannot pass); pct_limit = % of the bf16
-dense peak (989 TFLOPS) for M >= 256, % of the HBM floor (weights + activations at the card's nominal HBM bandwidth) below.
+dense peak (989 TFLOPS) for M >= 256, % of the HBM floor (weights + activations at the card's nominal HBM
+bandwidth) below.
 Usage: python benchmarks/bench_gemm.py OUT.json [M,M,...]
 """
 from __future__ import annotations

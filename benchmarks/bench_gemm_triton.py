@@ -6,8 +6,9 @@ Graph-replayed on both sides (timing.graph_ms, median of CUDA-event-timed replay
 copies to exceed 2.5 x the L2. Every vkc row carries its relative error against cuBLAS's output on the same
 operands (NVFP4: against cuBLAS on the dequantized bf16 weights), so a fast wrong kernel cannot pass.
 pct_limit: % of the bf16 dense peak (989 TFLOPS) for M >= 256, % of the HBM floor (weights + activations at
-the card's nominal HBM bandwidth; NVFP4 weights at 0.5625 bytes per element; the dequantizing path also writes and reads the bf16 weights
-once) below. ``dequant_w4a16``: linear_w4a16 with a workspace (M >= DEQUANT_MIN_M: dequantize, then the bf16 GEMM).
+the card's nominal HBM bandwidth; NVFP4 weights at 0.5625 bytes per element; the dequantizing path also writes and reads
+the bf16 weights once) below. ``dequant_w4a16``: linear_w4a16 with a workspace (M >= DEQUANT_MIN_M: dequantize, then the
+bf16 GEMM).
 Usage: python benchmarks/bench_gemm_triton.py OUT.json [M,M,...]
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@ graph vs graph in the same process, microseconds, % of the HBM floor.
 
 y[M, N] = x[M, K] @ W[N, K]^T over the Qwen3.5/3.6 27B and 35B-A3B projection shapes, M in MS. Floor = the
 compulsory bytes (weights, x read, y written; NVFP4 weights: K/2 packed bytes + K/16 scale bytes per row) at
-the card's nominal HBM bandwidth (pct_floor) and at the copy bandwidth measured in this process (pct_copy); block-FP8 weights:
-K bytes + cdiv(K, 128) / 128 fp32 scales per row. Weight buffers rotate over enough copies that all of them
+the card's nominal HBM bandwidth (pct_floor) and at the copy bandwidth measured in this process (pct_copy); block-FP8
+weights: K bytes + cdiv(K, 128) / 128 fp32 scales per row. Weight buffers rotate over enough copies that all of them
 together exceed 2.5x the 60 MB L2 (n_sets), so no case times cache hits. The W4A16 and W8A16 rows also time
 cuBLAS bf16 on the dequantized weights (the bytes the format saves); the W8A16 rows also time cuBLAS FP8
 (torch._scaled_mm, W8A8 with per-tensor scales, x already quantized: its quantization is not timed; x padded to

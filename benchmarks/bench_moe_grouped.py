@@ -9,9 +9,9 @@ alternatives (the other block_m, each tile) are timed next to it (``alternatives
 torch's side: ``_grouped_mm`` x2 on rows already permuted by expert (``torch_gemms_graph_us``: the figure the
 issue quotes), and with the SwiGLU between them (``torch_gemms_act_graph_us``); vkc's GEMM1 also gathers its
 rows and applies the SwiGLU, so the comparison favours torch. Floor = the active experts' weights (w1 + w2 of
-every expert with a pair) + x read + h written and read + y written, at the card's nominal HBM bandwidth (pct_floor) and at
-the copy bandwidth measured in this process (pct_copy). The routing rotates over n_sets independent draws
-whose active weights together exceed 2.5x the 60 MB L2 (at M = 1 a set touches 9 experts, 54 MB), so no case
+every expert with a pair) + x read + h written and read + y written, at the card's nominal HBM bandwidth (pct_floor) and
+at the copy bandwidth measured in this process (pct_copy). The routing rotates over n_sets independent draws whose
+active weights together exceed 2.5x the 60 MB L2 (at M = 1 a set touches 9 experts, 54 MB), so no case
 times cache hits. Every case records vkc's relative error against a float32 torch evaluation of the same block.
 Usage: python benchmarks/bench_moe_grouped.py OUT.json [M,M,...]   (about 2 minutes)
 """

@@ -3,8 +3,8 @@ W4A16 GEMV (ops.gemv.gemv_w4a16, M <= 64) and cuBLAS bf16 (torch.matmul) on the 
 in one process, microseconds and % of the 4-bit HBM floor.
 
 y[M, N] = x[M, K] @ W[N, K]^T over the Qwen3.5/3.6 27B and 35B-A3B projection shapes (bench_gemv.SHAPES), M in MS.
-Floor = the NVFP4 weight bytes (K/2 + K/16 per row) + x + y at the card's nominal HBM bandwidth (pct_floor) and at the copy
-bandwidth measured in this process (pct_copy). Weights rotate over enough copies to exceed 2.5x the L2. Each row
+Floor = the NVFP4 weight bytes (K/2 + K/16 per row) + x + y at the card's nominal HBM bandwidth (pct_floor) and at the
+copy bandwidth measured in this process (pct_copy). Weights rotate over enough copies to exceed 2.5x the L2. Each row
 records the relative error of both vkc paths against torch on the same weights, the plan the rule picked and, for
 weights up to SWEEP_MAX_BYTES, forced (warps, split) alternatives.
 Usage: python benchmarks/bench_nvfp4_mma.py OUT.json [M,M,...]

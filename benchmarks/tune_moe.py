@@ -13,12 +13,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from bench_moe import E, H, I, K  # noqa: E402 - the 35B-A3B block's shape
 from bench_norm import graph_ms, make_sets  # noqa: E402
 
 from vkc_runtime.ops import moe  # noqa: E402
 from vkc_runtime.ops.moe import common  # noqa: E402
 
-E, K, H, I = 256, 8, 2048, 512
 MS = (1, 4, 16, 64, 2048)
 
 
