@@ -1,0 +1,50 @@
+# How session 34's MoE FP8 decode variants were built (CPU box), from the tree at bf741a4: python3 variants.py MG
+# MG: moe_w8a16_decode_gate_up_kernel per 128-column group (session 34's G of the dense M = 1 GEMV): a scalar scale
+# per group and half, x loaded in the weight tile's layout, [BLOCK_N, 128] accumulators summed once at the end; no
+# next tile held ahead. The root = the tree's sm_90a moe/w8a16.decode.gate_up.* cubins + its manifest.
+import json, os, pathlib, shutil, subprocess, sys
+root = pathlib.Path('/work/main'); name = sys.argv[1]
+tree = (root / f'build/var-src/{name}/tree').resolve(); shutil.rmtree(tree.parent, ignore_errors=True)
+for rel in ("aot", "contract", "runtime", "kernels_src", "csrc"):
+    shutil.copytree(root / rel, tree / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+(tree / "manifests").mkdir(); shutil.copy2(root / "manifests/schema.json", tree / "manifests/schema.json")
+g = tree / 'kernels_src/moe/fp8.py'; s = g.read_text()
+if name == 'MG':
+    a = s.index('    qg = q_e + n.to(tl.int64)[:, None] * stride_qn + rk[None, :]')
+    b = s.index('    if not NATIVE:\n        acc_g = acc_g * 256.0')
+    s = s[:a] + '''    r = tl.arange(0, 128)
+    qg = q_e + n.to(tl.int64)[:, None] * stride_qn + r[None, :]
+    qu = q_e + (n + N).to(tl.int64)[:, None] * stride_qn + r[None, :]
+    s_e = ws_ptr + e * stride_se
+    sg = s_e + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
+    su = s_e + ((N + pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
+    x_row = x_ptr + t * stride_x
+    z = n[:, None] * 0
+    k_end = tl.where(ok, K, 0)  # an invalid id runs no iteration and reads no weight, scale or x
+    acc_g = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
+    for k0 in range(0, k_end, BLOCK_K):
+        for gi in tl.static_range(BLOCK_K // 128):
+            kg0 = k0 + gi * 128
+            k = kg0 + r
+            k_ok = k < K
+            wm = n_ok[:, None] & k_ok[None, :]
+            wg = tl.load(qg + kg0, mask=wm, other=0)
+            wu = tl.load(qu + kg0, mask=wm, other=0)
+            xk = tl.load(x_row + (k[None, :] + z), mask=k_ok[None, :], other=0.0).to(tl.float32)
+            s_g = tl.load(sg + kg0 // 128, mask=kg0 < K, other=0.0)
+            s_u = tl.load(su + kg0 // 128, mask=kg0 < K, other=0.0)
+            acc_g += _e4m3_f32(wg, NATIVE) * (xk * s_g)
+            acc_u += _e4m3_f32(wu, NATIVE) * (xk * s_u)
+    acc_g = tl.sum(acc_g, axis=1)
+    acc_u = tl.sum(acc_u, axis=1)
+''' + s[b:]
+g.write_text(s)
+subprocess.run(['/work/main/.venv/bin/python', '-c', 'import sys, pathlib; from vkc import regen; regen.regen(pathlib.Path(sys.argv[1]), ["sm_90a"])', str(tree)],
+               cwd=tree, env=dict(os.environ, VKC_CUTE_PYTHON='/work/main/.venv-cute/bin/python'), check=True, capture_output=True)
+out = tree.parent / 'root'; (out / 'vendored/sm_90a/moe').mkdir(parents=True); (out / 'manifests').mkdir()
+for f in (tree / 'vendored/sm_90a/moe').glob('w8a16.decode.gate_up.*.cubin'):
+    shutil.copy2(f, out / 'vendored/sm_90a/moe' / f.name)
+shutil.copy2(tree / 'manifests/sm_90a.json', out / 'manifests/sm_90a.json')
+m = json.loads((out / 'manifests/sm_90a.json').read_text())
+print(name, {k: m['kernels'][k]['resources']['registers'] for k in m['kernels'] if 'w8a16.decode.gate_up' in k})
