@@ -29,7 +29,7 @@ done
 echo "bench done at $SECONDS" >> $R/times.txt
 for v in GMG; do
   [ $SECONDS -gt 340 ] && break
-  env $(root $v) timeout 60 python3 -m pytest -q -p no:cacheprovider -m "gpu and not peer" tests/gpu/test_gpu_gemv.py \
+  env $(root $v) timeout 60 python3 -m pytest -q -p no:cacheprovider -m "gpu and not peer" tests/gpu/test_gpu_gemv_w8a16.py \
     tests/gpu/test_gpu_moe_quant.py -k "w8a16 or fp8" > $R/tests-$v.txt 2>&1
 done
 echo "tests done at $SECONDS" >> $R/times.txt
