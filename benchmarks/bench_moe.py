@@ -47,6 +47,8 @@ E, K, H, I = 256, 8, 2048, 512
 EP, KOUT = E + 1, K + 1
 MS = (1, 16, 256, 2048, 8192)
 PATH_MS = (1, 2, 4, 8, 16)
+if os.environ.get("VKC_BENCH_PATH_MS"):  # a subset of PATH_MS (quick A/B runs of the decode kernels)
+    PATH_MS = tuple(int(m) for m in os.environ["VKC_BENCH_PATH_MS"].split(","))
 ROUTE_MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
 FLOOR_TBS = 4.26
 GRAPH_INNER = 10
