@@ -12,13 +12,17 @@ Decoding: NATIVE (sm_89+) the hardware's e4m3 conversion; else the integer decod
 (e4m3_f16_scaled: the value times 2^-8, exact; the 2^8 goes into the scale). NaN codes (0x7F / 0xFF) are not
 finite weights: they give NaN (NATIVE) or +-480 outputs, never an access outside the tensors.
 
-  moe_w8a16_decode_gate_up_kernel  grid (P, cdiv(N, BLOCK_N)) as moe_decode_gate_up_kernel (decode.py): per K
-        step the [BLOCK_N, BLOCK_K] byte tiles of the gate and up rows (the next step's loaded before this one is
-        decoded), decoded to fp32, multiplied with x[k] * scale[k // 128] (BLOCK_N divides 128: one scale row
-        per half per program) and summed over the step's k into [BLOCK_N] fp32 accumulators.
+  moe_w8a16_decode_gate_up_kernel  grid (P, cdiv(N, BLOCK_N)) as moe_decode_gate_up_kernel (decode.py): each K
+        step walks its BLOCK_K / 128 scale blocks: the [BLOCK_N, 128] byte sub-tiles of the gate and up rows
+        decoded to fp32 times x[k] * scale (BLOCK_N divides 128: one scalar scale per half and block) into fp32
+        [BLOCK_N, 128] accumulators, summed over k once at the end.
   moe_w8a16_decode_down_kernel     grid (M, cdiv(H, BLOCK_N)) as moe_decode_down_kernel: every slot's rows in one
-        [SB, BLOCK_N, BLOCK_K] byte tile (or two, SB + SBX: 9 picks as 8 + 1), h[k] * scale[k // 128] per slot,
-        an fp32 partial per (slot, row) summed over K, then the routing-weighted sum over the slots in slot order.
+        [SB, BLOCK_N, BLOCK_K] byte tile (or two, SB + SBX: 9 picks as 8 + 1; BLOCK_K divides 128: one scale
+        block a step), each step's products with h[k] summed over k and times the slot's scale into an fp32
+        partial per (slot, row), then the routing-weighted sum over the slots in slot order.
+  x and h are loaded in the weight tile's own layout (k broadcast over the rows by adding a zero): a 1-D
+        x * scale vector broadcast into the tile cost up to 18 barriers and a shared-memory round trip a step
+        (sm_90a SASS, session 34), the decode kernels' main cost at M = 1.
   moe_w8a16_grouped_kernel         grid (cdiv(N, BLOCK_N), n_blocks) as grouped_gemm_kernel (grouped.py): each K
         step's [BLOCK_K, BLOCK_N] byte tile decoded and multiplied by the step's one scale (BLOCK_K and BLOCK_N
         divide 128), rounded once to bf16 -- the weights dequantizing to bf16 at load would give -- and accumulated
@@ -65,6 +69,7 @@ def moe_w8a16_decode_gate_up_kernel(x_ptr, wq_ptr, ws_ptr, ids_ptr, h_ptr, P, E,
     """x [M, K] bf16, wq [E, 2N, K] uint8, ws [E, 2N / 128, cdiv(K, 128)] fp32, ids int32 [P], h [P, N] bf16.
     Grid (P, cdiv(N, BLOCK_N)); BLOCK_N divides 128, N % 128 == 0."""
     tl.static_assert(128 % BLOCK_N == 0, "one scale row per half and program: BLOCK_N must divide 128")
+    tl.static_assert(BLOCK_K % 128 == 0, "whole scale blocks a step: BLOCK_K must be a multiple of 128")
     f = tl.program_id(0)
     pid_n = tl.program_id(1)
     pdl_enter(PDL)
@@ -74,34 +79,32 @@ def moe_w8a16_decode_gate_up_kernel(x_ptr, wq_ptr, ws_ptr, ids_ptr, h_ptr, P, E,
     t = (f // k_out).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    rk = tl.arange(0, BLOCK_K)
+    rk = tl.arange(0, 128)
     q_e = wq_ptr + e * stride_qe
     qg = q_e + n.to(tl.int64)[:, None] * stride_qn + rk[None, :]
     qu = q_e + (n + N).to(tl.int64)[:, None] * stride_qn + rk[None, :]
     s_e = ws_ptr + e * stride_se
     sg = s_e + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
     su = s_e + ((N + pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
-    x_row = x_ptr + t * stride_x
+    x_row = x_ptr + t * stride_x + n[:, None] * 0
     k_end = tl.where(ok, K, 0)  # an invalid id runs no iteration and reads no weight, scale or x
-    wm = n_ok[:, None] & (rk < k_end)[None, :]
-    wg = tl.load(qg, mask=wm, other=0)
-    wu = tl.load(qu, mask=wm, other=0)
-    acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
     for k0 in range(0, k_end, BLOCK_K):
-        k = k0 + rk
-        k_ok = k < K
-        nm = n_ok[:, None] & ((k0 + BLOCK_K + rk) < k_end)[None, :]
-        wg_next = tl.load(qg + (k0 + BLOCK_K), mask=nm, other=0)
-        wu_next = tl.load(qu + (k0 + BLOCK_K), mask=nm, other=0)
-        xk = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
-        xg = xk * tl.load(sg + k // 128, mask=k_ok, other=0.0)
-        xu = xk * tl.load(su + k // 128, mask=k_ok, other=0.0)
-        # each step's products summed over k at once: [BLOCK_N] accumulators (79 registers at n8.k256 on sm_90a;
-        # [BLOCK_N, BLOCK_K] ones summed at the end took 117 and 13.0 vs 11.35 us on the H200, session 21)
-        acc_g += tl.sum(_e4m3_f32(wg, NATIVE) * xg[None, :], axis=1)
-        acc_u += tl.sum(_e4m3_f32(wu, NATIVE) * xu[None, :], axis=1)
-        wg, wu = wg_next, wu_next
+        for g in tl.static_range(BLOCK_K // 128):
+            kb = k0 + g * 128
+            k = kb + rk
+            k_ok = k < K
+            wm = n_ok[:, None] & k_ok[None, :]
+            wg = tl.load(qg + kb, mask=wm, other=0)
+            wu = tl.load(qu + kb, mask=wm, other=0)
+            xk = tl.load(x_row + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+            s_g = tl.load(sg + kb // 128, mask=kb < K, other=0.0)
+            s_u = tl.load(su + kb // 128, mask=kb < K, other=0.0)
+            acc_g += _e4m3_f32(wg, NATIVE) * (xk * s_g)
+            acc_u += _e4m3_f32(wu, NATIVE) * (xk * s_u)
+    acc_g = tl.sum(acc_g, axis=1)
+    acc_u = tl.sum(acc_u, axis=1)
     if not NATIVE:
         acc_g = acc_g * 256.0
         acc_u = acc_u * 256.0
@@ -126,15 +129,16 @@ def _down_slots(ids_ptr, wts_ptr, wq_ptr, ws_ptr, h_ptr, t, s, k_out, E, n, n_ok
 
 
 @triton.jit
-def _down_step(part, w, w_rows, s_rows, h_rows, ok, wm, rk, k0, K, BLOCK_K: tl.constexpr, NATIVE: tl.constexpr):
+def _down_step(part, w, w_rows, s_rows, h_rows, ok, wm, rk, k0, K, zn, BLOCK_K: tl.constexpr, NATIVE: tl.constexpr):
     """One K step of a slot group: the next step's bytes loaded (past K: fully masked, no access), then this
-    step's decoded and reduced into part [S, BN] with h[k] * scale[k // 128]."""
+    step's decoded, multiplied with h[k] (loaded as [S, BN, BK]: the product's layout), summed over k and times
+    the slot's scale of block k0 // 128 (loaded as [S, BN]: the sum's layout) into part [S, BN]."""
     k = k0 + rk
     hm = ok[:, None] & (k < K)[None, :]
     w_next = tl.load(w_rows + (k0 + BLOCK_K), mask=wm & ((k0 + BLOCK_K + rk) < K)[None, None, :], other=0)
-    hk = tl.load(h_rows + k0, mask=hm, other=0.0).to(tl.float32)
-    hk = hk * tl.load(s_rows[:, None] + (k // 128)[None, :], mask=hm, other=0.0)
-    part += tl.sum(_e4m3_f32(w, NATIVE) * hk[:, None, :], axis=2)
+    hk = tl.load(h_rows[:, None, :] + (k0 + zn)[None, :, None], mask=hm[:, None, :], other=0.0).to(tl.float32)
+    sc = tl.load(s_rows[:, None] + (k0 // 128 + zn)[None, :], mask=ok[:, None] & (k0 < K), other=0.0)
+    part += tl.sum(_e4m3_f32(w, NATIVE) * hk, axis=2) * sc
     return part, w_next
 
 
@@ -147,11 +151,13 @@ def moe_w8a16_decode_down_kernel(h_ptr, wq_ptr, ws_ptr, ids_ptr, wts_ptr, out_pt
     (k_out <= SB + SBX), out [M, N] bf16. Slots [0, SB) are one tile, slots [SB, SB + SBX) a second one (SBX 0:
     none), loaded in the same K steps. Grid (M, cdiv(N, BLOCK_N)); BLOCK_N divides 128."""
     tl.static_assert(128 % BLOCK_N == 0, "one scale row per program: BLOCK_N must divide 128")
+    tl.static_assert(128 % BLOCK_K == 0, "one scale block a step: BLOCK_K must divide 128")
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     rk = tl.arange(0, BLOCK_K)
+    zn = n * 0  # broadcasts h and the scales over the rows (the tile's layout)
     pdl_enter(PDL)
     ok, wt, w_rows, s_rows, h_rows, wm = _down_slots(ids_ptr, wts_ptr, wq_ptr, ws_ptr, h_ptr, t, tl.arange(0, SB),
                                                      k_out, E, n, n_ok, rk, pid_n, stride_h, stride_qe, stride_qn,
@@ -166,9 +172,9 @@ def moe_w8a16_decode_down_kernel(h_ptr, wq_ptr, ws_ptr, ids_ptr, wts_ptr, out_pt
         w2 = tl.load(w_rows2, mask=wm2 & (rk < K)[None, None, :], other=0)
         part2 = tl.zeros((SBX, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        part, w = _down_step(part, w, w_rows, s_rows, h_rows, ok, wm, rk, k0, K, BLOCK_K, NATIVE)
+        part, w = _down_step(part, w, w_rows, s_rows, h_rows, ok, wm, rk, k0, K, zn, BLOCK_K, NATIVE)
         if SBX > 0:
-            part2, w2 = _down_step(part2, w2, w_rows2, s_rows2, h_rows2, ok2, wm2, rk, k0, K, BLOCK_K, NATIVE)
+            part2, w2 = _down_step(part2, w2, w_rows2, s_rows2, h_rows2, ok2, wm2, rk, k0, K, zn, BLOCK_K, NATIVE)
     acc = tl.sum(tl.where(ok[:, None], wt[:, None] * part, 0.0), axis=0)
     if SBX > 0:
         acc += tl.sum(tl.where(ok2[:, None], wt2[:, None] * part2, 0.0), axis=0)

@@ -13,10 +13,10 @@ whole scale blocks, as a fused checkpoint's per-projection grids stack). Weight 
 (an e4m3 NaN code gives NaN or +-480 outputs, no access outside the tensors).
 
 Tiles (``TILES``, the rule's pick first; ``_tile=`` forces another): as ops/moe/nvfp4_ops.py; the decode picks are
-the H200's fastest at M = 1 on the 35B-A3B shape (benchmarks/bench_moe.py fp8, session 17: gate_up n8.k256 12.99 us
-vs 13.35 / 14.28; down n4.k128 9.87 us vs 10.27 / 11.22; session 21, with each step's products summed at once:
-gate_up n8.k256 11.35 us vs n16.k256 11.53, n8.k512 11.84); the down tile n4.k128.s9 (k' <= 9 as 8 + 1 slots,
-4 warps) 6.1 us vs 9.1 for n4.k128.s16 (session 21): the rule's pick for k' <= 9.
+the fastest at M = 1 on the 35B-A3B shape (benchmarks/bench_moe.py fp8). Session 34 (H100, x and h loaded in the
+weight tile's layout, kernels_src/moe/fp8.py): gate_up n8.k512 9.2 us vs n8.k256 10.2, n16.k256 11.4; down
+n4.k128.s9 (k' <= 9 as 8 + 1 slots, 4 warps) 6.2 us vs n2.k128.s9 7.0, n4.k128.s16 8.7: the rule's pick for
+k' <= 9 (earlier kernels, H200, sessions 17 / 21: gate_up n8.k256 11.35 us, down n4.k128.s9 6.1).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class Fp8Experts(NamedTuple):
 
 # kernel -> its tiles, the rule's pick first (kernels_src/moe/fp8_spec.py compiles the same)
 TILES = {
-    "gate_up": ((8, 256), (16, 256), (8, 512)),
+    "gate_up": ((8, 512), (8, 256), (16, 256)),
     # down: the rule takes the first tile holding k' (9: 8 + 1 slots)
     "down": ((4, 128, 9), (2, 128, 9), (4, 128, 16), (4, 64, 16), (2, 128, 16)),
     "grouped": {16: {None: ((64, 64),), "silu_mul": ((64, 64),)},
