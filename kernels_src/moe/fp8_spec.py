@@ -2,7 +2,9 @@
 family's spec.py (this file defines only ``SPECS``).
 
 Bases (vkc_runtime/ops/moe/fp8_ops.py picks one tile per kernel; its TILES lists the same):
-  w8a16.decode.gate_up.n{BN}.k{BK}       BLOCK_N rows of gate (+ as many of up) x BLOCK_K bytes of K per step
+  w8a16.decode.gate_up.n{BN}.k{BK}       BLOCK_N rows of gate (+ as many of up) x BLOCK_K bytes of K per step:
+                                         n8.k512 is the pick (H100 M = 1: 9.2 us vs n8.k256 10.2, n16.k256 11.4,
+                                         session 34)
   w8a16.decode.down.n{BN}.k{BK}.s{S}     BLOCK_N rows of hidden x BLOCK_K, every slot in one tile (S 16 >= k'),
                                          or S 9 as a tile of 8 and one of 1 (SB 8, SBX 1): n4.k128.s9 with 4 warps
                                          is the pick for k' <= 9 (H200 M = 1: 6.1 us vs 8.6 with 8 warps, n2.k128.s9
