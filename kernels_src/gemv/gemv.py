@@ -381,19 +381,22 @@ def gemv_w8a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_x
                          NATIVE: tl.constexpr, PDL: tl.constexpr):
     """gemv_w8a16_kernel for M = 1 (BLOCK_M == 1) on CUDA cores: the [BLOCK_N, BLOCK_K] e4m3 tile decoded to fp32
     (NATIVE: the hardware's fp8 conversion, sm_89+; else the integer decoding of gemv_w8a16_kernel, times 2^8
-    once at the end) and multiplied by x * scale, formed once per column (x[k] * s[n // 128, k // 128]: BLOCK_N
-    divides 128, so a program's rows share one scale row) into an fp32 accumulator of the tile's shape, reduced
-    once. Same ABI, grid and outputs as gemv_w8a16_kernel; BLOCK_K and k_split multiples of 128."""
+    once at the end), multiplied by x * scale, formed once per column (x[k] * s[n // 128, k // 128]: BLOCK_N
+    divides 128, so a program's rows share one scale row), and summed over each step's K into a [BLOCK_N] fp32
+    accumulator. Same ABI, grid and outputs as gemv_w8a16_kernel; BLOCK_K and k_split multiples of 128.
+    Per-step sums, not a [BLOCK_N, BLOCK_K] accumulator reduced once: 47 / 48 registers instead of 77 / 78
+    (sm_90a); with the op rule's tiles, 3-19% less time on 12 of the 13 FP8 shapes of bench_gemv, 21% more on
+    one (27B gdn_z, 6144 x 5120; H100, BENCHMARKS.md session 35)."""
     tl.static_assert(BLOCK_K % 128 == 0, "BLOCK_K must be a multiple of the 128 of the scale blocks")
     tl.static_assert(128 % BLOCK_N == 0, "one scale row per program: BLOCK_N must divide 128")
     pid_n, pid_k, n_split, n, n_ok, k_lo, k_hi = _program_tile(N, K, k_split, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + rk[None, :]
     s_row = s_ptr + ((pid_n * BLOCK_N) // 128).to(tl.int64) * stride_sn
-    # no weight tile before pdl_enter here: holding one across the loop took 94-100 registers instead of 77-78
-    # (sm_90a), one program fewer per SM
+    # no weight tile before pdl_enter here: holding one across the loop took 94-100 registers (sm_90a, with the
+    # earlier full-tile accumulator: 77-78 without it), one program fewer per SM
     pdl_enter(PDL)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    y = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + rk
         k_ok = k < K
@@ -405,8 +408,7 @@ def gemv_w8a16_m1_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, M, N, K, stride_x
             bits = ((bi & 0x7F) << 7) | ((bi & 0x80) << 8)  # fp16 bits of the e4m3 value * 2^-8
             w = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
         xs = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * tl.load(s_row + k // 128, mask=k_ok, other=0.0)
-        acc += w * xs[None, :]
-    y = tl.sum(acc, axis=1)
+        y += tl.sum(w * xs[None, :], axis=1)
     if not NATIVE:
         y = y * 256.0
     _store_out(y[:, None], n, tl.arange(0, 1), N, M, out_ptr, ws_ptr, stride_om, pid_k, n_split)

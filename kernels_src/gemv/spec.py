@@ -13,7 +13,7 @@ Bases (the op picks one by M bucket and tile; vkc_runtime.ops.gemv has the rule)
   w4a16.m1.n{64,16}.k256.{int,prmt}       NVFP4 at M = 1: the CUDA-core kernel (gemv_w4a16_m1_kernel)
   w8a16.m{16,32,64}.n{64,16}.k128         block-wise FP8 weights (128 x 128 fp32 scales) dequantized in the
                                           kernel (gemv_w8a16_kernel), wide and narrow tiles
-  w8a16.m1.n8.k512, w8a16.m1.n4.k1024     FP8 at M = 1: the CUDA-core kernel (gemv_w8a16_m1_kernel), 4 warps;
+  w8a16.m1.n4.k1024, w8a16.m1.n8.k512     FP8 at M = 1: the CUDA-core kernel (gemv_w8a16_m1_kernel), 4 warps;
                                           NATIVE (the hardware's e4m3 conversion) on sm_89+, the integer
                                           decoder on sm_80/86 (H200 JIT sweep: 55-81% of the FP8 floor over
                                           the 27B/35B-A3B projections, 1.5-3.6x the MMA kernel at M = 1)
@@ -86,7 +86,7 @@ TILES = {
     "w8a16": ((64, 128, 4), (16, 128, 4)),
 }
 # kind -> its own tiles for the M = 1 bucket where they differ from TILES (the op's M1_TILES lists the same)
-M1_TILES = {"bf16": ((4, 1024, 8),), "w8a16": ((8, 512, 4), (4, 1024, 4))}
+M1_TILES = {"bf16": ((4, 1024, 8),), "w8a16": ((4, 1024, 4), (8, 512, 4))}
 _NO_FP8_CVT = ("sm_80", "sm_86")  # no hardware e4m3 conversion (Triton's fp8e4nv needs sm_89+)
 _SMALL_SMEM = ("sm_86", "sm_89", "sm_120a", "sm_121a")  # 99 KB of shared memory per block
 

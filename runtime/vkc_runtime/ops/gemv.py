@@ -37,8 +37,9 @@ N in M1_N_RANGE (1024..8192), other N take bucket 16); for each tile of the buck
 weight rows per program, narrow: 16; at M = 1: 4-64) and each split count s
 (1..16, at least 4 K tiles per split) the rule estimates the time relative to streaming the weights at full
 bandwidth (:func:`_wave_cost`: full waves of resident programs saturate HBM; a last partial wave, or a launch
-smaller than the machine, of r programs runs at min(1, r / (0.3 * slots)) of it), times the L2 re-reads of x,
-plus the split-K partials' traffic and the reduce launch, and takes the cheapest (ties: wide, fewer splits).
+smaller than the machine, of r programs runs at min(1, r / (0.3 * slots)) of it), times the L2 re-reads of x
+(none for the M = 1 FP8 kernel: M1_L2_COST), plus the split-K partials' traffic and the reduce launch, and takes
+the cheapest (ties: the first tile of :func:`tiles`, fewer splits).
 ``slots`` is the SM count times the kernel's occupancy (driver query). Split-K writes fp32 partials [s, M, N]
 to a workspace and a second launch sums them in split order (deterministic, no atomics). The constants are
 first choices made without a device to time them (benchmarks/bench_gemv.py times forced alternatives next to
@@ -83,7 +84,7 @@ MIN_K_TILES_PER_SPLIT = 4
 # kind -> (BLOCK_N, BLOCK_K) per tile, wide first (kernels_src/gemv/spec.py compiles the same list)
 TILES = {"bf16": ((64, 128), (16, 256)), "w4a16": ((64, 256), (16, 256)), "w8a16": ((64, 128), (16, 128))}
 # kind -> the M = 1 bucket's own tiles where they differ from TILES (few weight rows per program)
-M1_TILES = {"bf16": ((4, 1024),), "w8a16": ((8, 512), (4, 1024))}
+M1_TILES = {"bf16": ((4, 1024),), "w8a16": ((4, 1024), (8, 512))}
 # kind -> the N range whose M = 1 calls take the CUDA-core kernel (outside it: the MMA kernels' M bucket 16).
 # BF16 on the H200 (bench_gemv): 6.5 vs 9.0 us at N = 2048 (K 4096), 18.4-19.1 vs 19.3-19.5 at N = 5120-6144, but
 # the MMA kernel's 64-row tiles win from N = 9216 on (12.8 vs 13.5, 14.9 vs 16.9 at 12352 x 2048); below N = 1024
@@ -92,6 +93,11 @@ M1_N_RANGE = {"bf16": (1024, 8192)}
 _WEIGHT_BYTES_PER_ELEM = {"bf16": 2.0, "w4a16": 0.5 + 1.0 / 16, "w8a16": 1.0 + 4.0 / (128 * 128)}
 SPLIT_LAUNCH_COST = 0.03  # the reduce launch, as a fraction of the weight streaming time
 L2_COST = 0.25  # an L2 byte (x re-read by every program) relative to an HBM byte
+# kind -> L2_COST of its M = 1 bucket where measurement overrules it: the FP8 CUDA-core kernel's 4-row tile
+# (n4.k1024, twice the x re-reads of n8.k512) took 2-29% less time on 8 of the 13 FP8 shapes of bench_gemv and
+# at most 4% more on the others (H100, BENCHMARKS.md session 35): x costs it nothing the rule can see, and it
+# wins the ties
+M1_L2_COST = {"w8a16": 0.0}
 SATURATE = 0.3  # the fraction of the resident slots that saturates HBM (a partial wave above it runs at full speed)
 
 
@@ -109,7 +115,8 @@ def _reduce_base() -> str:
 
 
 def tiles(kind: str, bm: int) -> tuple:
-    """The (BLOCK_N, BLOCK_K) tiles compiled for one kind and M bucket, wide first."""
+    """The (BLOCK_N, BLOCK_K) tiles compiled for one kind and M bucket, the rule's tie-breaker first (wide, except
+    the M = 1 FP8 kernel's 4-row tile)."""
     return M1_TILES.get(kind, TILES[kind]) if bm == 1 else TILES[kind]
 
 
@@ -168,7 +175,8 @@ def plan(kind: str, M: int, N: int, K: int, num_sms: int, ctas_per_sm: tuple[int
         slots = max(1, num_sms) * max(1, ctas_per_sm[t] if t < len(ctas_per_sm) else 1)
         nb = _cdiv(N, bn)
         kt = _cdiv(K, bk)
-        x_cost = L2_COST * (2.0 * bm) / (bn * wb)  # x bytes re-read from L2 per weight byte
+        l2 = M1_L2_COST.get(kind, L2_COST) if bm == 1 else L2_COST
+        x_cost = l2 * (2.0 * bm) / (bn * wb)  # x bytes re-read from L2 per weight byte
         for s in range(1, min(MAX_SPLIT, max(1, kt // MIN_K_TILES_PER_SPLIT)) + 1):
             per = _cdiv(kt, s)
             if _cdiv(kt, per) != s:  # that many splits would leave one empty
