@@ -28,7 +28,7 @@
 #   has one), and run with carry [".whl"]; env.txt says whether it is importable.
 set -uo pipefail
 WHAT=${1:-all}
-KEXPR=${2:-}
+KEXPR=${2:-${KEXPR:-}}  # the pytest -k expression: the second argument, else the environment
 OUT=${OUT:-/tmp/vkc-gpu-out}
 WORK=/tmp/vkc-work
 mkdir -p "$OUT"; rm -rf "$WORK"; mkdir -p "$WORK"
