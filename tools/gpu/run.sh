@@ -7,6 +7,7 @@
 #   failure's report as it happened (tests/gpu/conftest.py), keyed by name;
 #   split it with `python tools/gpu/unpack.py results.json benchmarks/results/<dir>`).
 #   usage: [BENCHES='gdn attn ...'] bash tools/gpu/run.sh [all|tests|peer-tests|memcheck|bench|tune|ncu] [pytest -k expression]
+#   (the -k expression may also come as KEXPR in the environment; the argument wins)
 #   memcheck: every GPU test (MEMCHECK_TESTS overrides, e.g. tests/gpu/test_gpu_bounds.py) under compute-sanitizer
 #   --tool memcheck, torch's caching allocator off, except (default -k) the host-timing tests (meaningless under the
 #   sanitizer) and the large-grid decode tests (their buffers exhaust memory with the sanitizer's shadow memory);
