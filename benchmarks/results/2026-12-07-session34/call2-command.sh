@@ -1,4 +1,4 @@
-# NOT RUN (session 34): the device time ran out (three starts refused after call 1). Prepared for the next session.
+# RUN in session 35 as its call 1 (this file unchanged but this line), at 3c3be13, H100: results in ../2026-12-07-session35/call1.tgz. The memcheck's -k filter did not apply (run.sh read KEXPR only from its second argument then).
 # session 34, call 2 (the budget left ~300 s: memcheck first, then the engine and the tiles; the tests of the MoE
 # kernels ran in call 1 on the same cubins): the landed MoE FP8 decode kernels (x / h in the weight tile's layout; gate_up's pick n8.k512):
 # GPU tests (FP8 MoE, FP8 engine, FP8 GEMV, bf16 MoE decode), the 35B-A3B FP8 engine at B = 1, bench_moe fp8 at
