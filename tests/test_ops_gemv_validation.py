@@ -198,9 +198,9 @@ def test_plan_rule_properties():
     assert G.plan("bf16", 1, 8193, 2048, 132, (2, 4)).bm == 16 == G.bucket("bf16", 1, 8193)
     assert G.plan("bf16", 1, 248320, 2048, 132, (2, 4)).bm == 16
     assert G.plan("bf16", 2, 2048, 4096, 132, (2, 4)).bm == 16
-    # FP8 at M = 1: no x re-read cost, the 4-row tile first (measured: BENCHMARKS.md session 35); at the H100's
-    # 10 programs per SM it takes every 35B-A3B decode projection and the 27B ones at N = 5120, and the wave
-    # model still gives the 8-row tile the lm_head (one program a slot in the last wave)
+    # FP8 at M = 1: no x re-read cost, the 4-row tile first (measured: BENCHMARKS.md session 35); at 10
+    # programs per SM (sm_90a, 47/48 registers) it takes every 35B-A3B decode projection and the 27B ones at
+    # N = 5120 and 34816, and the wave model still gives the lm_head the 8-row tile (its last wave is fuller)
     assert G.tiles("w8a16", 1)[0] == (4, 1024) and G.M1_L2_COST["w8a16"] == 0.0
     for N, K in [(12352, 2048), (2048, 4096), (9216, 2048), (5120, 6144), (5120, 17408), (34816, 5120)]:
         assert G.plan("w8a16", 1, N, K, 132, (10, 10)) == G.Plan(1, 4, 1024, 1, K), (N, K)
