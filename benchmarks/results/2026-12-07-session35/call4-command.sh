@@ -1,6 +1,7 @@
 # NOT RUN (session 35): the device time left (230 s) was too little to start a machine. Prepared for the next session.
 # session 35, call 4: the engines at B = 1 and the MoE block at M = 1 on the card the issues name (H200 if it
-# comes), at the tree with this session's FP8 M = 1 GEMV change (e72a418).
+# comes), at the tree with this session's FP8 M = 1 GEMV change (e72a418); then the 27B bf16 engine, head vs BN.
+# Run with carry [".whl", "build/carry"].
 set -x
 SECONDS=0
 O=$OUT; R=/tmp/r; mkdir -p $R
@@ -19,5 +20,14 @@ VKC_BENCH_PATH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-paths.json
 echo "moe done at $SECONDS" >> $R/times.txt
 [ $SECONDS -lt 200 ] && timeout 80 python3 benchmarks/bench_engine.py --shape 27b --quant fp8 --batches 1 --prefill 64 \
   --long-prefill 0 --steps 32 --timeline --out $R/engine27-fp8.json > $R/engine27-fp8.txt 2>&1
+# the lead of call 3: the bf16 M = 1 GEMV variant BN in the 27B bf16 engine (carry build/carry: gemv-bf16-var.tgz)
+mkdir -p build/var && tar -xzf build/carry/gemv-bf16-var.tgz -C build/var && cp -rn vendored/sm_90a/. build/var/BN/vendored/sm_90a/
+cp manifests/schema.json build/var/BN/manifests/
+for v in head BN head BN; do
+  [ $SECONDS -gt 480 ] && break
+  [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/BN"
+  env $r timeout 90 python3 benchmarks/bench_engine.py --shape 27b --batches 1 --prefill 64 --long-prefill 0 \
+    --steps 32 --timeline --out $R/engine27-bf16-$v-$SECONDS.json > $R/engine27-bf16-$v-$SECONDS.txt 2>&1; snap
+done
 echo "all done at $SECONDS" >> $R/times.txt
 snap
