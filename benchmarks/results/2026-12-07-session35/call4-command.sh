@@ -1,6 +1,7 @@
 # NOT RUN (session 35): the device time left (230 s) was too little to start a machine. Prepared for the next session.
 # session 35, call 4: the engines at B = 1 and the MoE block at M = 1 on the card the issues name (H200 if it
-# comes), at the tree with this session's FP8 M = 1 GEMV change (e72a418); then the 27B bf16 engine, head vs BN.
+# comes), at the tree with this session's FP8 M = 1 GEMV change (e72a418); then the bf16 M = 1 variants BN and BN4
+# (variants.py): tests and bench_gemv of BN4, and the 27B bf16 engine, head vs BN vs BN4.
 # Run with carry [".whl", "build/carry"].
 set -x
 SECONDS=0
@@ -21,13 +22,27 @@ echo "moe done at $SECONDS" >> $R/times.txt
 [ $SECONDS -lt 200 ] && timeout 80 python3 benchmarks/bench_engine.py --shape 27b --quant fp8 --batches 1 --prefill 64 \
   --long-prefill 0 --steps 32 --timeline --out $R/engine27-fp8.json > $R/engine27-fp8.txt 2>&1
 # the lead of call 3: the bf16 M = 1 GEMV variant BN in the 27B bf16 engine (carry build/carry: gemv-bf16-var.tgz)
-mkdir -p build/var && tar -xzf build/carry/gemv-bf16-var.tgz -C build/var && cp -rn vendored/sm_90a/. build/var/BN/vendored/sm_90a/
-cp manifests/schema.json build/var/BN/manifests/
-for v in head BN head BN; do
+mkdir -p build/var && tar -xzf build/carry/gemv-bf16-var.tgz -C build/var
+for v in BN BN4; do cp -rn vendored/sm_90a/. build/var/$v/vendored/sm_90a/; cp manifests/schema.json build/var/$v/manifests/; done
+for v in BN4; do
+  VKC_ARTIFACT_ROOT=$PWD/build/var/$v timeout 60 python3 -m pytest -q -p no:cacheprovider -m "gpu and not peer" \
+    tests/gpu/test_gpu_gemv.py > $R/tests-$v.txt 2>&1; snap
+  env VKC_ARTIFACT_ROOT=$PWD/build/var/$v BENCH_GEMV_SWEEP_MAX_BYTES=0 timeout 60 python3 benchmarks/bench_gemv.py \
+    $R/gemv-$v.json 1 bf16 > $R/gemv-$v.txt 2>&1; snap
+done
+VKC_BENCH=1 BENCH_GEMV_SWEEP_MAX_BYTES=0 timeout 60 python3 benchmarks/bench_gemv.py $R/gemv-head.json 1 bf16 \
+  > $R/gemv-head.txt 2>&1; snap
+for v in head BN BN4 head BN BN4; do
   [ $SECONDS -gt 480 ] && break
-  [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/BN"
+  [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
   env $r timeout 90 python3 benchmarks/bench_engine.py --shape 27b --batches 1 --prefill 64 --long-prefill 0 \
     --steps 32 --timeline --out $R/engine27-bf16-$v-$SECONDS.json > $R/engine27-bf16-$v-$SECONDS.txt 2>&1; snap
+done
+for v in BN4 head BN4; do  # the 35B-A3B bf16 engine, where BN lost (head ran above as engine35-none)
+  [ $SECONDS -gt 540 ] && break
+  [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
+  env $r timeout 50 python3 benchmarks/bench_engine.py --shape 35b-a3b --batches 1 --prefill 64 --long-prefill 0 \
+    --steps 32 --timeline --out $R/engine35-bf16-$v-$SECONDS.json > $R/engine35-bf16-$v-$SECONDS.txt 2>&1; snap
 done
 echo "all done at $SECONDS" >> $R/times.txt
 snap
