@@ -3,27 +3,20 @@
 # comes), at the tree with this session's FP8 M = 1 GEMV change (e72a418); then the bf16 M = 1 variants BN and BN4
 # (variants.py): tests and bench_gemv of BN4, and the 27B bf16 engine, head vs BN vs BN4.
 # Run with carry [".whl", "build/carry"].
-set -x
-SECONDS=0
-O=$OUT; R=/tmp/r; mkdir -p $R
-snap() { tar -czf $O/call4.tgz -C /tmp r; }
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > $R/gpu.txt
-OUT=/tmp/b timeout 150 bash tools/gpu/run.sh build-only > $R/build.txt 2>&1
-echo "build done at $SECONDS" >> $R/times.txt; snap
-export PYTHONPATH=/tmp/vkc-site:$PWD:/tmp/peer-site TRITON_INTERPRET=0 VKC_BENCH=1
+NAME=call4; source tools/gpu/call_prelude.sh
+export VKC_BENCH=1
 for q in fp8 none nvfp4; do
   timeout 50 python3 benchmarks/bench_engine.py --shape 35b-a3b --quant $q --batches 1 --prefill 64 --long-prefill 0 \
     --steps 32 --timeline --out $R/engine35-$q.json > $R/engine35-$q.txt 2>&1; snap
 done
-echo "engine35 done at $SECONDS" >> $R/times.txt
+step engine35
 VKC_BENCH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-fp8.json fp8 > $R/moe-fp8.txt 2>&1; snap
 VKC_BENCH_PATH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-paths.json paths > $R/moe-paths.txt 2>&1; snap
-echo "moe done at $SECONDS" >> $R/times.txt
+step moe
 [ $SECONDS -lt 200 ] && timeout 80 python3 benchmarks/bench_engine.py --shape 27b --quant fp8 --batches 1 --prefill 64 \
   --long-prefill 0 --steps 32 --timeline --out $R/engine27-fp8.json > $R/engine27-fp8.txt 2>&1
 # the lead of call 3: the bf16 M = 1 GEMV variant BN in the 27B bf16 engine (carry build/carry: gemv-bf16-var.tgz)
-mkdir -p build/var && tar -xzf build/carry/gemv-bf16-var.tgz -C build/var
-for v in BN BN4; do cp -rn vendored/sm_90a/. build/var/$v/vendored/sm_90a/; cp manifests/schema.json build/var/$v/manifests/; done
+mkdir -p build/var && tar -xzf build/carry/gemv-bf16-var.tgz -C build/var && fill_root BN BN4
 for v in BN4; do
   VKC_ARTIFACT_ROOT=$PWD/build/var/$v timeout 60 python3 -m pytest -q -p no:cacheprovider -m "gpu and not peer" \
     tests/gpu/test_gpu_gemv.py > $R/tests-$v.txt 2>&1; snap
@@ -44,5 +37,4 @@ for v in BN4 head BN4; do  # the 35B-A3B bf16 engine, where BN lost (head ran ab
   env $r timeout 50 python3 benchmarks/bench_engine.py --shape 35b-a3b --batches 1 --prefill 64 --long-prefill 0 \
     --steps 32 --timeline --out $R/engine35-bf16-$v-$SECONDS.json > $R/engine35-bf16-$v-$SECONDS.txt 2>&1; snap
 done
-echo "all done at $SECONDS" >> $R/times.txt
-snap
+step all
