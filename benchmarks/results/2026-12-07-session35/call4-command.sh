@@ -1,4 +1,4 @@
-# NOT RUN (session 35): the device time left (230 s) was too little to start a machine. Prepared for the next session.
+# NOT RUN (session 35): run as session 36 call 1 (benchmarks/results/2026-12-07-session36/call1-command.sh).
 # session 35, call 4: the engines at B = 1 and the MoE block at M = 1 on the card the issues name (H200 if it
 # comes), at the tree with this session's FP8 M = 1 GEMV change (e72a418); then the bf16 M = 1 variants BN and BN4
 # (variants.py): tests and bench_gemv of BN4, and the 27B bf16 engine, head vs BN vs BN4.

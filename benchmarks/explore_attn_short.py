@@ -1,0 +1,71 @@
+"""Exploration (the vendored kernels): attention decode at the engine's shape when the context is short and the
+block table is wide -- what a decode step of a CUDA graph captured for the whole cache runs (35B-A3B: 16/2 x 256
+heads, block size 64, a block table as wide as max_model_len). The split heuristic sees max_seq_len = the table's
+capacity and picks its widest split count; the per-split key range follows the device-side length, so at a short
+context most splits are empty. This times, graph-replayed (``inner`` calls back to back, PDL between them), the
+op's default against forced split counts, fused and unfused, and against max_seq_len = the true length.
+
+Rows: {"B", "L", "width", "variant", "splits", "fused", "us"}. Usage: python benchmarks/explore_attn_short.py OUT.json
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
+
+from vkc_runtime.ops import attn as A  # noqa: E402
+
+HQ, HKV, D, BS = 16, 2, 256, 64
+WIDTH = 4096  # blocks per sequence: 262144 tokens
+CASES = [(1, 100), (1, 1000), (1, 8000), (4, 100), (4, 1000)]
+SPLITS = (1, 2, 4, 8, 16, 64)
+
+
+def inputs(B, L):
+    nblk = -(-L // BS)
+    kc = torch.randn(B * nblk, BS, HKV, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    bt = torch.zeros(B, WIDTH, dtype=torch.int32, device="cuda")
+    bt[:, :nblk] = torch.randperm(B * nblk, device="cuda").to(torch.int32).view(B, nblk)
+    q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16)
+    gate = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16)
+    sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    return kc, vc, bt, q, gate, sl, torch.empty_like(q)
+
+
+def main(path):
+    rows = []
+    ws = A.decode_workspace(8, HQ, D, 64, num_kv_heads=HKV)
+    for B, L in CASES:
+        kc, vc, bt, q, gate, sl, out = inputs(B, L)
+        ref = None
+        variants = [("default", {}), ("tight", {"max_seq_len": L})]
+        variants += [(f"s{s}.{'fused' if f else 'sep'}", {"num_splits": s, "fused": f})
+                     for s in SPLITS for f in ((True, False) if s > 1 else (False,))]
+        for name, kw in variants:
+            def op(i, st=None, kw=kw):
+                A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gate, out=out, workspace=ws, stream=st, **kw)
+            try:
+                op(0)
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref = out.float().clone()
+                err = (out.float() - ref).abs().max().item()
+                us = timing.graph_ms(op, vkc=True, inner=20, reps=20) * 1e3
+            except Exception as e:  # noqa: BLE001 - a variant the op refuses is recorded, not fatal
+                rows.append({"B": B, "L": L, "variant": name, "error": f"{type(e).__name__}: {e}"})
+                continue
+            r = {"B": B, "L": L, "width": WIDTH, "variant": name, "us": round(us, 2), "max_diff": err, **kw}
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    with open(path, "w") as f:
+        json.dump({"rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
