@@ -1,7 +1,8 @@
 # session 36, call 1: session 35's call 4 (not run then; below unchanged from its line 'NAME=call4' on, but for NAME and
 # the attention probe added after the MoE step): the engines at B = 1 and the MoE block at M = 1 at HEAD, the bf16
 # M = 1 GEMV variants BN / BN4 (session 35's variants.py) in the 27B / 35B-A3B bf16 engines, and
-# explore_attn_short.py (attention decode at short contexts with the engine's wide block table).
+# explore_attn_short.py (attention decode at short contexts with the engine's wide block table), and the router's
+# top-k at 1 / 2 warps (variants.py TW1 / TW2) in the 35B-A3B FP8 engine.
 # Run with carry [".whl", "build/carry"].
 NAME=call1; source tools/gpu/call_prelude.sh
 export VKC_BENCH=1
@@ -10,11 +11,20 @@ for q in fp8 none nvfp4; do
     --steps 32 --timeline --out $R/engine35-$q.json > $R/engine35-$q.txt 2>&1; snap
 done
 step engine35
+# session 36's top-k warp variants (variants.py TW1 / TW2; carry build/carry: topk-var.tgz) in the 35B-A3B FP8 engine
+mkdir -p build/var && tar -xzf build/carry/topk-var.tgz -C build/var && fill_root TW1 TW2
+for v in TW1 TW2 head TW1 TW2; do
+  [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
+  env $r timeout 50 python3 benchmarks/bench_engine.py --shape 35b-a3b --quant fp8 --batches 1 --prefill 64 \
+    --long-prefill 0 --steps 32 --timeline --out $R/engine35-fp8-$v-$SECONDS.json > $R/engine35-fp8-$v-$SECONDS.txt 2>&1; snap
+done
+VKC_ARTIFACT_ROOT=$PWD/build/var/TW1 timeout 60 python3 -m pytest -q -p no:cacheprovider -m "gpu and not peer" \
+  tests/gpu/test_gpu_moe_router.py > $R/tests-TW1.txt 2>&1; step topk
 VKC_BENCH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-fp8.json fp8 > $R/moe-fp8.txt 2>&1; snap
 VKC_BENCH_PATH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-paths.json paths > $R/moe-paths.txt 2>&1; snap
 step moe
 timeout 60 python3 benchmarks/explore_attn_short.py $R/attn-short.json > $R/attn-short.txt 2>&1; step attn
-[ $SECONDS -lt 260 ] && timeout 80 python3 benchmarks/bench_engine.py --shape 27b --quant fp8 --batches 1 --prefill 64 \
+[ $SECONDS -lt 330 ] && timeout 80 python3 benchmarks/bench_engine.py --shape 27b --quant fp8 --batches 1 --prefill 64 \
   --long-prefill 0 --steps 32 --timeline --out $R/engine27-fp8.json > $R/engine27-fp8.txt 2>&1
 # the lead of call 3: the bf16 M = 1 GEMV variant BN in the 27B bf16 engine (carry build/carry: gemv-bf16-var.tgz)
 mkdir -p build/var && tar -xzf build/carry/gemv-bf16-var.tgz -C build/var && fill_root BN BN4
@@ -27,13 +37,13 @@ done
 VKC_BENCH=1 BENCH_GEMV_SWEEP_MAX_BYTES=0 timeout 60 python3 benchmarks/bench_gemv.py $R/gemv-head.json 1 bf16 \
   > $R/gemv-head.txt 2>&1; snap
 for v in head BN BN4 head BN BN4; do
-  [ $SECONDS -gt 480 ] && break
+  [ $SECONDS -gt 470 ] && break
   [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
   env $r timeout 90 python3 benchmarks/bench_engine.py --shape 27b --batches 1 --prefill 64 --long-prefill 0 \
     --steps 32 --timeline --out $R/engine27-bf16-$v-$SECONDS.json > $R/engine27-bf16-$v-$SECONDS.txt 2>&1; snap
 done
 for v in BN4 head BN4; do  # the 35B-A3B bf16 engine, where BN lost (head ran above as engine35-none)
-  [ $SECONDS -gt 540 ] && break
+  [ $SECONDS -gt 520 ] && break
   [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
   env $r timeout 50 python3 benchmarks/bench_engine.py --shape 35b-a3b --batches 1 --prefill 64 --long-prefill 0 \
     --steps 32 --timeline --out $R/engine35-bf16-$v-$SECONDS.json > $R/engine35-bf16-$v-$SECONDS.txt 2>&1; snap
