@@ -3,12 +3,14 @@ block table is wide -- what a decode step of a CUDA graph captured for the whole
 heads, block size 64, a block table as wide as max_model_len). The split heuristic sees max_seq_len = the table's
 capacity and picks its widest split count; the per-split key range follows the device-side length, so at a short
 context most splits are empty. This times, graph-replayed (``inner`` calls back to back, PDL between them), the
-op's default against forced split counts, fused and unfused, and against max_seq_len = the true length.
+op's default against forced split counts, fused and unfused, and against max_seq_len = the true length; each
+with the TMA kernels (sm_90a) and with the gather kernels (a workspace without the TMA scratch).
 
 Rows: {"B", "L", "width", "variant", "splits", "fused", "us"}. Usage: python benchmarks/explore_attn_short.py OUT.json
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -21,7 +23,7 @@ import timing  # noqa: E402
 from vkc_runtime.ops import attn as A  # noqa: E402
 
 HQ, HKV, D, BS = 16, 2, 256, 64
-WIDTH = 4096  # blocks per sequence: 262144 tokens
+WIDTH = 512  # blocks per sequence: 32768 tokens (the engine's default max_model_len)
 CASES = [(1, 100), (1, 1000), (1, 8000), (4, 100), (4, 1000)]
 SPLITS = (1, 2, 4, 8, 16, 64)
 
@@ -41,15 +43,19 @@ def inputs(B, L):
 def main(path):
     rows = []
     ws = A.decode_workspace(8, HQ, D, 64, num_kv_heads=HKV)
+    ws_gather = dataclasses.replace(ws, scratch=None)  # no TMA scratch: the gather kernels
     for B, L in CASES:
         kc, vc, bt, q, gate, sl, out = inputs(B, L)
         ref = None
         variants = [("default", {}), ("tight", {"max_seq_len": L})]
         variants += [(f"s{s}.{'fused' if f else 'sep'}", {"num_splits": s, "fused": f})
                      for s in SPLITS for f in ((True, False) if s > 1 else (False,))]
+        variants += [("gather." + n, kw) for n, kw in list(variants)]
         for name, kw in variants:
-            def op(i, st=None, kw=kw):
-                A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gate, out=out, workspace=ws, stream=st, **kw)
+            w = ws_gather if name.startswith("gather.") else ws
+
+            def op(i, st=None, kw=kw, w=w):
+                A.decode(q, kc, vc, bt, sl, D ** -0.5, gate=gate, out=out, workspace=w, stream=st, **kw)
             try:
                 op(0)
                 torch.cuda.synchronize()

@@ -23,7 +23,7 @@ VKC_ARTIFACT_ROOT=$PWD/build/var/TW1 timeout 60 python3 -m pytest -q -p no:cache
 VKC_BENCH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-fp8.json fp8 > $R/moe-fp8.txt 2>&1; snap
 VKC_BENCH_PATH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-paths.json paths > $R/moe-paths.txt 2>&1; snap
 step moe
-timeout 60 python3 benchmarks/explore_attn_short.py $R/attn-short.json > $R/attn-short.txt 2>&1; step attn
+timeout 90 python3 benchmarks/explore_attn_short.py $R/attn-short.json > $R/attn-short.txt 2>&1; step attn
 [ $SECONDS -lt 330 ] && timeout 80 python3 benchmarks/bench_engine.py --shape 27b --quant fp8 --batches 1 --prefill 64 \
   --long-prefill 0 --steps 32 --timeline --out $R/engine27-fp8.json > $R/engine27-fp8.txt 2>&1
 # the lead of call 3: the bf16 M = 1 GEMV variant BN in the 27B bf16 engine (carry build/carry: gemv-bf16-var.tgz)
