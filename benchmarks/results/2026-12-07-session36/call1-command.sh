@@ -2,7 +2,8 @@
 # the attention probe added after the MoE step): the engines at B = 1 and the MoE block at M = 1 at HEAD, the bf16
 # M = 1 GEMV variants BN / BN4 (session 35's variants.py) in the 27B / 35B-A3B bf16 engines, and
 # explore_attn_short.py (attention decode at short contexts with the engine's wide block table), and the router's
-# top-k at 1 / 2 warps (variants.py TW1 / TW2) in the 35B-A3B FP8 engine.
+# top-k at 1 / 2 warps (variants.py TW1 / TW2) and the attention decode's gather loads for short splits (variants.py
+# AG) in the 35B-A3B FP8 engine. Carry build/carry: topk-var.tgz, attn-var.tgz, gemv-bf16-var.tgz.
 # Run with carry [".whl", "build/carry"].
 NAME=call1; source tools/gpu/call_prelude.sh
 export VKC_BENCH=1
@@ -12,8 +13,9 @@ for q in fp8 none nvfp4; do
 done
 step engine35
 # session 36's top-k warp variants (variants.py TW1 / TW2; carry build/carry: topk-var.tgz) in the 35B-A3B FP8 engine
-mkdir -p build/var && tar -xzf build/carry/topk-var.tgz -C build/var && fill_root TW1 TW2
-for v in TW1 TW2 head TW1 TW2; do
+mkdir -p build/var && tar -xzf build/carry/topk-var.tgz -C build/var && tar -xzf build/carry/attn-var.tgz -C build/var \
+  && fill_root TW1 TW2 AG
+for v in AG TW1 TW2 head AG TW1 TW2; do
   [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
   env $r timeout 50 python3 benchmarks/bench_engine.py --shape 35b-a3b --quant fp8 --batches 1 --prefill 64 \
     --long-prefill 0 --steps 32 --timeline --out $R/engine35-fp8-$v-$SECONDS.json > $R/engine35-fp8-$v-$SECONDS.txt 2>&1; snap
@@ -24,6 +26,10 @@ VKC_BENCH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-fp8.json fp8 > 
 VKC_BENCH_PATH_MS=1 timeout 60 python3 benchmarks/bench_moe.py $R/moe-paths.json paths > $R/moe-paths.txt 2>&1; snap
 step moe
 timeout 90 python3 benchmarks/explore_attn_short.py $R/attn-short.json > $R/attn-short.txt 2>&1; step attn
+VKC_ARTIFACT_ROOT=$PWD/build/var/AG timeout 60 python3 -m pytest -q -p no:cacheprovider -m "gpu and not peer" \
+  tests/gpu/test_gpu_attn.py -k decode > $R/tests-AG.txt 2>&1; snap
+VKC_ARTIFACT_ROOT=$PWD/build/var/AG timeout 90 python3 benchmarks/explore_attn_short.py $R/attn-short-AG.json \
+  > $R/attn-short-AG.txt 2>&1; step attn-AG
 [ $SECONDS -lt 330 ] && timeout 80 python3 benchmarks/bench_engine.py --shape 27b --quant fp8 --batches 1 --prefill 64 \
   --long-prefill 0 --steps 32 --timeline --out $R/engine27-fp8.json > $R/engine27-fp8.txt 2>&1
 # the lead of call 3: the bf16 M = 1 GEMV variant BN in the 27B bf16 engine (carry build/carry: gemv-bf16-var.tgz)

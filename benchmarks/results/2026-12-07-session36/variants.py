@@ -3,6 +3,9 @@
 # TW1 / TW2: the router's top-k kernel for E <= 256 (moe/route.topk.e256) at 1 / 2 warps instead of 4: its
 #     reductions over the 256 experts (softmax max and sum, one max per pick) within a warp (shuffles only) or
 #     across 2, instead of across 4 warps through shared memory and barriers.
+# AG: the TMA attention decode kernels (attn/decode_*.tma) take the gather loads for a key range of at most
+#     2 x BLOCK_N keys (no device-built descriptors, no tensormap fences for a short split); longer ranges by TMA.
+#     Both paths in one kernel spill 8-16 B of stack on sm_90a: allowed here (a timing variant).
 import pathlib
 import sys
 
@@ -11,12 +14,24 @@ from variant_root import build, replace_once  # noqa: E402
 
 name = sys.argv[1]
 WARPS = {"TW1": 1, "TW2": 2}
-assert name in WARPS, name
+assert name in WARPS or name == "AG", name
 
 
-def patch(tree):
+def patch_topk(tree):
     replace_once(tree / "kernels_src/moe/spec.py", "num_warps=1 if eb <= 32 else 4, num_stages=1)",
                  f"num_warps=1 if eb <= 32 else ({WARPS[name]} if eb == 256 else 4), num_stages=1)")
 
 
-build(name, patch, ["moe/route.topk.e256.cubin"])
+def patch_attn(tree):
+    replace_once(tree / "kernels_src/attn/decode.py", """    if TMA:
+        out, lse = _attend_range_tma(""", """    if TMA and (n_hi - n_lo > 2 * BLOCK_N):
+        out, lse = _attend_range_tma(""")
+    # both load paths in one kernel spill 8-16 B of stack on sm_90a (ptxas): allowed for this timing variant
+    replace_once(tree / "kernels_src/attn/spec.py", """**({"archs": _TMA_ARCHS} if _tma else {"overrides": _ov}))""",
+                 """**({"archs": _TMA_ARCHS, "allow_spills": True} if _tma else {"overrides": _ov}))""")
+
+
+if name == "AG":
+    build(name, patch_attn, ["attn/decode_*.tma.cubin"])
+else:
+    build(name, patch_topk, ["moe/route.topk.e256.cubin"])
