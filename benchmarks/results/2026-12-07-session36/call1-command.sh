@@ -3,7 +3,10 @@
 # M = 1 GEMV variants BN / BN4 (session 35's variants.py) in the 27B / 35B-A3B bf16 engines, and
 # explore_attn_short.py (attention decode at short contexts with the engine's wide block table), and the router's
 # top-k at 1 / 2 warps (variants.py TW1 / TW2) and the attention decode's gather loads for short splits (variants.py
-# AG) in the 35B-A3B FP8 engine. Carry build/carry: topk-var.tgz, attn-var.tgz, gemv-bf16-var.tgz.
+# AG) in the 35B-A3B FP8 engine; the decode conv inside the GDN step (gdn_decode .conv kernels, this tree) against
+# the root NOCONV (the previous commit's manifest: no .conv kernels, so the engine runs the conv as its own launch;
+# the variant roots' manifests lack them too, so NOCONV is their baseline). Carry build/carry: topk-var.tgz,
+# attn-var.tgz, noconv.tgz, gemv-bf16-var.tgz.
 # Run with carry [".whl", "build/carry"].
 NAME=call1; source tools/gpu/call_prelude.sh
 export VKC_BENCH=1
@@ -13,9 +16,11 @@ for q in fp8 none nvfp4; do
 done
 step engine35
 # session 36's top-k warp variants (variants.py TW1 / TW2; carry build/carry: topk-var.tgz) in the 35B-A3B FP8 engine
-mkdir -p build/var && tar -xzf build/carry/topk-var.tgz -C build/var && tar -xzf build/carry/attn-var.tgz -C build/var \
-  && fill_root TW1 TW2 AG
-for v in AG TW1 TW2 head AG TW1 TW2; do
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu and not peer" tests/gpu/test_gpu_gdn_decode.py \
+  tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_fp8.py > $R/tests-conv.txt 2>&1; step tests-conv
+mkdir -p build/var && for t in topk-var attn-var noconv; do tar -xzf build/carry/$t.tgz -C build/var; done \
+  && fill_root TW1 TW2 AG NOCONV
+for v in NOCONV AG TW1 head NOCONV AG TW1; do
   [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
   env $r timeout 50 python3 benchmarks/bench_engine.py --shape 35b-a3b --quant fp8 --batches 1 --prefill 64 \
     --long-prefill 0 --steps 32 --timeline --out $R/engine35-fp8-$v-$SECONDS.json > $R/engine35-fp8-$v-$SECONDS.txt 2>&1; snap
@@ -42,15 +47,15 @@ for v in BN4; do
 done
 VKC_BENCH=1 BENCH_GEMV_SWEEP_MAX_BYTES=0 timeout 60 python3 benchmarks/bench_gemv.py $R/gemv-head.json 1 bf16 \
   > $R/gemv-head.txt 2>&1; snap
-for v in head BN BN4 head BN BN4; do
+for v in NOCONV BN BN4 NOCONV BN BN4; do
   [ $SECONDS -gt 470 ] && break
-  [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
+  r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
   env $r timeout 90 python3 benchmarks/bench_engine.py --shape 27b --batches 1 --prefill 64 --long-prefill 0 \
     --steps 32 --timeline --out $R/engine27-bf16-$v-$SECONDS.json > $R/engine27-bf16-$v-$SECONDS.txt 2>&1; snap
 done
-for v in BN4 head BN4; do  # the 35B-A3B bf16 engine, where BN lost (head ran above as engine35-none)
+for v in BN4 NOCONV BN4; do  # the 35B-A3B bf16 engine, where BN lost
   [ $SECONDS -gt 520 ] && break
-  [ $v = head ] && r="VKC_BENCH=1" || r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
+  r="VKC_ARTIFACT_ROOT=$PWD/build/var/$v"
   env $r timeout 50 python3 benchmarks/bench_engine.py --shape 35b-a3b --batches 1 --prefill 64 --long-prefill 0 \
     --steps 32 --timeline --out $R/engine35-bf16-$v-$SECONDS.json > $R/engine35-bf16-$v-$SECONDS.txt 2>&1; snap
 done
