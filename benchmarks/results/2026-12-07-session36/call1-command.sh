@@ -17,7 +17,10 @@ done
 step engine35
 # session 36's top-k warp variants (variants.py TW1 / TW2; carry build/carry: topk-var.tgz) in the 35B-A3B FP8 engine
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu and not peer" tests/gpu/test_gpu_gdn_decode.py \
-  tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_fp8.py > $R/tests-conv.txt 2>&1; step tests-conv
+  tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_fp8.py > $R/tests-conv.txt 2>&1; snap
+timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider -m gpu \
+  tests/gpu/test_gpu_bounds.py -k gdn_decode > $R/memcheck-conv.txt 2>&1; echo "rc=$?" >> $R/memcheck-conv.txt
+step tests-conv
 mkdir -p build/var && for t in topk-var attn-var noconv; do tar -xzf build/carry/$t.tgz -C build/var; done \
   && fill_root TW1 TW2 AG NOCONV
 for v in NOCONV AG TW1 head NOCONV AG TW1; do
