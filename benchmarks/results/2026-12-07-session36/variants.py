@@ -6,6 +6,8 @@
 # AG: the TMA attention decode kernels (attn/decode_*.tma) take the gather loads for a key range of at most
 #     2 x BLOCK_N keys (no device-built descriptors, no tensormap fences for a short split); longer ranges by TMA.
 #     Both paths in one kernel spill 8-16 B of stack on sm_90a: allowed here (a timing variant).
+# CT: gdn_decode's .conv kernels with the q / k conv-state ticket (barrier, acq_rel atomic, the last program's roll)
+#     after the recurrent step instead of before it: the fence off the step's critical path.
 import pathlib
 import sys
 
@@ -14,7 +16,7 @@ from variant_root import build, replace_once  # noqa: E402
 
 name = sys.argv[1]
 WARPS = {"TW1": 1, "TW2": 2}
-assert name in WARPS or name == "AG", name
+assert name in WARPS or name in ("AG", "CT"), name
 
 
 def patch_topk(tree):
@@ -31,7 +33,20 @@ def patch_attn(tree):
                  """**({"archs": _TMA_ARCHS, "allow_spills": True} if _tma else {"overrides": _ov}))""")
 
 
+def patch_ticket(tree):
+    f = tree / "kernels_src/gdn_decode/decode.py"
+    src = f.read_text()
+    a = src.index("        # the q / k channels of key head kh are read by every program")
+    b = src.index("        _step(S, sp, q, k, v, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, bi, h, cv, o_row, stride_a, stride_b, Hv, "
+                  "scale,\n              eps, H, BA, BLOCK_H)\n    else:", a)
+    c = src.index("    else:", b)
+    ticket, step = src[a:b], src[b:c]
+    f.write_text(src[:a] + step + "        tl.debug_barrier()\n" + ticket + src[c:])
+
+
 if name == "AG":
     build(name, patch_attn, ["attn/decode_*.tma.cubin"])
+elif name == "CT":
+    build(name, patch_ticket, ["gdn_decode/*.conv*.cubin"])
 else:
     build(name, patch_topk, ["moe/route.topk.e256.cubin"])
