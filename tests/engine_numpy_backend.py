@@ -358,15 +358,8 @@ class NumpyBackend:
             out[s:e] = self._gdn_seq(qkv[s:e], a[s:e], b[s:e], A_log, dt_bias, Hk, Hv, state, int(slots[i]))
         return out
 
-    conv_in_gdn_decode = True  # the model's one-launch path (the vkc backend: where the arch has the kernels)
-
-    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out, ba=None, conv=None):
+    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out, ba=None):
         self._log("gdn_decode")
-        if conv is not None:  # the conv in the step (recurrent_decode's conv=): the decode conv first
-            y = np.empty_like(qkv)
-            for i in range(qkv.shape[0]):
-                y[i:i + 1] = self._conv_seq(qkv[i:i + 1], conv[0], conv[1], int(slots[i]))
-            qkv = y
         if ba is not None:  # b and a from the block's input (recurrent_decode's ba=): what linear would write
             x, w = ba
             ab = (x.astype(np.float64) @ w.astype(np.float64).T).astype(np.float32)

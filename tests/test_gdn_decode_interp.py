@@ -164,69 +164,6 @@ def test_decode_step_computes_b_and_a(specs, kmod, name):
         assert torch.equal(state[sl], state0[sl])
 
 
-def conv_ref(x, w, cstate, slots):
-    """The decode conv (conv_update_kernel's math) in float64: y = bf16(silu(w . [rows 0..2, x])) per valid slot (0
-    elsewhere) and the rolled states; x [B, C], w [C, 4], cstate [S, 3, C] as float64 arrays."""
-    y = np.zeros_like(x)
-    st = cstate.copy()
-    for i, sl in enumerate(slots):
-        if 0 <= sl < st.shape[0]:
-            taps = np.concatenate([st[sl], x[i][None]], 0)  # [4, C]
-            acc = (w.T * taps).sum(0)
-            y[i] = acc / (1.0 + np.exp(-acc))
-            st[sl] = taps[1:]
-    yb = torch.from_numpy(y).to(torch.bfloat16).double().numpy()
-    return yb, st
-
-
-def step_conv(kmod, spec, qkv, a, b, A_log, dt_bias, state, slots, o, cw, cstate, cnt, hk, hv, H=0):
-    B = qkv.shape[0]
-    s = spec.constexprs
-    grid = (B * hv * (s["V"] // s["BLOCK_V"]),)
-    args = (qkv, a, b, A_log, dt_bias, state, slots, o, cw, cstate, cnt, qkv.stride(0), a.stride(0), b.stride(0),
-            state.stride(0), o.stride(0), hk, hv, state.shape[0], KD ** -0.5, EPS, H, cw.stride(0), cstate.stride(0),
-            cstate.stride(1))
-    assert len(args) == len(spec.args)
-    getattr(kmod, spec.entry)[grid](*args, **s, num_warps=spec.num_warps, num_stages=spec.num_stages)
-
-
-@pytest.mark.parametrize("name", ["recurrent.k128_v128.bv32.conv", "recurrent.k128_v128.bv16.conv"])
-def test_decode_step_runs_the_conv(specs, kmod, name):
-    """CONV: three chained steps with the decode conv in the step (Hv / Hk = 2: every q / k channel read by 2 x NV
-    programs, rolled once by the last ticket), against the float64 conv then the float64 step on its bf16 output;
-    the conv states of valid slots rolled exactly (bf16 values moved), the other slots' conv and recurrent states
-    untouched, the counters back at zero after every step; padded batch rows (-1, >= slots) give o = 0."""
-    hk, hv, B, nslots = 2, 4, 4, 5
-    spec = specs[name]
-    _, _, _, A_log, dt_bias, state = inputs(21, B, hk, hv, nslots)
-    Cq = 2 * hk * KD + hv * VD
-    g = torch.Generator().manual_seed(22)
-    cw = (torch.randn(Cq, 4 + 3, generator=g) * 0.5).to(torch.bfloat16)[:, :4]  # strided rows
-    cstate = (torch.randn(nslots, 3, Cq, generator=g)).to(torch.bfloat16)
-    cnt = torch.zeros(B * hk, dtype=torch.int32)
-    slot_l = [3, -1, 0, 7]
-    slots = torch.tensor(slot_l, dtype=torch.int32)
-    st_ref, cs_ref = np64(state), np64(cstate)
-    state0, cstate0 = state.clone(), cstate.clone()
-    for it in range(3):
-        qkv, a, b, _, _, _ = inputs(30 + it, B, hk, hv, nslots, pad=16)
-        y, cs_ref = conv_ref(np64(qkv), np64(cw), cs_ref, slot_l)
-        o = torch.full((B, hv, VD), float("nan"), dtype=torch.bfloat16)
-        step_conv(kmod, spec, qkv, a, b, A_log, dt_bias, state, slots, o, cw, cstate, cnt, hk, hv)
-        o_ref, st_ref = R.gdn_decode(y, np64(a), np64(b), np64(A_log), np64(dt_bias), st_ref, slot_l, hk, hv, eps=EPS)
-        on = np64(o)
-        assert np.isfinite(on).all(), f"step {it}: unwritten output"
-        rows_close(on, o_ref, 1e-2, f"step {it} o")
-        assert np.all(on[1] == 0) and np.all(on[3] == 0)
-        assert np.array_equal(np64(cstate), cs_ref), f"step {it}: conv state"
-        assert not cnt.any(), f"step {it}: counters {cnt.tolist()}"
-        for sl in (3, 0):
-            err = np.max(np.abs(np64(state)[sl] - st_ref[sl])) / np.max(np.abs(st_ref[sl]))
-            assert err < 1e-4, f"step {it} slot {sl}: state error {err:.2e}"
-    for sl in (1, 2, 4):
-        assert torch.equal(state[sl], state0[sl]) and torch.equal(cstate[sl], cstate0[sl]), f"slot {sl} touched"
-
-
 # ------------------------------------------------------------------ op validation (no GPU: fake device pointers)
 
 def _ref(shape, dtype, ptr=0x10000, strides=None):
@@ -281,30 +218,6 @@ def test_recurrent_decode_ba_validation():
     with pytest.raises(OpError, match="ba.x has shape"):
         gdn_decode.recurrent_decode(kw["qkv"], None, None, *rest, 2, 4, out=kw["out"],
                                     ba=(_ref((3, 256), "bfloat16", ptr=0x900000), w))
-
-
-@pytest.mark.parametrize("conv,needle", [
-    ("w", r"conv=\(weight, conv_state, counters\)"),
-    ((_ref((1024, 3), "bfloat16", ptr=0xB00000), _ref((3, 3, 1024), "bfloat16", ptr=0xC00000),
-      _ref((4,), "int32", ptr=0xD00000)), "conv.weight has shape"),
-    ((_ref((1024, 4), "bfloat16", ptr=0xB00000), _ref((4, 3, 1024), "bfloat16", ptr=0xC00000),
-      _ref((4,), "int32", ptr=0xD00000)), "conv.conv_state has shape"),  # slots of the recurrent state: 3
-    ((_ref((1024, 4), "bfloat16", ptr=0xB00000), _ref((3, 3, 1024), "float32", ptr=0xC00000),
-      _ref((4,), "int32", ptr=0xD00000)), "conv.conv_state must be bfloat16"),
-    ((_ref((1024, 4), "bfloat16", ptr=0xB00000), _ref((3, 3, 1024), "bfloat16", ptr=0xC00000),
-      _ref((3,), "int32", ptr=0xD00000)), "at least B \\* Hk = 4"),
-    ((_ref((1024, 4), "bfloat16", ptr=0xB00000, strides=(1, 1024)), _ref((3, 3, 1024), "bfloat16", ptr=0xC00000),
-      _ref((4,), "int32", ptr=0xD00000)), "contiguous in its last dim"),
-])
-def test_recurrent_decode_conv_validation(conv, needle):
-    """conv=(weight [C, 4], conv_state [slots, 3, C], counters [>= B * Hk]) checked before any launch (B 2, Hk 2,
-    Hv 4: C = 1024 channels, 3 slots)."""
-    from vkc_runtime.ops import gdn_decode
-    from vkc_runtime.ops._check import OpError
-    kw = _decode_args()
-    args = [kw[k] for k in ("qkv", "a", "b", "A_log", "dt_bias", "state", "slot_idx")]
-    with pytest.raises(OpError, match=needle):
-        gdn_decode.recurrent_decode(*args, 2, 4, out=kw["out"], conv=conv)
 
 
 def test_recurrent_decode_heads_validation():

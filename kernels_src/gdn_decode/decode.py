@@ -22,16 +22,6 @@ with fp32 sums over H in BLOCK_H chunks, rounded once to bf16 as the in-projecti
 the grid-dependency wait (weights only) the first v-block program of each (b, h) asks L2 for the two weight rows.
 x is read after the wait like every activation; columns past H are masked.
 
-CONV (gdn_decode_conv_kernel, the ``.conv`` specs): qkv is the in-projection's raw q | k | v output and the step
-runs the decode conv of the channels it reads first (conv_update_kernel's math: y = bf16(silu(w . [state rows 0..2,
-x])) with the slot's conv state [num_slots, 3, C] bf16 (slot stride stride_cs, row stride stride_cr) and weights
-[C, 4] bf16 (row stride stride_cw)), and rolls that state (rows <- [row 1, row 2, x]): one launch instead of two.
-A program's v channels are its own (rolled after a barrier: every replica's loads first); the q / k channels of key
-head kh are read by all (Hv / Hk) * (V / BLOCK_V) programs of (b, kh), so each takes a ticket from the int32 counter
-cnt[b * Hk + kh] after its loads (barrier, then an acq_rel atomic at GPU scope) and the last one rolls them and
-resets the counter (zero before the first launch, zero after every launch). An invalid slot reads and writes no
-conv state and takes no ticket.
-
 Grid (B * Hv * (V // BLOCK_V),) on axis 0 only (so B * Hv is never limited by the 65535 of axes y/z):
 program p -> (b, h, v-block) with the v-block fastest, so neighbouring programs stream neighbouring
 state bytes. Each program owns a [K, BLOCK_V] column slab of one head's state: it is read once and
@@ -40,7 +30,7 @@ written once (the kernel is HBM-bound on these bytes); splitting V gives B * Hv 
 import triton
 import triton.language as tl
 
-from kernels_src.common import l2_prefetch, pdl_enter, silu_f32
+from kernels_src.common import l2_prefetch, pdl_enter
 
 
 @triton.jit
@@ -63,139 +53,53 @@ def _dot_bf16(x_row, w_row, H, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
-def _program(o_ptr, stride_o, Hk, Hv, V: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Program p -> (sequence bi, value head h, key head kh, v-block iv, its columns cv, its output row)."""
+def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slot_ptr, o_ptr,
+                      stride_qkv, stride_a, stride_b, stride_state, stride_o, Hk, Hv, num_slots, scale, eps, H,
+                      K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr, BA: tl.constexpr,
+                      BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     NV: tl.constexpr = V // BLOCK_V
     pid = tl.program_id(0)
     iv = pid % NV
     bh = pid // NV
     h = bh % Hv
     bi = (bh // Hv).to(tl.int64)
+    kh = h // (Hv // Hk)
     cv = iv * BLOCK_V + tl.arange(0, BLOCK_V)
-    return bi, h, h // (Hv // Hk), iv, cv, o_ptr + bi * stride_o + h * V
-
-
-@triton.jit
-def _prefetch_ba(b_ptr, h, iv, stride_b, Hv, H, BA: tl.constexpr):
+    o_row = o_ptr + bi * stride_o + h * V
     if BA:
         if iv == 0:  # the b / a weight rows (weights: allowed before the wait)
             l2_prefetch((b_ptr + h * stride_b).to(tl.pointer_type(tl.uint8)), 2 * H, 32)
             l2_prefetch((b_ptr + (Hv + h) * stride_b).to(tl.pointer_type(tl.uint8)), 2 * H, 32)
-
-
-@triton.jit
-def _state_slab(state_ptr, slot, stride_state, h, cv, K: tl.constexpr, V: tl.constexpr):
-    ck = tl.arange(0, K)
-    return state_ptr + slot.to(tl.int64) * stride_state + h * (K * V) + ck[:, None] * V + cv[None, :]
-
-
-@triton.jit
-def _step(S, sp, q, k, v, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, bi, h, cv, o_row, stride_a, stride_b, Hv, scale, eps,
-          H, BA: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The recurrent step of one program on its loaded slab S (fp32 q / k / v): state and output stored."""
-    q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
-    k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
-    if BA:
-        x_row = a_ptr + bi * stride_a
-        bb = _dot_bf16(x_row, b_ptr + h * stride_b, H, BLOCK_H)
-        a = _dot_bf16(x_row, b_ptr + (Hv + h) * stride_b, H, BLOCK_H)
-    else:
-        a = tl.load(a_ptr + bi * stride_a + h).to(tl.float32)
-        bb = tl.load(b_ptr + bi * stride_b + h).to(tl.float32)
-    g = -tl.exp(tl.load(A_log_ptr + h)) * _softplus_f32(a + tl.load(dt_bias_ptr + h))
-    decay = tl.exp(g)
-    beta = 1.0 / (1.0 + tl.exp(-bb))
-    S = S * decay
-    sk = tl.sum(S * k[:, None], axis=0)
-    sq = tl.sum(S * q[:, None], axis=0)
-    delta = beta * (v - sk)
-    tl.store(sp, S + k[:, None] * delta[None, :])
-    o = scale * (sq + delta * tl.sum(k * q, axis=0))
-    tl.store(o_row + cv, o.to(tl.bfloat16))
-
-
-@triton.jit
-def gdn_decode_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slot_ptr, o_ptr,
-                      stride_qkv, stride_a, stride_b, stride_state, stride_o, Hk, Hv, num_slots, scale, eps, H,
-                      K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr, BA: tl.constexpr,
-                      BLOCK_H: tl.constexpr, PDL: tl.constexpr):
-    bi, h, kh, iv, cv, o_row = _program(o_ptr, stride_o, Hk, Hv, V, BLOCK_V)
-    _prefetch_ba(b_ptr, h, iv, stride_b, Hv, H, BA)
     pdl_enter(PDL)
     slot = tl.load(slot_ptr + bi)
     if (slot >= 0) & (slot < num_slots):
         ck = tl.arange(0, K)
         # the state slab first: its HBM round trip overlaps the q / k norms and the b / a dots below (the
         # reductions' barriers would otherwise keep the load behind them)
-        sp = _state_slab(state_ptr, slot, stride_state, h, cv, K, V)
+        sp = state_ptr + slot.to(tl.int64) * stride_state + h * (K * V) + ck[:, None] * V + cv[None, :]
         S = tl.load(sp)
         row = qkv_ptr + bi * stride_qkv
         q = tl.load(row + kh * K + ck).to(tl.float32)
         k = tl.load(row + (Hk + kh) * K + ck).to(tl.float32)
         v = tl.load(row + 2 * Hk * K + h * V + cv).to(tl.float32)
-        _step(S, sp, q, k, v, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, bi, h, cv, o_row, stride_a, stride_b, Hv, scale,
-              eps, H, BA, BLOCK_H)
-    else:
-        tl.store(o_row + cv, tl.zeros((BLOCK_V,), dtype=tl.bfloat16))
-
-
-@triton.jit
-def _conv_taps(x_row, w_ptr, srow, c, stride_w, stride_cr):
-    """Channels c of the decode conv (width 4): (silu(w . [state rows, x]) rounded to bf16 as the conv op stores
-    it, as fp32; the state rows 1 and 2 and x, the rolled state's rows 0..2)."""
-    s0 = tl.load(srow + c)
-    s1 = tl.load(srow + stride_cr + c)
-    s2 = tl.load(srow + 2 * stride_cr + c)
-    xv = tl.load(x_row + c)
-    w = w_ptr + c.to(tl.int64) * stride_w
-    acc = tl.load(w).to(tl.float32) * s0.to(tl.float32)
-    acc += tl.load(w + 1).to(tl.float32) * s1.to(tl.float32)
-    acc += tl.load(w + 2).to(tl.float32) * s2.to(tl.float32)
-    acc += tl.load(w + 3).to(tl.float32) * xv.to(tl.float32)
-    return silu_f32(acc).to(tl.bfloat16).to(tl.float32), s1, s2, xv
-
-
-@triton.jit
-def _roll(srow, c, s1, s2, xv, stride_cr):
-    tl.store(srow + c, s1)
-    tl.store(srow + stride_cr + c, s2)
-    tl.store(srow + 2 * stride_cr + c, xv)
-
-
-@triton.jit
-def gdn_decode_conv_kernel(qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slot_ptr, o_ptr,
-                           conv_w_ptr, conv_state_ptr, cnt_ptr,
-                           stride_qkv, stride_a, stride_b, stride_state, stride_o, Hk, Hv, num_slots, scale, eps, H,
-                           stride_cw, stride_cs, stride_cr,
-                           K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr, BA: tl.constexpr,
-                           BLOCK_H: tl.constexpr, PDL: tl.constexpr):
-    """gdn_decode_kernel on the in-projection's raw q | k | v channels, with the decode conv (conv_update_kernel,
-    kernels_src/conv/conv.py) of the channels each program reads done in the program (module doc, CONV)."""
-    bi, h, kh, iv, cv, o_row = _program(o_ptr, stride_o, Hk, Hv, V, BLOCK_V)
-    _prefetch_ba(b_ptr, h, iv, stride_b, Hv, H, BA)
-    pdl_enter(PDL)
-    slot = tl.load(slot_ptr + bi)
-    if (slot >= 0) & (slot < num_slots):
-        ck = tl.arange(0, K)
-        sp = _state_slab(state_ptr, slot, stride_state, h, cv, K, V)
-        S = tl.load(sp)
-        row = qkv_ptr + bi * stride_qkv
-        srow = conv_state_ptr + slot.to(tl.int64) * stride_cs
-        q, q1, q2, qx = _conv_taps(row, conv_w_ptr, srow, kh * K + ck, stride_cw, stride_cr)
-        k, k1, k2, kx = _conv_taps(row, conv_w_ptr, srow, (Hk + kh) * K + ck, stride_cw, stride_cr)
-        v, v1, v2, vx = _conv_taps(row, conv_w_ptr, srow, 2 * Hk * K + h * V + cv, stride_cw, stride_cr)
-        # every thread's conv state loads are performed before any store below (a [BLOCK_V] vector may be held by
-        # several warps: a replica must not read a row another warp has rolled already)
-        tl.debug_barrier()
-        _roll(srow, 2 * Hk * K + h * V + cv, v1, v2, vx, stride_cr)  # this program's own v channels
-        # the q / k channels of key head kh are read by every program of its (Hv / Hk) heads x NV v-blocks: the
-        # last of them to take a ticket (after its loads: barrier above, acq_rel atomic) rolls them
-        ticket = tl.atomic_add(cnt_ptr + bi * Hk + kh, 1, sem="acq_rel", scope="gpu")
-        if ticket == (Hv // Hk) * (V // BLOCK_V) - 1:
-            _roll(srow, kh * K + ck, q1, q2, qx, stride_cr)
-            _roll(srow, (Hk + kh) * K + ck, k1, k2, kx, stride_cr)
-            tl.atomic_xchg(cnt_ptr + bi * Hk + kh, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-        _step(S, sp, q, k, v, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, bi, h, cv, o_row, stride_a, stride_b, Hv, scale,
-              eps, H, BA, BLOCK_H)
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
+        if BA:
+            x_row = a_ptr + bi * stride_a
+            bb = _dot_bf16(x_row, b_ptr + h * stride_b, H, BLOCK_H)
+            a = _dot_bf16(x_row, b_ptr + (Hv + h) * stride_b, H, BLOCK_H)
+        else:
+            a = tl.load(a_ptr + bi * stride_a + h).to(tl.float32)
+            bb = tl.load(b_ptr + bi * stride_b + h).to(tl.float32)
+        g = -tl.exp(tl.load(A_log_ptr + h)) * _softplus_f32(a + tl.load(dt_bias_ptr + h))
+        decay = tl.exp(g)
+        beta = 1.0 / (1.0 + tl.exp(-bb))
+        S = S * decay
+        sk = tl.sum(S * k[:, None], axis=0)
+        sq = tl.sum(S * q[:, None], axis=0)
+        delta = beta * (v - sk)
+        tl.store(sp, S + k[:, None] * delta[None, :])
+        o = scale * (sq + delta * tl.sum(k * q, axis=0))
+        tl.store(o_row + cv, o.to(tl.bfloat16))
     else:
         tl.store(o_row + cv, tl.zeros((BLOCK_V,), dtype=tl.bfloat16))

@@ -9,7 +9,6 @@ Grid: (B * Hv * (V // BLOCK_V),), axis 0 only.
   recurrent.k128_v128.bv16   2 warps, [128, 16] slab: twice the CTAs for small batches (B * Hv < 512)
   *.ba                       the same, b and a computed from x and the b | a weight rows (BA; BLOCK_H 1024 columns
                              a chunk: two chunks at H = 2048, five at 5120); H is 0 (unused) for the others
-  recurrent.k128_v128.bv{32,16}.conv[.ba]   the same with the decode conv in the step (gdn_decode_conv_kernel)
 """
 from vkc.spec import Arg, KernelSpec, with_pdl
 
@@ -22,16 +21,10 @@ _ARGS = [
     Arg("scale", "fp32"), Arg("eps", "fp32"), Arg("H", "i32"),
 ]
 
-# the conv variants (gdn_decode_conv_kernel): + the conv weights, conv state and ticket counters after o_ptr, their
-# strides last
-_CONV_ARGS = _ARGS[:8] + [Arg("conv_w_ptr", "*bf16"), Arg("conv_state_ptr", "*bf16"), Arg("cnt_ptr", "*i32")] + \
-    _ARGS[8:] + [Arg("stride_cw", "i32"), Arg("stride_cs", "i32"), Arg("stride_cr", "i32")]
-
 SPECS = [
-    KernelSpec(name=f"recurrent.k128_v128.bv{bv}" + (".conv" if conv else "") + (".ba" if ba else ""),
-               source="decode.py", entry="gdn_decode_conv_kernel" if conv else "gdn_decode_kernel",
-               args=_CONV_ARGS if conv else _ARGS,
+    KernelSpec(name=f"recurrent.k128_v128.bv{bv}" + (".ba" if ba else ""), source="decode.py",
+               entry="gdn_decode_kernel", args=_ARGS,
                constexprs={"K": 128, "V": 128, "BLOCK_V": bv, "BA": ba, "BLOCK_H": 1024}, num_warps=w, num_stages=1)
-    for conv in (False, True) for ba in (False, True) for bv, w in ((32, 4), (16, 2))
+    for ba in (False, True) for bv, w in ((32, 4), (16, 2))
 ]
 SPECS = [with_pdl(s) for s in SPECS]  # decode steps: programmatic dependent launch (common.py pdl_enter)

@@ -146,7 +146,6 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
         self._sample, self._samp, self._gemv = sample, None, gemv
         self._counts = None  # the penalty counts buffer (init_counts allocates it on first use)
         self._moe = moe
-        self._conv_in_step, self._conv_cnt = None, None  # gdn_decode's conv=: kernels present?, ticket counters
 
     def _moe_ops(self):
         if self._moe is None:
@@ -211,8 +210,6 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
             self._prepare_fp8(max(max_tokens, max_seqs), cfg)
         self._max_seqs, self._vocab = max_seqs, cfg.vocab_size  # the penalty counts buffer's shape (init_counts)
         self._gdn_ws = self._gdn.workspace_for(max_tokens, max_seqs, cfg.gdn_k_heads, cfg.gdn_v_heads, device=d)
-        if self.conv_in_gdn_decode:  # the decode step's conv tickets (zeroed once; every launch leaves them zero)
-            self._conv_cnt = self._mem.DeviceArray.zeros((max_seqs * cfg.gdn_k_heads,), "int32", device=d)
         self._pws = self._attn.prefill_workspace(max_tokens, max_seqs, cfg.num_q_heads, cfg.head_dim, device=d)
         self._dws = self._attn.decode_workspace(max_seqs, cfg.num_q_heads, cfg.head_dim, num_kv_heads=cfg.num_kv_heads,
                                                 device=d)
@@ -471,23 +468,9 @@ class VkcBackend(QuantizedUploads, DeviceSampling, OpProfiler):
         return self._gdn.chunk_gated_delta_rule(qkv, a, b, A_log, dt_bias, cu_seqlens, Hk, Hv, state=state,
                                                 slot_idx=slots, out=out, workspace=self._gdn_ws, stream=self._s)
 
-    @property
-    def conv_in_gdn_decode(self) -> bool:
-        """Whether :meth:`gdn_decode` takes ``conv=`` (the decode conv in the recurrent step, one launch fewer a
-        GDN layer): the arch's artifacts have the ``.conv`` kernels."""
-        if self._conv_in_step is None:
-            self._conv_in_step = self._gdn_dec.has_conv(self.device)
-        return self._conv_in_step
-
-    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out, ba=None, conv=None):
-        """``conv``: (weight, conv_state): qkv is the conv's input, run in the step (conv_in_gdn_decode)."""
-        if conv is not None:
-            n = max(qkv.shape[0], getattr(self, "_max_seqs", 0)) * Hk
-            if self._conv_cnt is None or self._conv_cnt.shape[0] < n:  # eager use before prepare() sized it
-                self._conv_cnt = self._mem.DeviceArray.zeros((n,), "int32", device=self.device)
-            conv = (conv[0], conv[1], self._conv_cnt)
+    def gdn_decode(self, qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out, ba=None):
         return self._gdn_dec.recurrent_decode(qkv, a, b, A_log, dt_bias, state, slots, Hk, Hv, out=out,
-                                              stream=self._s, ba=ba, conv=conv)
+                                              stream=self._s, ba=ba)
 
     def moe_block(self, x, gate_w, w1, w2, top_k, shared_gate_w, out, shared=None):
         if shared is not None:

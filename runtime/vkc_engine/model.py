@@ -392,16 +392,12 @@ class _GatedDeltaNet:
         cout = be.rows(bufs["conv_out"], T)
         core = be.rows(bufs["core"], T)
         if s.decode:
-            if be.conv_in_gdn_decode:  # the conv in the recurrent step: one launch a layer fewer
-                y, conv = mixed, (self.conv, conv_state)
-            else:
-                y, conv = be.conv_decode(mixed, self.conv, conv_state, s.gdn_slots, cout), None
+            y = be.conv_decode(mixed, self.conv, conv_state, s.gdn_slots, cout)
             if fuse_ba:  # b and a computed in the step (their columns of proj are not written)
                 o = be.gdn_decode(y, None, None, self.A_log, self.dt_bias, state, s.gdn_slots, self.Hk, Hv, core,
-                                  ba=(x, self.ba), conv=conv)
+                                  ba=(x, self.ba))
             else:
-                o = be.gdn_decode(y, a, b, self.A_log, self.dt_bias, state, s.gdn_slots, self.Hk, Hv, core,
-                                  conv=conv)
+                o = be.gdn_decode(y, a, b, self.A_log, self.dt_bias, state, s.gdn_slots, self.Hk, Hv, core)
         else:
             y = be.conv_prefill(mixed, self.conv, s.cu_seqlens, conv_state, s.gdn_slots, cout)
             o = be.gdn_prefill(y, a, b, self.A_log, self.dt_bias, s.cu_seqlens, self.Hk, Hv, state, s.gdn_slots,

@@ -17,77 +17,42 @@ a[h] = bf16(x . w_ba[Hv + h]) (fp32 sums, one bf16 rounding: what the in-project
 whose in_proj_b / in_proj_a are not of the rest of the in-projection's kind (an NVFP4 or FP8 model keeps them
 bf16): one launch fewer per layer and step (the ``.ba`` kernels). x bf16 [B, H] (last dim contiguous, row stride
 free), w_ba bf16 [2 Hv, H] (b rows then a rows, last dim contiguous, row stride free).
-
-``conv=(weight, conv_state, counters)``: qkv is the in-projection's raw q | k | v (the decode conv's input) and the
-step runs the decode conv (ops/conv.py causal_conv1d_update: y = bf16(silu(w . [state rows, x])), the slot's conv
-state rolled in place) of the channels it reads: one launch instead of two (the ``.conv`` kernels; ``has_conv()``
-says whether the artifacts have them). weight bf16 [C, 4] (taps contiguous), conv_state bf16 [slots, 3, C]
-(channels contiguous, the recurrent state's slots), counters int32 [>= B * Hk] contiguous, zero before the first
-call (every launch leaves them zero: the q / k channels' roll is done by the last program of each key head, found
-by a ticket; kernels_src/gdn_decode/decode.py). The counters must not be shared by two calls in flight at once.
 """
 from __future__ import annotations
 
 from .. import memory
 from ..bound import CallCache, Launch
-from ..kernels import get_kernel, has_kernel
+from ..kernels import get_kernel
 from ._check import OpError, fits_i32, row_stride, same_device, stream_of, tensor
 
-__all__ = ["recurrent_decode", "HEAD_DIM", "BASES", "OPTIONAL_BASES", "CONV_BASES", "has_conv"]
+__all__ = ["recurrent_decode", "HEAD_DIM", "BASES"]
 
 HEAD_DIM = 128
 BF16 = "bfloat16"
 _SPECS = ("bv32", "bv16")
 
 
-def _base(tile: str, ba: bool = False, conv: bool = False) -> str:
+def _base(tile: str, ba: bool = False) -> str:
     """The kernel name (spelled once: the op calls this, BASES is built from it)."""
-    return f"gdn_decode.recurrent.k128_v128.{tile}" + (".conv" if conv else "") + (".ba" if ba else "")
+    return f"gdn_decode.recurrent.k128_v128.{tile}" + (".ba" if ba else "")
 
 
 BASES = tuple(_base(t, ba) for ba in (False, True) for t in _SPECS)
-# the conv-in-the-step kernels (conv=): optional, an artifact set without them refuses conv= with a clear error
-CONV_BASES = tuple(_base(t, ba, True) for ba in (False, True) for t in _SPECS)
-OPTIONAL_BASES = CONV_BASES
 # below this many (sequence, head) pairs the BLOCK_V = 16 spec (twice the CTAs) runs
 SMALL_BATCH_HEADS = 512
 _calls = CallCache()  # bound calls (vkc_runtime.bound): a call with out= and torch tensors of a recent layout
 
 
-def has_conv(device: int | None = None) -> bool:
-    """Whether the selected arch's artifacts have the conv-in-the-step kernels (``conv=``)."""
-    return all(has_kernel(b, device=device) for b in CONV_BASES)
-
-
-def _conv_args(op, conv, B: int, C: int, Hk: int, S: int):
-    """(weight, conv state, counters) of ``conv=`` checked: [C, 4] bf16 (last dim contiguous), [S, 3, C] bf16 (the
-    recurrent state's slots; channels contiguous), int32 [>= B * Hk] contiguous; with their strides."""
-    if not isinstance(conv, tuple) or len(conv) != 3:
-        raise OpError(f"{op}: conv=(weight, conv_state, counters)")
-    wt = tensor(op, "conv.weight", conv[0], BF16, ndim=2, shape=(C, 4))
-    ct = tensor(op, "conv.conv_state", conv[1], BF16, ndim=3, shape=(S, 3, C))
-    nt = tensor(op, "conv.counters", conv[2], "int32", ndim=1)
-    if nt.shape[0] < B * Hk or (nt.shape[0] > 1 and nt.strides[0] != 1):
-        raise OpError(f"{op}: conv.counters must be contiguous int32 with at least B * Hk = {B * Hk} entries "
-                      f"(zero-filled once), got shape {tuple(nt.shape)}")
-    sw = int(wt.strides[0]) if C > 1 else 4
-    cs = int(ct.strides[0]) if S > 1 else 3 * C
-    return wt, ct, nt, sw, cs, int(ct.strides[1])
-
-
 def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: int, num_v_heads: int, *, out=None,
-                     stream=None, ba=None, conv=None, _tile: str | None = None):
+                     stream=None, ba=None, _tile: str | None = None):
     """One GDN decode step; returns out [B, Hv, 128] bf16. ``state`` is updated in place. ``ba``: (x, w_ba) to
-    compute b and a in the step (module doc; a and b None). ``conv``: (weight, conv_state, counters) to run the
-    decode conv in the step (module doc; qkv is then the conv's input)."""
+    compute b and a in the step (module doc; a and b None)."""
     op = "recurrent_decode"
     s = stream_of(stream)
     fused = ba is not None
-    key = (num_k_heads, num_v_heads, _tile, fused, conv is not None)
+    key = (num_k_heads, num_v_heads, _tile, fused)
     ins = (qkv, *ba, A_log, dt_bias, state, slot_idx, out) if fused else \
         (qkv, a, b, A_log, dt_bias, state, slot_idx, out)
-    if conv is not None:
-        ins += tuple(conv) if isinstance(conv, tuple) else (conv,)
     if out is not None and _calls.run(key, ins, (), s):
         return out
     Hk, Hv = int(num_k_heads), int(num_v_heads)
@@ -129,11 +94,7 @@ def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: in
     ot = tensor(op, "out", res, BF16, ndim=3, shape=(B, Hv, D))
     if Hv > 1 and ot.strides[1] != D:
         raise OpError(f"{op}: out heads must be contiguous ([B, Hv, 128] with head stride 128)")
-    ts = [qt, at, bt, lt, dt, st, it, ot]
-    if conv is not None:
-        wt, ct, nt, sw, cs, cr = _conv_args(op, conv, B, Cq, Hk, S)
-        ts += [wt, ct, nt]
-    same_device(op, *ts)
+    same_device(op, qt, at, bt, lt, dt, st, it, ot)
     if B == 0:
         return res
     sq, sa, sb = row_stride(qt), row_stride(at), row_stride(bt)
@@ -142,17 +103,13 @@ def recurrent_decode(qkv, a, b, A_log, dt_bias, state, slot_idx, num_k_heads: in
     tile = _tile or ("bv16" if B * Hv < SMALL_BATCH_HEADS else "bv32")
     if tile not in _SPECS:
         raise OpError(f"{op}: unknown tile {tile!r}")
-    if conv is not None and not has_kernel(_base(tile, fused, True), device=qt.device):
-        raise OpError(f"{op}: conv= needs the {_base(tile, fused, True)} kernel, which these artifacts lack")
-    k = get_kernel(_base(tile, fused, conv is not None))
+    k = get_kernel(_base(tile, fused))
     nprog = B * Hv * (k.constexprs["V"] // k.constexprs["BLOCK_V"])
     if nprog >= 2**31:
         raise OpError(f"{op}: B * Hv = {B * Hv} is too large for one launch")
     # the fused kernel takes x / w_ba where the plain one takes a / b, and the hidden size last
-    args = (qt, at, bt, lt, dt, st, it, ot, sq, sa, sb, ss, so, Hk, Hv, S, float(D ** -0.5), 1e-6,
-            at.shape[1] if fused else 0)
-    if conv is not None:  # + the conv weights / state / counters after out, their strides last
-        fits_i32(op, stride_cw=sw, stride_cs=cs, stride_cr=cr)
-        args = args[:8] + (wt, ct, nt) + args[8:] + (sw, cs, cr)
-    _calls.launch(key, None if out is None else tuple(ts), (), [Launch(k, (nprog, 1, 1), args)], s)
+    launch = Launch(k, (nprog, 1, 1),
+                    (qt, at, bt, lt, dt, st, it, ot, sq, sa, sb, ss, so, Hk, Hv, S, float(D ** -0.5), 1e-6,
+                     at.shape[1] if fused else 0))
+    _calls.launch(key, None if out is None else (qt, at, bt, lt, dt, st, it, ot), (), [launch], s)
     return res
