@@ -1,3 +1,5 @@
+# NOT RUN (session 36): the device refused the start; the conv-in-step code was reverted after call 1 (e06d613), so CT
+# can only be timed from a tree that has it (a68389d).
 # session 36, call 2 (carry [".whl", "build/carry"]): call 1 found the conv inside the GDN step 0.2% slower than the
 # conv launch (35B-A3B FP8, H100). Variant CT (variants.py: the q / k conv-state ticket after the recurrent step)
 # against NOCONV (the conv as its own launch) and head (ticket before the step): its GPU conv tests, then the

@@ -1,12 +1,13 @@
-# How session 36's variants were built (CPU box), from this session's tree: python3 variants.py NAME. Each root =
-# the tree's changed sm_90a cubins + their manifest (tools/variant_root.py).
+# How session 36's variants were built (CPU box): python3 variants.py NAME (TW1 / TW2 from a043bf7, AG from
+# 57e646b). Each root = the tree's changed sm_90a cubins + their manifest (tools/variant_root.py).
 # TW1 / TW2: the router's top-k kernel for E <= 256 (moe/route.topk.e256) at 1 / 2 warps instead of 4: its
 #     reductions over the 256 experts (softmax max and sum, one max per pick) within a warp (shuffles only) or
 #     across 2, instead of across 4 warps through shared memory and barriers.
 # AG: the TMA attention decode kernels (attn/decode_*.tma) take the gather loads for a key range of at most
 #     2 x BLOCK_N keys (no device-built descriptors, no tensormap fences for a short split); longer ranges by TMA.
 #     Both paths in one kernel spill 8-16 B of stack on sm_90a: allowed here (a timing variant).
-# CT: gdn_decode's .conv kernels with the q / k conv-state ticket (barrier, acq_rel atomic, the last program's roll)
+# CT (builds from a68389d only: the .conv kernels were reverted in e06d613; built, never timed): gdn_decode's .conv
+#     kernels with the q / k conv-state ticket (barrier, acq_rel atomic, the last program's roll)
 #     after the recurrent step instead of before it: the fence off the step's critical path.
 import pathlib
 import sys
