@@ -6,7 +6,8 @@ context most splits are empty. This times, graph-replayed (``inner`` calls back 
 op's default against forced split counts, fused and unfused, and against max_seq_len = the true length; each
 with the TMA kernels (sm_90a) and with the gather kernels (a workspace without the TMA scratch).
 
-Rows: {"B", "L", "width", "variant", "splits", "fused", "us"}. Usage: python benchmarks/explore_attn_short.py OUT.json
+Rows: {"B", "L", "width", "variant", "splits", "fused", "us"}. Env: ATTN_SHORT_CASES ("BxL ..."), ATTN_SHORT_SPLITS,
+ATTN_SHORT_GATHER=0 (TMA only). Usage: python benchmarks/explore_attn_short.py OUT.json
 """
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ from vkc_runtime.ops import attn as A  # noqa: E402
 HQ, HKV, D, BS = 16, 2, 256, 64
 WIDTH = 512  # blocks per sequence: 32768 tokens (the engine's default max_model_len)
 CASES = [(1, 100), (1, 1000), (1, 8000), (4, 100), (4, 1000)]
-SPLITS = (1, 2, 4, 8, 16, 64)
+if os.environ.get("ATTN_SHORT_CASES"):  # e.g. "4x8000 4x30000"
+    CASES = [tuple(int(v) for v in c.split("x")) for c in os.environ["ATTN_SHORT_CASES"].split()]
+SPLITS = tuple(int(v) for v in os.environ.get("ATTN_SHORT_SPLITS", "1 2 4 8 16 64").split())
+GATHER = os.environ.get("ATTN_SHORT_GATHER", "1") != "0"
 
 
 def inputs(B, L):
@@ -42,7 +46,7 @@ def inputs(B, L):
 
 def main(path):
     rows = []
-    ws = A.decode_workspace(8, HQ, D, 64, num_kv_heads=HKV)
+    ws = A.decode_workspace(max(8, max(b for b, _ in CASES)), HQ, D, 64, num_kv_heads=HKV)
     ws_gather = dataclasses.replace(ws, scratch=None)  # no TMA scratch: the gather kernels
     for B, L in CASES:
         kc, vc, bt, q, gate, sl, out = inputs(B, L)
@@ -50,7 +54,8 @@ def main(path):
         variants = [("default", {}), ("tight", {"max_seq_len": L})]
         variants += [(f"s{s}.{'fused' if f else 'sep'}", {"num_splits": s, "fused": f})
                      for s in SPLITS for f in ((True, False) if s > 1 else (False,))]
-        variants += [("gather." + n, kw) for n, kw in list(variants)]
+        if GATHER:
+            variants += [("gather." + n, kw) for n, kw in list(variants)]
         for name, kw in variants:
             w = ws_gather if name.startswith("gather.") else ws
 
