@@ -1,3 +1,4 @@
+# NOT RUN (session 36): the device refused the start; too little device time was left to try again.
 # session 36, call 3 (carry [".whl"]): attention decode under the engine's 32768-token table at B 4 / 8 / 16 and
 # long contexts (explore_attn_short.py, TMA kernels), to see whether capping the split count at B x Hkv > 2 loses
 # there (call 1: the rule is ~2x the best at B = 4 with 100-1000 keys).
