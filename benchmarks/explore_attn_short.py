@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
+from bench_attn import paged  # noqa: E402
 
 from vkc_runtime.ops import attn as A  # noqa: E402
 
@@ -33,11 +34,9 @@ GATHER = os.environ.get("ATTN_SHORT_GATHER", "1") != "0"
 
 
 def inputs(B, L):
-    nblk = -(-L // BS)
-    kc = torch.randn(B * nblk, BS, HKV, D, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    bt = torch.zeros(B, WIDTH, dtype=torch.int32, device="cuda")
-    bt[:, :nblk] = torch.randperm(B * nblk, device="cuda").to(torch.int32).view(B, nblk)
+    kc, vc, bt_used, _, _ = paged(B, L, HKV, D, BS, dense=False)  # bench_attn's shuffled cache of B x L tokens
+    bt = torch.zeros(B, WIDTH, dtype=torch.int32, device="cuda")  # as wide as the engine's, unused tail block 0
+    bt[:, :bt_used.shape[1]] = bt_used
     q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16)
     gate = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16)
     sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
