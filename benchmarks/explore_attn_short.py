@@ -7,7 +7,8 @@ op's default against forced split counts, fused and unfused, and against max_seq
 with the TMA kernels (sm_90a) and with the gather kernels (a workspace without the TMA scratch).
 
 Rows: {"B", "L", "width", "variant", "splits", "fused", "us"}. Env: ATTN_SHORT_CASES ("BxL ..."), ATTN_SHORT_SPLITS,
-ATTN_SHORT_GATHER=0 (TMA only). Usage: python benchmarks/explore_attn_short.py OUT.json
+ATTN_SHORT_GATHER=0 (TMA only), ATTN_SHORT_PROFILE=1 (also each kernel's mean device time over 30 eager calls,
+torch.profiler: "kernels_us", which separates the split launch from the combine). Usage: python benchmarks/explore_attn_short.py OUT.json
 """
 from __future__ import annotations
 
@@ -31,6 +32,22 @@ if os.environ.get("ATTN_SHORT_CASES"):  # e.g. "4x8000 4x30000"
     CASES = [tuple(int(v) for v in c.split("x")) for c in os.environ["ATTN_SHORT_CASES"].split()]
 SPLITS = tuple(int(v) for v in os.environ.get("ATTN_SHORT_SPLITS", "1 2 4 8 16 64").split())
 GATHER = os.environ.get("ATTN_SHORT_GATHER", "1") != "0"
+PROFILE = os.environ.get("ATTN_SHORT_PROFILE", "0") == "1"
+
+
+def kernel_us(fn, n=30):
+    """Mean device time per call of each CUDA kernel that fn() launches, µs (eager calls, torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.device_time_total > 0 and e.count:
+            out[e.key] = round(e.device_time_total / n, 2)
+    return out
 
 
 def inputs(B, L):
@@ -71,6 +88,8 @@ def main(path):
                 rows.append({"B": B, "L": L, "variant": name, "error": f"{type(e).__name__}: {e}"})
                 continue
             r = {"B": B, "L": L, "width": WIDTH, "variant": name, "us": round(us, 2), "max_diff": err, **kw}
+            if PROFILE:
+                r["kernels_us"] = kernel_us(lambda op=op: op(0))
             rows.append(r)
             print(json.dumps(r), flush=True)
     with open(path, "w") as f:
