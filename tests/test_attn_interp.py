@@ -302,6 +302,36 @@ def test_decode_many_live_splits(K, fused):
     check(o, ref, f"decode {splits} live splits fused={fused}")
 
 
+@pytest.mark.parametrize("splits", [5, 40])
+def test_decode_combine_dead_splits(K, splits):
+    """The combine on its own, against float64: live splits (finite lse) anywhere among dead ones (lse -inf,
+    partials NaN: stale scratch), more splits than one SPLIT_BLOCK, the largest lse in a late split, a row
+    whose splits are all dead (zeros) and one whose only live split is the last."""
+    g = torch.Generator().manual_seed(11 + splits)
+    B, Hq, D = 2, 4, 128
+    lse = (torch.rand(B, Hq, splits, generator=g) * 8.0 - 4.0).float()
+    dead = torch.rand(B, Hq, splits, generator=g) < 0.5
+    dead[0, 0, -1] = False
+    lse[0, 0, -1] = 9.0  # the largest weight comes last
+    dead[0, 1] = True    # nothing live: zeros
+    dead[1, 2] = True
+    dead[1, 2, -1] = False  # only the last split is live
+    lse = torch.where(dead, torch.full_like(lse, float("-inf")), lse)
+    po = torch.randn(B, Hq, splits, D, generator=g).float()
+    po = torch.where(dead[..., None], torch.full_like(po, float("nan")), po)
+    o = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
+    launch(K, "decode_combine.d128.nogate", (B * Hq,), po, lse, o, o, Hq, splits, o.stride(0), o.stride(1), 0, 0)
+    live = ~dead.numpy()
+    lse64 = np.where(live, np64(lse), -np.inf)
+    top = np.where(live.any(-1, keepdims=True), lse64.max(-1, keepdims=True), 0.0)
+    w = np.where(live, np.exp2(lse64 - top), 0.0)  # the combine's weights, float64
+    num = (w[..., None] * np.where(live[..., None], np64(po), 0.0)).sum(2)
+    den = w.sum(2)[..., None]
+    ref = num / np.where(den > 0, den, 1.0)
+    check(o, ref, f"combine {splits} splits with dead ones")
+    assert torch.all(o[0, 1] == 0), "a row with no live split combines to zeros"
+
+
 @pytest.mark.parametrize("D,Hq,Hkv,gate,arch,scale_f", [
     (256, 6, 1, True, None, 1.0),
     (128, 8, 2, False, None, 1.6),   # a scale other than the model's D^-0.5: the kernel must use its argument
