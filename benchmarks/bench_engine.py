@@ -139,7 +139,8 @@ def _prefill(llm, n, sp, breakdown=False):
 
 
 def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, load_format="dummy",
-        long_prefill=0, graphs=True, breakdown=False, timeline=False, quantized_experts=True) -> dict:
+        long_prefill=0, graphs=True, breakdown=False, timeline=False, quantized_experts=True,
+        max_model_len=None, decode_prompt=16) -> dict:
     from vkc_engine import LLM, SamplingParams
     Bm = max(batches)
     t0 = time.perf_counter()
@@ -147,7 +148,8 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
     # the budget holds the B decode prompts of 16 tokens in one step: a smaller one would chunk their prefill into
     # the timed steps (mixed, eager: the 27B B = 16 row read 18.6-20.8 ms/step at --prefill 64 that way)
     llm = LLM(model_dir, backend=backend, load_format=load_format, max_num_seqs=Bm,
-              max_num_batched_tokens=max(longest, 16 * Bm), max_model_len=max(longest, 16) + 4 * steps + 48,
+              max_num_batched_tokens=max(longest, decode_prompt * Bm),
+              max_model_len=max_model_len or max(longest, decode_prompt) + 4 * steps + 48,
               memory_fraction=0.5, enforce_eager=not graphs, quantized_experts=quantized_experts)
     res = {"load_s": time.perf_counter() - t0, "cache": llm.plan.describe(), "decode": [],
            "graphs": llm.graphs is not None}
@@ -163,7 +165,7 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
         dp = SamplingParams(temperature=0, max_tokens=2 * steps + 2 + (min(steps, 4) + 1 if breakdown else 0)
                             + tl_steps + (steps + 1 if ab else 0), ignore_eos=True)
         for b in range(B):
-            llm.add_request([(7 * b + j) % V for j in range(16)], dp)
+            llm.add_request([(7 * b + j) % V for j in range(decode_prompt)], dp)
         llm.step()  # the prefill of all B prompts
         for _ in range(steps):  # warm decode steps, untimed (the first ones after a prefill ran slower at B >= 16)
             llm.step()
@@ -213,6 +215,10 @@ def main(argv=None) -> int:
     ap.add_argument("--moe-fp8", choices=("default", "w8a16"), default="default",
                     help="w8a16: FP8 experts on the W8A16 kernels at every M (ops.moe.W8A8_GROUPED off; the A/B "
                          "of the W8A8 grouped path in one process)")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the block table's width in tokens (default: just what the run needs; an engine's default "
+                         "is 32768, which sets attention decode's split count in the captured graphs)")
+    ap.add_argument("--decode-prompt", type=int, default=16, help="prompt tokens of each decoding sequence")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.moe_fp8 == "w8a16":
@@ -233,7 +239,8 @@ def main(argv=None) -> int:
         (Path(d) / "config.json").write_text(json.dumps(conf))
         res = run(d, batches=tuple(int(b) for b in a.batches.split(",")), prefill=a.prefill, steps=a.steps,
                   long_prefill=a.long_prefill, graphs=a.graphs == "on", breakdown=a.breakdown,
-                  timeline=a.timeline, quantized_experts=a.experts == "quantized")
+                  timeline=a.timeline, quantized_experts=a.experts == "quantized", max_model_len=a.max_model_len,
+                  decode_prompt=a.decode_prompt)
     res["shape"] = a.shape
     res["quant"] = a.quant
     res["experts"] = a.experts
@@ -242,6 +249,8 @@ def main(argv=None) -> int:
     res["fp8_gemv"] = B.FP8_GEMV
     res["fp8_block_lane"] = a.fp8_block_lane
     res["moe_fp8"] = a.moe_fp8
+    res["max_model_len"] = a.max_model_len
+    res["decode_prompt"] = a.decode_prompt
     txt = json.dumps(res, indent=1)
     print(txt)
     if a.out:

@@ -281,7 +281,8 @@ def test_decode(K, D, Hq, Hkv, splits, gate, arch, fused):
 @pytest.mark.parametrize("fused", [False, True])
 def test_decode_many_live_splits(K, fused):
     """More live splits than the combine kernel's SPLIT_BLOCK, with the later splits holding the largest
-    scores: the combine's running max grows between its split blocks, so its rescaling is exercised."""
+    scores: the max the combine subtracts must come from every split, not the first block (and the fused
+    merge's running max grows between splits, so its rescaling is exercised)."""
     D, Hq, Hkv, bn = 128, 4, 2, cfg(K, "decode_split.d128")["BLOCK_N"]
     sb = cfg(K, "decode_combine.d128.nogate")["SPLIT_BLOCK"]
     splits = sb + 8
@@ -302,11 +303,11 @@ def test_decode_many_live_splits(K, fused):
     check(o, ref, f"decode {splits} live splits fused={fused}")
 
 
-@pytest.mark.parametrize("splits", [5, 40])
+@pytest.mark.parametrize("splits", [5, 40, 70])
 def test_decode_combine_dead_splits(K, splits):
     """The combine on its own, against float64: live splits (finite lse) anywhere among dead ones (lse -inf,
-    partials NaN: stale scratch), more splits than one SPLIT_BLOCK, the largest lse in a late split, a row
-    whose splits are all dead (zeros) and one whose only live split is the last."""
+    partials NaN: stale scratch), more splits than one SPLIT_BLOCK (40) and than one lse load (70), the largest
+    lse in the last split, a row whose splits are all dead (zeros) and one whose only live split is the last."""
     g = torch.Generator().manual_seed(11 + splits)
     B, Hq, D = 2, 4, 128
     lse = (torch.rand(B, Hq, splits, generator=g) * 8.0 - 4.0).float()

@@ -3,6 +3,9 @@
 kernel's occupancy."""
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 
 from tests.ops_fakes import MANIFEST, Dev, install_recorder, patch_ops
@@ -175,6 +178,26 @@ def test_decode_split_count_from_occupancy(rec):
     rec.occupancy = 1
     run()
     assert rec.calls[0][1] == (B * Hkv * 2, 1, 1)
+
+
+def test_decode_tma_kernels_never_fuse_by_default(rec):
+    """With the TMA kernels (block 64, a workspace with their scratch) decode takes split + combine where the
+    gather kernels' rule would fuse (16 x 4 items over a 32768-key table); fused=True still forces one launch."""
+    B, Hq, Hkv, D, bs = 16, 24, 4, 256, 64
+    kc, vc = cache(B * 512, bs, Hkv, D)
+    ws = dataclasses.replace(workspace(B, Hq, D), scratch=SimpleNamespace(ptr=0x7000, nbytes=1 << 30),
+                             max_kv_heads=Hkv)
+
+    def run(**kw):
+        A.decode(Dev((B, Hq, D)), kc, vc, Dev((B, 512), I32), Dev((B,), I32), 0.0625, out=Dev((B, Hq, D)),
+                 workspace=ws, max_seq_len=32768, **kw)
+        bases = [c[0] for c in rec.calls]
+        rec.calls.clear()
+        return bases
+    splits = A.num_splits_for(B, Hkv, 32768, 132, ctas_per_sm=1)
+    assert splits > 1 and A.use_fused_combine(splits, 32768)  # what the gather kernels would do here
+    assert run() == ["attn.decode_split.d256.tma", "attn.decode_combine.d256.nogate"]
+    assert run(fused=True) == ["attn.decode_fused.d256.nogate.tma"]
 
 
 def test_decode_one_split_is_one_launch(rec):

@@ -27,8 +27,12 @@ group, writes o (times sigmoid(gate)) and resets the counter to 0: one launch, n
 counters (int32, one per (b, kv head)) must be zero before the first launch; every launch leaves them zero.
 
 decode_combine_kernel, grid (B * Hq,): o[b, h] = sum_s 2^(lse_s - M) part_o_s / sum_s 2^(lse_s - M)
-over splits with finite lse (the others are never read, so stale scratch is harmless), optionally
-times sigmoid(gate[b*stride_gb + h*stride_gh + d]).
+over splits with finite lse, M their largest lse, optionally times sigmoid(gate[b*stride_gb + h*stride_gh + d]).
+It loads the first SPLIT_BLOCK splits' lse and partials together with every split's lse (M and the last split
+with a finite lse): one round trip when the live splits fit the first block, whatever num_splits is -- a short
+context under a split count chosen for the whole block table (a graph captured once) leaves most splits empty,
+and later blocks are read only up to the last live split. A dead split's partial that is loaded (stale
+scratch, NaN included) is dropped by a select, never used.
 """
 import triton
 import triton.language as tl
@@ -161,6 +165,9 @@ def _attend(q_ptr, k_cache_ptr, v_cache_ptr, bt_row, b, kvh, hq, rmask, n_lo, n_
                                  stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, block_size, max_blocks,
                                  num_blocks, D, BLOCK_N, QB)
     return out, lse
+
+
+LSE_BLOCK = tl.constexpr(64)  # splits per lse load of the combine (the default split cap, 64: one load)
 
 
 @triton.jit
@@ -303,21 +310,34 @@ def decode_combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, gate_ptr, num_q_heads
     b = (pid // num_q_heads).to(tl.int64)
     base = pid.to(tl.int64) * num_splits  # == (b * Hq + h) * num_splits
     d = tl.arange(0, D)
-    m_run = tl.full([], float("-inf"), tl.float32)
-    l_run = tl.zeros([], tl.float32)
-    acc = tl.zeros([D], tl.float32)
-    for s0 in range(0, num_splits, SPLIT_BLOCK):
+    # three independent loads in flight at once: the first SPLIT_BLOCK splits' lse and partials, and every
+    # split's lse (max and last live split); later blocks only up to the last live split
+    sp = tl.arange(0, SPLIT_BLOCK)
+    lse = tl.load(part_lse_ptr + base + sp, mask=sp < num_splits, other=float("-inf"))
+    po = tl.load(part_o_ptr + (base + sp)[:, None] * D + d[None, :], mask=(sp < num_splits)[:, None], other=0.0)
+    lse_all = tl.load(part_lse_ptr + base + tl.arange(0, LSE_BLOCK), mask=tl.arange(0, LSE_BLOCK) < num_splits,
+                      other=float("-inf"))
+    m_run = tl.max(lse_all, 0)
+    last = tl.max(tl.where(lse_all > float("-inf"), tl.arange(0, LSE_BLOCK), -1), 0)
+    for s0 in range(LSE_BLOCK, num_splits, LSE_BLOCK):  # more splits than one lse load covers
+        spl = s0 + tl.arange(0, LSE_BLOCK)
+        lse_more = tl.load(part_lse_ptr + base + spl, mask=spl < num_splits, other=float("-inf"))
+        m_run = tl.maximum(m_run, tl.max(lse_more, 0))
+        last = tl.maximum(last, tl.max(tl.where(lse_more > float("-inf"), spl, -1), 0))
+    m_use = tl.where(m_run == float("-inf"), 0.0, m_run)
+    live = lse > float("-inf")  # a dead split's stale partial (any bits, NaN included) is dropped by the select
+    w = tl.where(live, tl.exp2(lse - m_use), 0.0)
+    acc = tl.sum(tl.where(live[:, None], w[:, None] * po, 0.0), 0)
+    l_run = tl.sum(w, 0)
+    for s0 in range(SPLIT_BLOCK, last + 1, SPLIT_BLOCK):
         sp = s0 + tl.arange(0, SPLIT_BLOCK)
-        lse = tl.load(part_lse_ptr + base + sp, mask=sp < num_splits, other=float("-inf"))
+        inb = sp <= last
+        lse = tl.load(part_lse_ptr + base + sp, mask=inb, other=float("-inf"))
+        po = tl.load(part_o_ptr + (base + sp)[:, None] * D + d[None, :], mask=inb[:, None], other=0.0)
         live = lse > float("-inf")
-        m_new = tl.maximum(m_run, tl.max(lse, 0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_run - m_use)
         w = tl.where(live, tl.exp2(lse - m_use), 0.0)
-        po = tl.load(part_o_ptr + (base + sp)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-        acc = acc * alpha + tl.sum(w[:, None] * po, 0)
-        l_run = l_run * alpha + tl.sum(w, 0)
-        m_run = m_new
+        acc += tl.sum(tl.where(live[:, None], w[:, None] * po, 0.0), 0)
+        l_run += tl.sum(w, 0)
     out = acc / tl.where(l_run > 0.0, l_run, 1.0)
     if HAS_GATE:
         g = tl.load(gate_ptr + b * stride_gb + h * stride_gh + d).to(tl.float32)
