@@ -7,8 +7,9 @@ op's default against forced split counts, fused and unfused, and against max_seq
 with the TMA kernels (sm_90a) and with the gather kernels (a workspace without the TMA scratch).
 
 Rows: {"B", "L", "width", "variant", "splits", "fused", "us"}. Env: ATTN_SHORT_CASES ("BxL ..."), ATTN_SHORT_SPLITS,
-ATTN_SHORT_GATHER=0 (TMA only), ATTN_SHORT_PROFILE=1 (also each kernel's mean device time over 30 eager calls,
-torch.profiler: "kernels_us", which separates the split launch from the combine). Usage: python benchmarks/explore_attn_short.py OUT.json
+ATTN_SHORT_GATHER=0 (TMA only) or =only (gather only), ATTN_SHORT_PROFILE=1 (also each kernel's mean device time
+over 30 eager calls, torch.profiler: "kernels_us", which separates the split launch from the combine; at long
+contexts these eager numbers are not reliable, use "us"). Usage: python benchmarks/explore_attn_short.py OUT.json
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ CASES = [(1, 100), (1, 1000), (1, 8000), (4, 100), (4, 1000)]
 if os.environ.get("ATTN_SHORT_CASES"):  # e.g. "4x8000 4x30000"
     CASES = [tuple(int(v) for v in c.split("x")) for c in os.environ["ATTN_SHORT_CASES"].split()]
 SPLITS = tuple(int(v) for v in os.environ.get("ATTN_SHORT_SPLITS", "1 2 4 8 16 64").split())
-GATHER = os.environ.get("ATTN_SHORT_GATHER", "1") != "0"
+GATHER = os.environ.get("ATTN_SHORT_GATHER", "1")  # "0": TMA kernels only, "only": gather kernels only
 PROFILE = os.environ.get("ATTN_SHORT_PROFILE", "0") == "1"
 
 
@@ -70,8 +71,8 @@ def main(path):
         variants = [("default", {}), ("tight", {"max_seq_len": L})]
         variants += [(f"s{s}.{'fused' if f else 'sep'}", {"num_splits": s, "fused": f})
                      for s in SPLITS for f in ((True, False) if s > 1 else (False,))]
-        if GATHER:
-            variants += [("gather." + n, kw) for n, kw in list(variants)]
+        if GATHER != "0":
+            variants = [("gather." + n, kw) for n, kw in variants] + ([] if GATHER == "only" else variants)
         for name, kw in variants:
             w = ws_gather if name.startswith("gather.") else ws
 
