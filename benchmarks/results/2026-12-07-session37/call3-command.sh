@@ -1,3 +1,4 @@
+# NOT RUN (session 37): the device refused the start, then too little device time was left to start one.
 # session 37, call 3 (carry [".whl"]), at the tree of session 37's change. The gather decode kernels (the archs
 # without TMA decode: sm_80/86/89/120a/121a; forced here by a workspace without the TMA scratch) under a
 # 32768-token table: does their fused-merge rule lose at short contexts too? Then, only on an H200 (the card the
