@@ -145,8 +145,8 @@ def run(model_dir, *, batches=(1, 16), prefill=2048, steps=16, backend=None, loa
     Bm = max(batches)
     t0 = time.perf_counter()
     longest = max(prefill, long_prefill)
-    # the budget holds the B decode prompts of 16 tokens in one step: a smaller one would chunk their prefill into
-    # the timed steps (mixed, eager: the 27B B = 16 row read 18.6-20.8 ms/step at --prefill 64 that way)
+    # the budget holds the B decode prompts (16 tokens by default) in one step: a smaller one would chunk their
+    # prefill into the timed steps (mixed, eager: the 27B B = 16 row read 18.6-20.8 ms/step at --prefill 64 that way)
     llm = LLM(model_dir, backend=backend, load_format=load_format, max_num_seqs=Bm,
               max_num_batched_tokens=max(longest, decode_prompt * Bm),
               max_model_len=max_model_len or max(longest, decode_prompt) + 4 * steps + 48,
