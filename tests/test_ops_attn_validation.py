@@ -196,6 +196,7 @@ def test_decode_tma_kernels_never_fuse_by_default(rec):
         return bases
     splits = A.num_splits_for(B, Hkv, 32768, 132, ctas_per_sm=1)
     assert splits > 1 and A.use_fused_combine(splits, 32768)  # what the gather kernels would do here
+    assert not A.use_fused_combine(splits, 32768, tma=True)
     assert run() == ["attn.decode_split.d256.tma", "attn.decode_combine.d256.nogate"]
     assert run(fused=True) == ["attn.decode_fused.d256.nogate.tma"]
 

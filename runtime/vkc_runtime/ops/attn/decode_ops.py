@@ -108,17 +108,18 @@ def num_splits_for(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int
     return next(s for s in range(1, hi + 1) if cost[s] <= best * 1.05)
 
 
-def use_fused_combine(splits: int, max_seq_len: int, *, factor: int = FUSED_KEYS_PER_SPLIT2) -> bool:
+def use_fused_combine(splits: int, max_seq_len: int, *, tma: bool = False,
+                      factor: int = FUSED_KEYS_PER_SPLIT2) -> bool:
     """Whether the gather decode kernels combine the splits' partials inside the split launch (decode_fused:
     the last split of each (sequence, kv head) merges the group's partials; one launch) rather than in a
     separate combine launch. The fused merge saves a launch and the partials' round trip, but one CTA merges
     all `splits` partials serially after its own split, a tail ~ splits that pays off only when each split's
     own work (~ L / splits keys) is larger: fused iff L / splits >= factor * splits and splits <= 64 (the
-    fused / separate timings that set the rule are in BENCHMARKS.md, session 5). The TMA kernels never take
-    the fused merge by default (:func:`decode`): there it measured slower than the separate combine at every
-    batch, context and split count timed (BENCHMARKS.md, session 37), by up to 1.7x at short contexts under
-    a split count chosen for a wide block table."""
-    return 1 < splits <= 64 and max_seq_len >= factor * splits * splits
+    fused / separate timings that set the rule are in BENCHMARKS.md, session 5). The TMA kernels (``tma``)
+    never take it: there it measured slower than the separate combine at every batch, context and split count
+    timed (BENCHMARKS.md, session 37), by up to 1.7x at short contexts under a split count chosen for a wide
+    block table."""
+    return not tma and 1 < splits <= 64 and max_seq_len >= factor * splits * splits
 
 
 def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out=None, workspace=None,
@@ -131,8 +132,8 @@ def decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None, out
     max_batch >= B (required inside graph capture; otherwise one is allocated and cached per shape).
     ``num_splits``: force the KV split count (1..workspace.max_splits; benchmarks and tuning), default
     :func:`num_splits_for`. ``fused``: with more than one split, combine in the split launch (the last split
-    of each group merges; one launch) or in a separate combine launch; default: separate with the TMA kernels,
-    :func:`use_fused_combine` with the gather kernels.
+    of each group merges; one launch) or in a separate combine launch; default :func:`use_fused_combine`
+    (never with the TMA kernels).
     Several layers decoding the same batch: :class:`DecodePlan` checks the batch once and each layer's call
     only its own tensors. With ``out=`` and torch tensors, a call whose inputs have the layout of a recent call
     is a bound call (see vkc_runtime.bound): no revalidation, the recorded launches with the new pointers."""
@@ -267,8 +268,7 @@ def _decode_batch(op, block_tables, seq_lens, B, Hq, Hkv, D, BS, max_seq_len, wo
             raise OpError(f"{op}: num_splits={num_splits} is outside 1..{ws.max_splits} (the workspace's max_splits)")
     fits_i32(op, grid=B * Hkv * splits, partials=B * Hq * splits * D)
     return _DecodeBatch(B, Hq, Hkv, group, D, BS, bt, sbt, sl, ws, splits,
-                        bool(fused) if fused is not None else (not tma and use_fused_combine(splits, max_seq_len)),
-                        tma)
+                        bool(fused) if fused is not None else use_fused_combine(splits, max_seq_len, tma=tma), tma)
 
 
 def _kernel(kernels: dict, base: str):
