@@ -3,6 +3,8 @@ cudaProfilerStart/Stop so `ncu --profile-from-start off` sees only that call's k
 
 usage: python benchmarks/ncu_case.py gdn <T> <hk> <hv>      (chunked GDN prefill, one sequence of T tokens)
        python benchmarks/ncu_case.py decode <B> <L>           (attention decode, 24/4 x 256, block 16)
+       python benchmarks/ncu_case.py prefill <Hq> <Hkv> <T>  (causal attention prefill x 256, one sequence,
+                                     block 64: the TMA kernel on sm_90a)
        python benchmarks/ncu_case.py engine <shape> <B> [eager|graph]   (one decode step of bench_engine's
                                      model shape with random weights, B sequences; graph: the step's CUDA graph
                                      replayed, which ncu profiles node by node; the eager mode ran on the H200 in session 12, the graph
@@ -107,6 +109,18 @@ def main(argv):
 
         def call():
             A.decode(q, kc, vc, bt, sl, 256 ** -0.5, out=out, max_seq_len=L)
+    elif what == "prefill":
+        import bench_attn
+        from vkc_runtime.ops import attn as A
+        Hq, Hkv, T = (int(x) for x in argv[1:4])
+        kc, vc, bt, _, _ = bench_attn.paged(1, T, Hkv, 256, bs=64, dense=False)
+        q = torch.randn(T, Hq, 256, device="cuda", dtype=torch.bfloat16)
+        cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+        sl = torch.tensor([T], dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+
+        def call():
+            A.prefill(q, kc, vc, bt, cu, sl, 256 ** -0.5, out=out, max_seqlen_q=T)
     elif what == "moe":
         path = argv[2] if len(argv) > 2 and argv[2] in ("decode", "grouped") else None
         kind = argv[-1] if argv[-1] in ("nvfp4", "nvfp4_mma", "fp8") else None
