@@ -33,6 +33,7 @@ def producer(n_tiles, S, k_full, v_full, empty):
     for i in range(n_tiles):
         yield empty[i % S], ((i // S) & 1) ^ 1
         k_full[i % S].arrive()
+        yield empty[S + i % S], ((i // S) & 1) ^ 1
         v_full[i % S].arrive()
 
 
@@ -50,21 +51,24 @@ def consumer(wg, my, n_tiles, S, k_full, v_full, empty, turn, pingpong, turns_in
         yield k_full[0], 0
         yield from take(0)
         give()
+        empty[0].arrive()
         for i in range(1, my):
             yield k_full[i % S], (i // S) & 1
             yield v_full[(i - 1) % S], ((i - 1) // S) & 1
             yield from take(i)
             give()
-            empty[(i - 1) % S].arrive()
+            empty[i % S].arrive()
+            empty[S + (i - 1) % S].arrive()
         yield v_full[(my - 1) % S], ((my - 1) // S) & 1
         yield from take(my)
         give()
-        empty[(my - 1) % S].arrive()
+        empty[S + (my - 1) % S].arrive()
         done = my + 1
     for i in range(my, n_tiles):
         yield k_full[i % S], (i // S) & 1
         yield v_full[i % S], (i // S) & 1
         empty[i % S].arrive()
+        empty[S + i % S].arrive()
         if turns_in_drain:
             yield from take(done)
             give()
@@ -76,7 +80,7 @@ def consumer(wg, my, n_tiles, S, k_full, v_full, empty, turn, pingpong, turns_in
 
 def finishes(my0, my1, n_tiles, S, pingpong, seed, turns_in_drain=True) -> bool:
     k_full, v_full = [Bar(1) for _ in range(S)], [Bar(1) for _ in range(S)]
-    empty, turn = [Bar(2) for _ in range(S)], [Bar(1), Bar(1)]
+    empty, turn = [Bar(2) for _ in range(2 * S)], [Bar(1), Bar(1)]  # K slots, then V slots
     if pingpong:
         turn[0].arrive()  # warp group 0 takes the first turn
     parts = [producer(n_tiles, S, k_full, v_full, empty),

@@ -2,23 +2,28 @@
 ABI and the device-side bound rules of ``prefill.py``'s TMA path (varlen, paged cache, block_size % BLOCK_N == 0).
 
 STATUS: compile-verified only (no GPU was lent when it was written). No spec builds it yet: the session record
-``benchmarks/results/2026-12-08-session38/variants.py WSG`` compiles it in place of the sm_90a D = 256 ``.tma``
-prefill for an A/B against that kernel and cuDNN, which decides whether it replaces it.
+``benchmarks/results/2026-12-08-session38/variants.py`` compiles it in place of the sm_90a ``.tma`` prefills
+(D = 256 and 128) for an A/B against those kernels and cuDNN, which decides whether it replaces them. Its CPU
+tests: ``tests/test_attn_prefill_ws_compile.py`` (it compiles with the spec's ABI; SASS structure) and
+``tests/test_attn_prefill_ws_protocol.py`` (a model of its barrier protocol never hangs).
 
 A program owns one 128-row m-block of one query head (the grid and block scan of ``prefill.py``). Three
 partitions share its shared memory:
 
-* producer (worker 1, one warp, 32 registers): streams key and value tiles of BLOCK_N slots of one cache block by
-  TMA into a STAGES-deep ring. Per slot: ``k_full`` / ``v_full`` (TMA transaction barriers; K and V apart, so a
-  consumer's QK^T starts before V lands) and ``empty`` (two arrivals: both consumers are done with the slot).
+* producer (worker 1, one warp, 24 registers): streams key and value tiles of BLOCK_N slots of one cache block by
+  TMA into a STAGES-deep ring. K and V have their own slots and barriers: ``k_full`` / ``v_full`` (TMA
+  transaction barriers, so a consumer's QK^T starts before V lands) and ``empty`` (K slots at 0..STAGES - 1, V
+  slots at STAGES..2 STAGES - 1; two arrivals each: both consumers are done with it). A K slot is released as
+  soon as its QK^T is in, so the next key tile loads while the PV of the previous one still reads its V slot.
   Tiles at or past the start of the sequence's last cache block come through descriptors that end at L, so slots
   past L read as zeros (stale slots may hold NaN, and 0 * NaN would poison a row); an id outside [0, num_blocks)
   reads block 0 (in bounds). These are ``prefill.py``'s rules.
-* two consumers (the default partition and worker 0, four warps = one warp group each, 240-256 registers): query
+* two consumers (the default partition and worker 0, four warps = one warp group each, 240 registers): query
   rows 0..63 and 64..127 of the m-block. Each copies its Q rows into shared memory once, then per key tile:
   S = Q K^T (wgmma, both operands in shared memory), online softmax in registers (exp2 domain), O += P V (wgmma,
   P from registers). Intra-warpgroup overlap: the QK^T of tile i and the PV of tile i - 1 are issued together,
-  the softmax of tile i runs while the PV is still on the tensor cores, and O is rescaled once it lands.
+  the softmax of tile i runs while the PV is still on the tensor cores, and O is rescaled once it lands. The
+  output goes through the warp group's Q slot, so each thread stores 16 contiguous bytes.
   PINGPONG: the two warp groups issue their GEMMs in turn (an mbarrier pair), so one's softmax overlaps the
   other's GEMMs. Every consumer takes the same n_tiles + 1 turns: one per GEMM issue, then one per tile it only
   releases (past its own rows), in tile order. Turn k of one warp group waits for turn k - 1 (or k) of the other;
@@ -80,17 +85,23 @@ def _producer(k_desc, v_desc, k_tail, v_tail, k_smem, v_smem, k_full, v_full, em
     n_tiles = (n_end + BLOCK_N - 1) // BLOCK_N
     for i in range(n_tiles):
         slot = i % STAGES
-        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # the first pass over the ring waits for nothing
+        free = ((i // STAGES) & 1) ^ 1  # the first pass over the ring waits for nothing
         n = i * BLOCK_N
-        mbarrier.expect(k_full.index(slot), nbytes)
-        mbarrier.expect(v_full.index(slot), nbytes)
         if n < n_tail:
             blk = gl.load(bt_row + n // block_size)
             row0 = gl.where((blk >= 0) & (blk < num_blocks), blk, 0) * rows_per_block + n % block_size
+            mbarrier.wait(empty.index(slot), free)
+            mbarrier.expect(k_full.index(slot), nbytes)
             tma.async_load(k_desc, [row0, col], k_full.index(slot), k_smem.index(slot))
+            mbarrier.wait(empty.index(STAGES + slot), free)
+            mbarrier.expect(v_full.index(slot), nbytes)
             tma.async_load(v_desc, [row0, col], v_full.index(slot), v_smem.index(slot))
         else:
+            mbarrier.wait(empty.index(slot), free)
+            mbarrier.expect(k_full.index(slot), nbytes)
             tma.async_load(k_tail, [n - n_tail, col], k_full.index(slot), k_smem.index(slot))
+            mbarrier.wait(empty.index(STAGES + slot), free)
+            mbarrier.expect(v_full.index(slot), nbytes)
             tma.async_load(v_tail, [n - n_tail, col], v_full.index(slot), v_smem.index(slot))
 
 
@@ -127,9 +138,9 @@ def _pass(turn, wg, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(wg, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr, gate_ptr, q_start, q_len,
-              m0, h, ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
-              HAS_GATE: gl.constexpr, PINGPONG: gl.constexpr):
+def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr, gate_ptr,
+              q_start, q_len, m0, h, ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt,
+              stride_gh, HAS_GATE: gl.constexpr, PINGPONG: gl.constexpr):
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     D: gl.constexpr = k_smem.shape[2]
@@ -172,6 +183,7 @@ def _consumer(wg, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_
         s = warpgroup_mma(q_sl, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _pass(turn, wg, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(empty.index(0), count=1)
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, pos, 0, n_full, L, qk_scale, s_layout)
         for i in range(1, my_tiles):
             slot = i % STAGES
@@ -184,9 +196,10 @@ def _consumer(wg, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_
             acc = warpgroup_mma(pa, v_smem.index(prev), acc, is_async=True)
             _pass(turn, wg, PINGPONG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_i is in; P_{i-1} V_{i-1} may still run
+            mbarrier.arrive(empty.index(slot), count=1)
             p, alpha, m_i, l_i = _softmax(s, m_i, l_i, pos, i * BLOCK_N, n_full, L, qk_scale, s_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(empty.index(prev), count=1)
+            mbarrier.arrive(empty.index(STAGES + prev), count=1)
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         last = (my_tiles - 1) % STAGES
         mbarrier.wait(v_full.index(last), ((my_tiles - 1) // STAGES) & 1)
@@ -195,7 +208,7 @@ def _consumer(wg, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_
         acc = warpgroup_mma(pa, v_smem.index(last), acc, is_async=True)
         _pass(turn, wg, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(last), count=1)
+        mbarrier.arrive(empty.index(STAGES + last), count=1)
         done = my_tiles + 1
     # tiles only the other warp group reads: release them (the ring's phases) and take one turn each, in tile
     # order, so the other warp group's turns never wait behind this one's drain (every warp group takes
@@ -205,6 +218,7 @@ def _consumer(wg, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_
         mbarrier.wait(k_full.index(slot), (i // STAGES) & 1)
         mbarrier.wait(v_full.index(slot), (i // STAGES) & 1)
         mbarrier.arrive(empty.index(slot), count=1)
+        mbarrier.arrive(empty.index(STAGES + slot), count=1)
         _turn(turn, wg, done, PINGPONG)
         _pass(turn, wg, PINGPONG)
         done += 1
@@ -229,24 +243,6 @@ def _consumer(wg, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_
         tok = (q_start + rows).to(gl.int64)
         gl.store(o_ptr + tok[:, None] * stride_ot + h * stride_oh + cols[None, :],
                  q_sl.slice(c, 64, dim=1).load(ld_layout), mask=(rows < q_len)[:, None])
-
-
-@gluon.jit
-def _consumer0(q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr, gate_ptr, q_start, q_len, m0, h,
-               ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
-               HAS_GATE: gl.constexpr, PINGPONG: gl.constexpr):
-    _consumer(0, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr, gate_ptr, q_start, q_len, m0,
-              h, ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
-              HAS_GATE, PINGPONG)
-
-
-@gluon.jit
-def _consumer1(q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr, gate_ptr, q_start, q_len, m0, h,
-               ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
-               HAS_GATE: gl.constexpr, PINGPONG: gl.constexpr):
-    _consumer(1, q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr, gate_ptr, q_start, q_len, m0,
-              h, ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
-              HAS_GATE, PINGPONG)
 
 
 @gluon.jit
@@ -295,24 +291,25 @@ def prefill_ws_kernel(q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, gate_ptr, bt_ptr, 
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], kv_layout)
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
+            mbarrier.init(empty.index(STAGES + i), count=2)
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
         if PINGPONG:
             mbarrier.arrive(turn.index(0), count=1)  # warp group 0 takes the first turn
 
         gl.warp_specialize([
-            (_consumer0, (q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr, gate_ptr, q_start,
-                          q_len, m0, h, ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh,
-                          stride_gt, stride_gh, gl.constexpr(HAS_GATE), gl.constexpr(PINGPONG))),
-            (_consumer1, (q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr, gate_ptr, q_start,
-                          q_len, m0, h, ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh,
-                          stride_gt, stride_gh, gl.constexpr(HAS_GATE), gl.constexpr(PINGPONG))),
+            (_consumer, (gl.constexpr(0), q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr,
+                         gate_ptr, q_start, q_len, m0, h, ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot,
+                         stride_oh, stride_gt, stride_gh, gl.constexpr(HAS_GATE), gl.constexpr(PINGPONG))),
+            (_consumer, (gl.constexpr(1), q_smem, k_smem, v_smem, k_full, v_full, empty, turn, q_ptr, o_ptr,
+                         gate_ptr, q_start, q_len, m0, h, ctx0, L, n_end, qk_scale, stride_qt, stride_qh, stride_ot,
+                         stride_oh, stride_gt, stride_gh, gl.constexpr(HAS_GATE), gl.constexpr(PINGPONG))),
             (_producer, (k_desc, v_desc, k_tail, v_tail, k_smem, v_smem, k_full, v_full, empty, bt_row, col, n_end,
                          n_tail, block_size, num_blocks, rows_per_block)),
         ], [4, 1], [240, 24])
