@@ -5,7 +5,8 @@ STATUS: compile-verified only (no GPU was lent when it was written). No spec bui
 ``benchmarks/results/2026-12-08-session38/variants.py`` compiles it in place of the sm_90a ``.tma`` prefills
 (D = 256 and 128) for an A/B against those kernels and cuDNN, which decides whether it replaces them. Its CPU
 tests: ``tests/test_attn_prefill_ws_compile.py`` (it compiles with the spec's ABI; SASS structure) and
-``tests/test_attn_prefill_ws_protocol.py`` (a model of its barrier protocol never hangs).
+``tests/test_attn_prefill_ws_protocol.py`` (models: its barrier protocol never hangs; its tile arithmetic in
+float64 equals causal attention).
 
 A program owns one 128-row m-block of one query head (the grid and block scan of ``prefill.py``). Three
 partitions share its shared memory:
