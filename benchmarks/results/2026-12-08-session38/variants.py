@@ -1,6 +1,7 @@
-# How session 38's variant roots are built (CPU box): python3 variants.py NAME..., from this session's HEAD; then
-#   mkdir -p build/carry && tar -czf build/carry/ws-roots.tgz -C build/var-src/WSG/.. WSG/root WSP/root
-# (call1-command.sh unpacks them into build/var/WSG, build/var/WSP).
+# How session 38's variant roots are built (CPU box, ~3 min): python3 variants.py WSG WSP, from this session's HEAD;
+# then, so that call1-command.sh unpacks them into build/var/WSG and build/var/WSP:
+#   mkdir -p build/carry && tar -czf build/carry/ws-roots.tgz -C build/var-src \
+#     --transform 's#^\(WS[GP]\)/root#\1#' WSG/root WSP/root
 # WSG: the sm_90a TMA prefill (D = 256 and 128, gated and not) from the Gluon warp-specialised kernel,
 #      kernels_src/attn/prefill_ws.py: a producer warp, two consumer warp groups, the next tile's QK^T issued
 #      with this tile's PV; BLOCK_M 128, BLOCK_N 64, 2 stages.
